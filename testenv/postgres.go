@@ -1,0 +1,102 @@
+package testenv
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"net/url"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// DefaultDatabaseURL is the admin connection used when IDEMQ_TEST_DATABASE_URL
+// is unset: the machine's local server with trust authentication.
+const DefaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+
+const postgresHelp = `start it with
+	pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start
+or point IDEMQ_TEST_DATABASE_URL at a server where the user may CREATE DATABASE`
+
+// DatabaseURL returns the admin connection string tests create databases with.
+func DatabaseURL() string {
+	if u := os.Getenv("IDEMQ_TEST_DATABASE_URL"); u != "" {
+		return u
+	}
+	return DefaultDatabaseURL
+}
+
+// Postgres creates a fresh database for tb, returns a pool on it and drops
+// the database at cleanup. Tests may run in parallel: each has its own.
+func Postgres(tb testing.TB) *pgxpool.Pool {
+	tb.Helper()
+	url := PostgresURL(tb)
+	pool, err := pgxpool.New(context.Background(), url)
+	if err != nil {
+		tb.Fatalf("testenv: open pool: %v", err)
+	}
+	tb.Cleanup(pool.Close)
+	return pool
+}
+
+// PostgresURL creates a fresh database for tb, dropped at cleanup, and
+// returns its connection string, for tests that open their own connections.
+func PostgresURL(tb testing.TB) string {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	admin, err := pgx.Connect(ctx, DatabaseURL())
+	if err != nil {
+		tb.Fatalf("testenv: Postgres is not reachable at %s: %v\n%s", redact(DatabaseURL()), err, postgresHelp)
+	}
+	defer admin.Close(context.Background())
+
+	name := "idemq_test_" + randomSuffix()
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		tb.Fatalf("testenv: create database: %v", err)
+	}
+	tb.Cleanup(func() { dropDatabase(tb, name) })
+
+	return withDatabase(DatabaseURL(), name)
+}
+
+// withDatabase returns the connection string connString with its database
+// replaced by name; it accepts both URLs and key=value strings.
+func withDatabase(connString, name string) string {
+	if u, err := url.Parse(connString); err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") {
+		u.Path = "/" + name
+		return u.String()
+	}
+	return connString + " dbname=" + name
+}
+
+// redact hides a password in a connection URL before it reaches a log.
+func redact(connString string) string {
+	if u, err := url.Parse(connString); err == nil && u.Scheme != "" {
+		return u.Redacted()
+	}
+	return "the configured server"
+}
+
+func dropDatabase(tb testing.TB, name string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	admin, err := pgx.Connect(ctx, DatabaseURL())
+	if err != nil {
+		tb.Errorf("testenv: drop database %s: %v", name, err)
+		return
+	}
+	defer admin.Close(context.Background())
+	if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
+		tb.Errorf("testenv: drop database %s: %v", name, err)
+	}
+}
+
+func randomSuffix() string {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
