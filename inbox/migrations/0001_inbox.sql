@@ -12,11 +12,13 @@ CREATE TABLE {{table_scopes}} (
 -- key_id is the key itself when the key is a canonical UUID, otherwise a
 -- SHA-256-derived UUID (version 8) of the key, whose text is then kept in
 -- key_text.
+--
+-- attempts counts the claims of the record and is also its fencing token:
+-- every leased claim and takeover increments it.
 CREATE TABLE {{table}} (
     created_at  timestamptz NOT NULL DEFAULT now(),
     updated_at  timestamptz NOT NULL DEFAULT now(),
     expires_at  timestamptz NOT NULL,
-    fence       bigint      NOT NULL DEFAULT 1,
     key_id      uuid        NOT NULL,
     scope_id    int         NOT NULL,
     attempts    int         NOT NULL DEFAULT 1,

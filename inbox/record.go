@@ -1,0 +1,154 @@
+package inbox
+
+import (
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+)
+
+// Status is where a record stands in the state machine
+// IN_PROGRESS -> SUCCEEDED | FAILED_RETRYABLE | FAILED_FINAL.
+type Status int16
+
+const (
+	// InProgress: a leased worker owns the key until its lease runs out.
+	InProgress Status = 1
+	// Succeeded: the message was applied; redeliveries are duplicates.
+	Succeeded Status = 2
+	// FailedRetryable: a leased attempt failed; the next Acquire takes over.
+	FailedRetryable Status = 3
+	// FailedFinal: the message is a dead letter, kept with its last error.
+	FailedFinal Status = 4
+)
+
+func (s Status) String() string {
+	switch s {
+	case InProgress:
+		return "IN_PROGRESS"
+	case Succeeded:
+		return "SUCCEEDED"
+	case FailedRetryable:
+		return "FAILED_RETRYABLE"
+	case FailedFinal:
+		return "FAILED_FINAL"
+	}
+	return fmt.Sprintf("Status(%d)", int16(s))
+}
+
+// Record is the stored state of one (scope, key).
+type Record struct {
+	Scope       string
+	Key         string
+	Fingerprint []byte
+	Status      Status
+	// Owner and LeaseUntil are set while a leased worker holds the key.
+	Owner      string
+	LeaseUntil time.Time
+	// Attempts counts the claims of the key: 1 for a transactional record,
+	// one more for every leased claim and takeover. It is the fencing token
+	// of the current lease.
+	Attempts  int
+	Result    []byte
+	LastError string
+	CreatedAt time.Time
+	UpdatedAt time.Time
+	ExpiresAt time.Time
+}
+
+// Item is one key to claim, with the fingerprint of its payload.
+type Item struct {
+	Key         string
+	Fingerprint []byte
+}
+
+// Claim is the outcome of claiming a key.
+type Claim struct {
+	// New reports that the caller now owns the key and must apply the
+	// message. Otherwise Existing holds the stored record.
+	New      bool
+	Existing *Record
+	// Lease is set when Acquire returned New.
+	Lease Lease
+	// Err is a per-key error of ClaimBatch: a *ConflictError or an
+	// ErrInvalidKey. Claim and Acquire return it as their error instead.
+	Err error
+}
+
+// Lease is a leased worker's hold on a key.
+type Lease struct {
+	Scope string
+	Key   string
+	Owner string
+	// Token is the fencing token, the record's attempt number: it grows
+	// with every claim and takeover of the key. Pass it downstream so the
+	// far side can reject a writer whose lease was taken over.
+	Token int64
+	Until time.Time
+}
+
+var (
+	// ErrInvalidKey reports an empty key, a key over the limit, or one that
+	// is not valid UTF-8 or contains NUL.
+	ErrInvalidKey = errors.New("inbox: invalid key")
+	// ErrLeaseLost reports a finalize or extend by a worker whose lease was
+	// taken over (its fencing token is stale) or already finalized.
+	ErrLeaseLost = errors.New("inbox: lease lost")
+	// ErrNotFound reports that no record exists for the key.
+	ErrNotFound = errors.New("inbox: record not found")
+)
+
+// ConflictError reports a key seen before with a different payload
+// fingerprint. The message is not applied: a reused key with another
+// payload is a producer bug that must surface, never be skipped.
+type ConflictError struct {
+	Key         string
+	Fingerprint []byte
+	// Stored is the record the key already has: when it was first seen,
+	// its status and its fingerprint.
+	Stored Record
+}
+
+func (e *ConflictError) Error() string {
+	return fmt.Sprintf("inbox: key %q was first seen at %s (%s) with fingerprint %x, now it comes with %x",
+		e.Key, e.Stored.CreatedAt.Format(time.RFC3339Nano), e.Stored.Status, e.Stored.Fingerprint, e.Fingerprint)
+}
+
+// maxFingerprint bounds a fingerprint: it is a digest, not a payload.
+const maxFingerprint = 64
+
+func (s *Store) validate(key string, fingerprint []byte) error {
+	switch {
+	case key == "":
+		return fmt.Errorf("%w: empty", ErrInvalidKey)
+	case len(key) > s.cfg.MaxKeyLen:
+		return fmt.Errorf("%w: %d bytes, over the limit of %d", ErrInvalidKey, len(key), s.cfg.MaxKeyLen)
+	case !utf8.ValidString(key) || strings.IndexByte(key, 0) >= 0:
+		return fmt.Errorf("%w: not valid UTF-8 text", ErrInvalidKey)
+	case len(fingerprint) > maxFingerprint:
+		return fmt.Errorf("inbox: fingerprint of %d bytes, want a digest of at most %d", len(fingerprint), maxFingerprint)
+	}
+	return nil
+}
+
+// keyID maps a key to the uuid the table is keyed by. A canonical UUID
+// (lower case, not version 8) is stored as itself and needs no text;
+// anything else becomes a version-8 UUID made of its SHA-256, and its text
+// is stored beside it. Version 8 is reserved for derived ids so that a
+// crafted UUID key can never collide with a derived one.
+func keyID(key string) (id uuid.UUID, text *string) {
+	if len(key) == 36 {
+		if u, err := uuid.Parse(key); err == nil && u.Version() != 8 && u.String() == key {
+			return u, nil
+		}
+	}
+	sum := sha256.Sum256([]byte(key))
+	copy(id[:], sum[:16])
+	id[6] = id[6]&0x0f | 0x80 // version 8
+	id[8] = id[8]&0x3f | 0x80 // RFC 9562 variant
+	return id, &key
+}

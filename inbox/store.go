@@ -1,0 +1,344 @@
+package inbox
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemq/idemq/internal/pgutil"
+)
+
+//go:embed migrations/*.sql
+var migrations embed.FS
+
+// DB is the database handle a Store runs its own statements on (scope
+// lookups, leases, GC): a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
+type DB = pgutil.DB
+
+// Config configures a Store. The zero value is valid.
+type Config struct {
+	// Schema holds the inbox tables. Defaults to "public".
+	Schema string
+	// Table names the inbox table; its scopes table is Table + "_scopes".
+	// Defaults to "idemq_inbox".
+	Table string
+	// MaxKeyLen bounds keys, in bytes. Defaults to 1024.
+	MaxKeyLen int
+	// Retention is how long a record is kept after its last change;
+	// redeliveries later than that are applied again. Defaults to 7 days.
+	Retention time.Duration
+}
+
+func (c Config) withDefaults() (Config, error) {
+	if c.Schema == "" {
+		c.Schema = "public"
+	}
+	if c.Table == "" {
+		c.Table = "idemq_inbox"
+	}
+	if c.MaxKeyLen == 0 {
+		c.MaxKeyLen = 1024
+	}
+	if c.Retention == 0 {
+		c.Retention = 7 * 24 * time.Hour
+	}
+	if c.MaxKeyLen < 0 || c.Retention < 0 {
+		return c, errors.New("inbox: MaxKeyLen and Retention must not be negative")
+	}
+	return c, nil
+}
+
+// Store is the inbox of one database. It is safe for concurrent use.
+type Store struct {
+	db    DB
+	cfg   Config
+	table pgutil.Table
+	sql   queries
+
+	mu     sync.RWMutex
+	scopes map[string]int32
+}
+
+// New returns a Store on db; call [Store.Migrate] once before use.
+func New(db DB, cfg Config) (*Store, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	table, err := pgutil.NewTable(cfg.Schema, cfg.Table)
+	if err != nil {
+		return nil, err
+	}
+	return &Store{db: db, cfg: cfg, table: table, sql: newQueries(table), scopes: map[string]int32{}}, nil
+}
+
+// Migrate creates or upgrades the inbox tables. It is idempotent and safe
+// to run from several processes at once.
+func (s *Store) Migrate(ctx context.Context) error {
+	return pgutil.Migrate(ctx, s.db, migrations, "migrations", "inbox", s.table)
+}
+
+// Config returns the configuration with its defaults filled in.
+func (s *Store) Config() Config { return s.cfg }
+
+// scopeID returns the small integer that stands for scope in the inbox
+// table, registering the scope on first use. It runs on the Store's own
+// handle, never inside a caller's transaction, so a rollback there cannot
+// undo a registration another process already relies on.
+func (s *Store) scopeID(ctx context.Context, scope string) (int32, error) {
+	s.mu.RLock()
+	id, ok := s.scopes[scope]
+	s.mu.RUnlock()
+	if ok {
+		return id, nil
+	}
+	if scope == "" || len(scope) > 200 {
+		return 0, fmt.Errorf("inbox: scope must be 1 to 200 bytes, got %d", len(scope))
+	}
+	// The insert skips a concurrent registration without seeing it; the
+	// next statement's snapshot does.
+	for range 2 {
+		err := s.db.QueryRow(ctx, s.sql.registerScope, scope).Scan(&id)
+		if errors.Is(err, pgx.ErrNoRows) {
+			continue
+		}
+		if err != nil {
+			return 0, fmt.Errorf("inbox: register scope %q: %w", scope, err)
+		}
+		s.mu.Lock()
+		s.scopes[scope] = id
+		s.mu.Unlock()
+		return id, nil
+	}
+	return 0, fmt.Errorf("inbox: register scope %q: not visible after insert", scope)
+}
+
+// Claim records key in tx as applied (SUCCEEDED). The record commits or
+// rolls back with tx, so it exists exactly when the message's side effects
+// in tx do.
+//
+// New reports that the key was unclaimed and the caller must apply the
+// message in tx. Otherwise Existing is the stored record (a duplicate) and,
+// when its fingerprint differs, the error is a *ConflictError. If another
+// transaction holds an uncommitted claim of the key, Claim waits for it:
+// then it sees a duplicate if that transaction commits and claims the key
+// if it rolls back.
+func (s *Store) Claim(ctx context.Context, tx pgx.Tx, scope, key string, fingerprint []byte) (Claim, error) {
+	return s.insert(ctx, tx, scope, key, fingerprint, Succeeded, 1, nil)
+}
+
+// DeadLetter records key in tx as FAILED_FINAL with cause and the number of
+// attempts made, so that redeliveries are recognised and not applied. It
+// reports like [Store.Claim]: if the key already has a record, that record
+// is kept and returned.
+func (s *Store) DeadLetter(ctx context.Context, tx pgx.Tx, scope, key string, fingerprint []byte, attempts int, cause error) (Claim, error) {
+	text := "dead letter"
+	if cause != nil {
+		text = cause.Error()
+	}
+	return s.insert(ctx, tx, scope, key, fingerprint, FailedFinal, attempts, &text)
+}
+
+func (s *Store) insert(ctx context.Context, tx pgx.Tx, scope, key string, fingerprint []byte, status Status, attempts int, lastError *string) (Claim, error) {
+	if err := s.validate(key, fingerprint); err != nil {
+		return Claim{}, err
+	}
+	scopeID, err := s.scopeID(ctx, scope)
+	if err != nil {
+		return Claim{}, err
+	}
+	id, text := keyID(key)
+	if fingerprint == nil {
+		fingerprint = []byte{}
+	}
+	var claimed bool
+	var rec storedRecord
+	err = tx.QueryRow(ctx, s.sql.claim, scopeID, id, fingerprint, text, s.cfg.Retention, status, attempts, lastError).
+		Scan(append([]any{&claimed}, rec.dest()...)...)
+	if err != nil {
+		return Claim{}, fmt.Errorf("inbox: claim %q: %w", key, err)
+	}
+	if claimed {
+		return Claim{New: true}, nil
+	}
+	if !rec.found() {
+		// A concurrent claim committed after this statement's snapshot was
+		// taken: the insert waited for it and skipped, the join missed it.
+		if err := tx.QueryRow(ctx, s.sql.get, scopeID, id).Scan(rec.dest()...); err != nil {
+			return Claim{}, fmt.Errorf("inbox: read record %q: %w", key, err)
+		}
+	}
+	return existing(scope, key, fingerprint, rec.record(scope, key))
+}
+
+// existing reports a claim that found a stored record.
+func existing(scope, key string, fingerprint []byte, r Record) (Claim, error) {
+	c := Claim{Existing: &r}
+	if string(r.Fingerprint) != string(fingerprint) {
+		c.Err = &ConflictError{Key: key, Fingerprint: fingerprint, Stored: r}
+	}
+	return c, c.Err
+}
+
+// ClaimBatch claims every item in tx with one statement, like [Store.Claim]
+// for each. Keys must be distinct. The result has one Claim per item, in
+// order; an invalid key or a conflict is reported in that Claim's Err, not
+// as the error, which is reserved for failures of the whole batch.
+func (s *Store) ClaimBatch(ctx context.Context, tx pgx.Tx, scope string, items []Item) ([]Claim, error) {
+	scopeID, err := s.scopeID(ctx, scope)
+	if err != nil {
+		return nil, err
+	}
+	claims := make([]Claim, len(items))
+	index := make(map[uuid.UUID]int, len(items))
+	ids := make([]uuid.UUID, 0, len(items))
+	fingerprints := make([][]byte, 0, len(items))
+	texts := make([]*string, 0, len(items))
+	for i, it := range items {
+		if err := s.validate(it.Key, it.Fingerprint); err != nil {
+			claims[i].Err = err
+			continue
+		}
+		id, text := keyID(it.Key)
+		if _, dup := index[id]; dup {
+			return nil, fmt.Errorf("inbox: key %q appears twice in the batch", it.Key)
+		}
+		index[id] = i
+		ids = append(ids, id)
+		fingerprints = append(fingerprints, nonNil(it.Fingerprint))
+		texts = append(texts, text)
+	}
+	if len(ids) == 0 {
+		return claims, nil
+	}
+
+	rows, err := tx.Query(ctx, s.sql.claimBatch, scopeID, ids, fingerprints, texts, s.cfg.Retention)
+	if err != nil {
+		return nil, fmt.Errorf("inbox: claim batch: %w", err)
+	}
+	var unseen []uuid.UUID
+	var id uuid.UUID
+	var claimed bool
+	var rec storedRecord
+	_, err = pgx.ForEachRow(rows, append([]any{&id, &claimed}, rec.dest()...), func() error {
+		i := index[id]
+		switch {
+		case claimed:
+			claims[i].New = true
+		case rec.found():
+			claims[i], _ = existing(scope, items[i].Key, nonNil(items[i].Fingerprint), rec.record(scope, items[i].Key))
+		default:
+			unseen = append(unseen, id)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("inbox: claim batch: %w", err)
+	}
+	if len(unseen) == 0 {
+		return claims, nil
+	}
+	// Claims that committed concurrently after the statement's snapshot.
+	rows, err = tx.Query(ctx, s.sql.getBatch, scopeID, unseen)
+	if err != nil {
+		return nil, fmt.Errorf("inbox: read batch records: %w", err)
+	}
+	_, err = pgx.ForEachRow(rows, append([]any{&id}, rec.dest()...), func() error {
+		i := index[id]
+		claims[i], _ = existing(scope, items[i].Key, nonNil(items[i].Fingerprint), rec.record(scope, items[i].Key))
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("inbox: read batch records: %w", err)
+	}
+	return claims, nil
+}
+
+func nonNil(b []byte) []byte {
+	if b == nil {
+		return []byte{}
+	}
+	return b
+}
+
+// Get returns the record of (scope, key), or ErrNotFound.
+func (s *Store) Get(ctx context.Context, scope, key string) (Record, error) {
+	if err := s.validate(key, nil); err != nil {
+		return Record{}, err
+	}
+	scopeID, err := s.scopeID(ctx, scope)
+	if err != nil {
+		return Record{}, err
+	}
+	id, _ := keyID(key)
+	var rec storedRecord
+	err = s.db.QueryRow(ctx, s.sql.get, scopeID, id).Scan(rec.dest()...)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Record{}, ErrNotFound
+	}
+	if err != nil {
+		return Record{}, fmt.Errorf("inbox: get %q: %w", key, err)
+	}
+	return rec.record(scope, key), nil
+}
+
+// GC deletes records whose retention ran out, batchSize at a time (each
+// batch its own short statement, through the expires_at index), until none
+// is left, and returns how many it deleted. Records under a live lease are
+// kept. batchSize <= 0 means 1000.
+func (s *Store) GC(ctx context.Context, batchSize int) (int64, error) {
+	if batchSize <= 0 {
+		batchSize = 1000
+	}
+	var total int64
+	for {
+		tag, err := s.db.Exec(ctx, s.sql.gc, batchSize)
+		if err != nil {
+			return total, fmt.Errorf("inbox: gc: %w", err)
+		}
+		total += tag.RowsAffected()
+		if tag.RowsAffected() < int64(batchSize) {
+			return total, nil
+		}
+	}
+}
+
+// storedRecord scans the nullable record columns.
+type storedRecord struct {
+	createdAt, updatedAt, expiresAt, leaseUntil *time.Time
+	attempts                                    *int32
+	status                                      *int16
+	fingerprint, result                         []byte
+	owner, lastError                            *string
+}
+
+// dest lists scan targets in the order of recordColumns.
+func (r *storedRecord) dest() []any {
+	return []any{&r.createdAt, &r.updatedAt, &r.expiresAt, &r.attempts, &r.status,
+		&r.fingerprint, &r.owner, &r.leaseUntil, &r.result, &r.lastError}
+}
+
+func (r *storedRecord) found() bool { return r.createdAt != nil }
+
+func (r *storedRecord) record(scope, key string) Record {
+	return Record{
+		Scope: scope, Key: key, Fingerprint: r.fingerprint, Status: Status(*r.status),
+		Owner: deref(r.owner), LeaseUntil: deref(r.leaseUntil),
+		Attempts: int(*r.attempts), Result: r.result, LastError: deref(r.lastError),
+		CreatedAt: *r.createdAt, UpdatedAt: *r.updatedAt, ExpiresAt: *r.expiresAt,
+	}
+}
+
+func deref[T any](p *T) T {
+	var zero T
+	if p == nil {
+		return zero
+	}
+	return *p
+}
