@@ -307,3 +307,41 @@ func (k *KafkaCluster) deleteTopics(ctx context.Context, names []string) error {
 	}
 	return nil
 }
+
+// ReadAll returns every message currently in topic (a real name), partition
+// by partition in offset order, without joining a group.
+func (k *KafkaCluster) ReadAll(ctx context.Context, topic string) ([]kafka.Message, error) {
+	var out []kafka.Message
+	for p := range k.Partitions {
+		conn, err := kafka.DialLeader(ctx, "tcp", k.Brokers[0], topic, p)
+		if err != nil {
+			return nil, fmt.Errorf("testenv: dial %s/%d: %w", topic, p, err)
+		}
+		first, last, err := conn.ReadOffsets()
+		conn.Close()
+		if err != nil {
+			return nil, fmt.Errorf("testenv: offsets of %s/%d: %w", topic, p, err)
+		}
+		if last <= first {
+			continue
+		}
+		r := kafka.NewReader(kafka.ReaderConfig{Brokers: k.Brokers, Topic: topic, Partition: p, MaxWait: 50 * time.Millisecond})
+		if err := r.SetOffset(first); err != nil {
+			r.Close()
+			return nil, err
+		}
+		for {
+			m, err := r.ReadMessage(ctx)
+			if err != nil {
+				r.Close()
+				return nil, fmt.Errorf("testenv: read %s/%d: %w", topic, p, err)
+			}
+			out = append(out, m)
+			if m.Offset >= last-1 {
+				break
+			}
+		}
+		r.Close()
+	}
+	return out, nil
+}
