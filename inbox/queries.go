@@ -8,8 +8,8 @@ import (
 
 // queries holds every statement of the Store, rendered once for its table.
 type queries struct {
-	registerScope, claim, claimBatch, get, getBatch, gc string
-	acquire, complete, fail, extend                     string
+	registerScope, claim, deadLetter, claimBatch, unclaim, get, getBatch, gc string
+	acquire, complete, fail, extend                                          string
 }
 
 // recordColumns are the stored columns a Record is read from, in the order
@@ -27,19 +27,13 @@ WITH registered AS (
 )
 SELECT id FROM registered UNION ALL SELECT id FROM %[3]s WHERE name = $1 LIMIT 1`),
 
-		// One round trip: insert the record, or report the stored one.
-		// $1 scope, $2 key id, $3 fingerprint, $4 key text, $5 retention,
-		// $6 status, $7 attempts, $8 last error.
-		claim: render(`
-WITH claim AS (
-	INSERT INTO %[1]s (expires_at, key_id, scope_id, status, fingerprint, key_text, attempts, last_error)
-	VALUES (now() + $5::interval, $2, $1, $6, $3, $4, $7, $8)
-	ON CONFLICT DO NOTHING
-	RETURNING true
-)
-SELECT EXISTS (SELECT FROM claim), %[2]s
-FROM (SELECT) one
-LEFT JOIN %[1]s r ON r.scope_id = $1 AND r.key_id = $2 AND NOT EXISTS (SELECT FROM claim)`),
+		claim: render(insertOrReport(Succeeded, "DO NOTHING")),
+
+		// A dead letter also takes over a record a leased attempt released.
+		deadLetter: render(insertOrReport(FailedFinal, `(scope_id, key_id) DO UPDATE
+	SET status = excluded.status, attempts = greatest(r.attempts, excluded.attempts), last_error = excluded.last_error,
+		updated_at = now(), expires_at = excluded.expires_at
+	WHERE r.status = 3 AND r.fingerprint = excluded.fingerprint`)),
 
 		// Keys are inserted in key order so that concurrent batches lock
 		// them in the same order and cannot deadlock.
@@ -56,6 +50,8 @@ SELECT i.key_id, c.key_id IS NOT NULL, %[2]s
 FROM input i
 LEFT JOIN claim c ON c.key_id = i.key_id
 LEFT JOIN %[1]s r ON c.key_id IS NULL AND r.scope_id = $1 AND r.key_id = i.key_id`),
+
+		unclaim: render(`DELETE FROM %[1]s WHERE scope_id = $1 AND key_id = ANY($2)`),
 
 		get: render(`SELECT %[2]s FROM %[1]s r WHERE r.scope_id = $1 AND r.key_id = $2`),
 
@@ -103,4 +99,21 @@ UPDATE %[1]s SET lease_until = now() + $4::interval, updated_at = now()
 WHERE scope_id = $1 AND key_id = $2 AND attempts = $3 AND status = 1
 RETURNING lease_until`),
 	}
+}
+
+// insertOrReport renders, in one round trip, an insert of a record with
+// status that reports whether it took effect, and otherwise the stored
+// record. $1 scope, $2 key id, $3 fingerprint, $4 key text, $5 retention,
+// $6 attempts, $7 last error.
+func insertOrReport(status Status, onConflict string) string {
+	return `
+WITH claim AS (
+	INSERT INTO %[1]s AS r (expires_at, key_id, scope_id, status, fingerprint, key_text, attempts, last_error)
+	VALUES (now() + $5::interval, $2, $1, ` + fmt.Sprint(int16(status)) + `, $3, $4, $6, $7)
+	ON CONFLICT ` + onConflict + `
+	RETURNING true
+)
+SELECT EXISTS (SELECT FROM claim), %[2]s
+FROM (SELECT) one
+LEFT JOIN %[1]s r ON r.scope_id = $1 AND r.key_id = $2 AND NOT EXISTS (SELECT FROM claim)`
 }

@@ -87,6 +87,15 @@ func (s *Store) Migrate(ctx context.Context) error {
 // Config returns the configuration with its defaults filled in.
 func (s *Store) Config() Config { return s.cfg }
 
+// RegisterScope makes sure scope has its id, so that claims of the scope
+// inside a transaction need no second connection. Claims register an
+// unknown scope themselves on the Store's own handle; call RegisterScope
+// first when that handle is a pool that the transaction may exhaust.
+func (s *Store) RegisterScope(ctx context.Context, scope string) error {
+	_, err := s.scopeID(ctx, scope)
+	return err
+}
+
 // scopeID returns the small integer that stands for scope in the inbox
 // table, registering the scope on first use. It runs on the Store's own
 // handle, never inside a caller's transaction, so a rollback there cannot
@@ -130,22 +139,22 @@ func (s *Store) scopeID(ctx context.Context, scope string) (int32, error) {
 // then it sees a duplicate if that transaction commits and claims the key
 // if it rolls back.
 func (s *Store) Claim(ctx context.Context, tx pgx.Tx, scope, key string, fingerprint []byte) (Claim, error) {
-	return s.insert(ctx, tx, scope, key, fingerprint, Succeeded, 1, nil)
+	return s.insert(ctx, tx, s.sql.claim, scope, key, fingerprint, 1, nil)
 }
 
 // DeadLetter records key in tx as FAILED_FINAL with cause and the number of
 // attempts made, so that redeliveries are recognised and not applied. It
-// reports like [Store.Claim]: if the key already has a record, that record
-// is kept and returned.
+// takes over a record whose leased attempt failed retryably; any other
+// stored record is kept and reported as by [Store.Claim].
 func (s *Store) DeadLetter(ctx context.Context, tx pgx.Tx, scope, key string, fingerprint []byte, attempts int, cause error) (Claim, error) {
 	text := "dead letter"
 	if cause != nil {
 		text = cause.Error()
 	}
-	return s.insert(ctx, tx, scope, key, fingerprint, FailedFinal, attempts, &text)
+	return s.insert(ctx, tx, s.sql.deadLetter, scope, key, fingerprint, attempts, &text)
 }
 
-func (s *Store) insert(ctx context.Context, tx pgx.Tx, scope, key string, fingerprint []byte, status Status, attempts int, lastError *string) (Claim, error) {
+func (s *Store) insert(ctx context.Context, tx pgx.Tx, sql, scope, key string, fingerprint []byte, attempts int, lastError *string) (Claim, error) {
 	if err := s.validate(key, fingerprint); err != nil {
 		return Claim{}, err
 	}
@@ -154,12 +163,10 @@ func (s *Store) insert(ctx context.Context, tx pgx.Tx, scope, key string, finger
 		return Claim{}, err
 	}
 	id, text := keyID(key)
-	if fingerprint == nil {
-		fingerprint = []byte{}
-	}
+	fingerprint = nonNil(fingerprint)
 	var claimed bool
 	var rec storedRecord
-	err = tx.QueryRow(ctx, s.sql.claim, scopeID, id, fingerprint, text, s.cfg.Retention, status, attempts, lastError).
+	err = tx.QueryRow(ctx, sql, scopeID, id, fingerprint, text, s.cfg.Retention, attempts, lastError).
 		Scan(append([]any{&claimed}, rec.dest()...)...)
 	if err != nil {
 		return Claim{}, fmt.Errorf("inbox: claim %q: %w", key, err)
@@ -258,6 +265,27 @@ func (s *Store) ClaimBatch(ctx context.Context, tx pgx.Tx, scope string, items [
 		return nil, fmt.Errorf("inbox: read batch records: %w", err)
 	}
 	return claims, nil
+}
+
+// Unclaim removes the records that ClaimBatch created in tx for keys whose
+// messages were not applied after all (their handler failed), so that a
+// redelivery applies them. It must only be given keys claimed New in tx.
+func (s *Store) Unclaim(ctx context.Context, tx pgx.Tx, scope string, keys []string) error {
+	if len(keys) == 0 {
+		return nil
+	}
+	scopeID, err := s.scopeID(ctx, scope)
+	if err != nil {
+		return err
+	}
+	ids := make([]uuid.UUID, len(keys))
+	for i, key := range keys {
+		ids[i], _ = keyID(key)
+	}
+	if _, err := tx.Exec(ctx, s.sql.unclaim, scopeID, ids); err != nil {
+		return fmt.Errorf("inbox: unclaim: %w", err)
+	}
+	return nil
 }
 
 func nonNil(b []byte) []byte {

@@ -1,0 +1,358 @@
+package consumer_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/inbox"
+	"github.com/idemq/idemq/testenv"
+)
+
+// setup returns a pool on a fresh database with the inbox and a business
+// table "orders" without any unique constraint, so every double
+// application shows as an extra row.
+func setup(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	pool := testenv.Postgres(t)
+	if _, err := pool.Exec(context.Background(), `CREATE TABLE orders (id text NOT NULL, payload text NOT NULL, tx bigint DEFAULT txid_current())`); err != nil {
+		t.Fatal(err)
+	}
+	return pool
+}
+
+// insertOrder is the business side effect of the tests.
+func insertOrder(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
+	_, err := tx.Exec(ctx, `INSERT INTO orders (id, payload) VALUES ($1, $2)`, msg.ID, string(msg.Payload))
+	return err
+}
+
+func newConsumer(t testing.TB, pool *pgxpool.Pool, h consumer.Handler, cfg consumer.Config) *consumer.Consumer {
+	t.Helper()
+	if cfg.BaseDelay == 0 {
+		cfg.BaseDelay, cfg.MaxDelay = time.Millisecond, 5*time.Millisecond
+	}
+	c, err := consumer.New(pool, "billing", h, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func count(t testing.TB, pool *pgxpool.Pool, sql string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func orders(t testing.TB, pool *pgxpool.Pool) int {
+	return count(t, pool, `SELECT count(*) FROM orders`)
+}
+
+func msg(id, payload string) *consumer.Message {
+	return &consumer.Message{ID: id, Payload: []byte(payload)}
+}
+
+func TestOneMessageDeliveredOverAndOverIsAppliedOnce(t *testing.T) {
+	pool := setup(t)
+	c := newConsumer(t, pool, insertOrder, consumer.Config{})
+	ctx := context.Background()
+	outcomes := map[consumer.Outcome]int{}
+	for range 1000 {
+		outcomes[c.Process(ctx, msg("order-1", "pay 10")).Outcome]++
+	}
+	if outcomes[consumer.Applied] != 1 || outcomes[consumer.Duplicate] != 999 {
+		t.Fatalf("outcomes of 1,000 deliveries: %v", outcomes)
+	}
+
+	var applied, duplicates atomic.Int32
+	var wg sync.WaitGroup
+	deliveries := make(chan struct{}, 50)
+	for range 50 {
+		deliveries <- struct{}{}
+	}
+	close(deliveries)
+	for range 8 {
+		wg.Go(func() {
+			for range deliveries {
+				switch r := c.Process(ctx, msg("order-2", "pay 20")); r.Outcome {
+				case consumer.Applied:
+					applied.Add(1)
+				case consumer.Duplicate:
+					duplicates.Add(1)
+				default:
+					t.Errorf("concurrent delivery: %v %v", r.Outcome, r.Err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if applied.Load() != 1 || duplicates.Load() != 49 {
+		t.Fatalf("50 concurrent deliveries: %d applied, %d duplicates", applied.Load(), duplicates.Load())
+	}
+	if n := orders(t, pool); n != 2 {
+		t.Fatalf("%d business rows for 2 messages", n)
+	}
+}
+
+// A failed handler must not mark the message as seen: its redelivery is
+// applied (a deduplicator that records the key before the handler runs
+// drops it instead).
+func TestFailedHandlerIsRolledBackAndItsRetryAppliesOnce(t *testing.T) {
+	for _, redeliver := range []bool{false, true} {
+		t.Run(fmt.Sprintf("redeliver=%v", redeliver), func(t *testing.T) {
+			pool := setup(t)
+			var calls atomic.Int32
+			c := newConsumer(t, pool, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+				if err := insertOrder(ctx, tx, m); err != nil {
+					return err
+				}
+				if calls.Add(1) == 1 {
+					return errors.New("downstream hiccup after the business write")
+				}
+				return nil
+			}, consumer.Config{Redeliver: redeliver})
+			ctx := context.Background()
+			r := c.Process(ctx, msg("order-1", "p"))
+			if redeliver {
+				if r.Outcome != consumer.Retry || r.RetryAfter <= 0 && r.Err == nil {
+					t.Fatalf("first delivery = %+v, want Retry with the error", r)
+				}
+				if orders(t, pool) != 0 || count(t, pool, `SELECT count(*) FROM idemq_inbox`) != 0 {
+					t.Fatal("the failed attempt left a business row or an inbox record")
+				}
+				r = c.Process(ctx, &consumer.Message{ID: "order-1", Payload: []byte("p"), Delivery: 2})
+			}
+			if r.Outcome != consumer.Applied || r.Attempts != 2 {
+				t.Fatalf("result = %+v, want Applied on attempt 2", r)
+			}
+			if n := orders(t, pool); n != 1 {
+				t.Fatalf("%d business rows, want 1", n)
+			}
+		})
+	}
+}
+
+func TestSameKeyDifferentPayloadIsAConflict(t *testing.T) {
+	pool := setup(t)
+	if _, err := pool.Exec(context.Background(), `CREATE TABLE dead_letters (id text, cause text)`); err != nil {
+		t.Fatal(err)
+	}
+	c := newConsumer(t, pool, insertOrder, consumer.Config{
+		DeadLetter: func(ctx context.Context, tx pgx.Tx, m *consumer.Message, cause error) error {
+			_, err := tx.Exec(ctx, `INSERT INTO dead_letters VALUES ($1, $2)`, m.ID, cause.Error())
+			return err
+		},
+	})
+	ctx := context.Background()
+	if r := c.Process(ctx, msg("order-1", "pay 10")); r.Outcome != consumer.Applied {
+		t.Fatalf("first = %+v", r)
+	}
+	r := c.Process(ctx, msg("order-1", "pay 99"))
+	var conflict *inbox.ConflictError
+	if r.Outcome != consumer.Conflict || !errors.As(r.Err, &conflict) || !r.Settled() {
+		t.Fatalf("reused key = %+v, want a settled Conflict with *inbox.ConflictError", r)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM orders WHERE payload = 'pay 99'`); n != 0 {
+		t.Fatal("the conflicting payload was applied")
+	}
+	if n := count(t, pool, `SELECT count(*) FROM dead_letters WHERE id = 'order-1'`); n != 1 {
+		t.Fatalf("the conflict reached the dead-letter hook %d times, want 1", n)
+	}
+}
+
+func TestPoisonMessageIsDeadLetteredAndStaysDead(t *testing.T) {
+	pool := setup(t)
+	if _, err := pool.Exec(context.Background(), `CREATE TABLE dead_letters (id text, cause text)`); err != nil {
+		t.Fatal(err)
+	}
+	var calls, retries atomic.Int32
+	c := newConsumer(t, pool, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		calls.Add(1)
+		if err := insertOrder(ctx, tx, m); err != nil {
+			return err
+		}
+		if m.ID == "permanent" {
+			return consumer.Permanent(errors.New("malformed order"))
+		}
+		panic("handler bug")
+	}, consumer.Config{
+		MaxAttempts: 3,
+		DeadLetter: func(ctx context.Context, tx pgx.Tx, m *consumer.Message, cause error) error {
+			_, err := tx.Exec(ctx, `INSERT INTO dead_letters VALUES ($1, $2)`, m.ID, cause.Error())
+			return err
+		},
+		Hooks: consumer.Hooks{OnRetry: func(string, string, int, error, time.Duration) { retries.Add(1) }},
+	})
+	ctx := context.Background()
+
+	r := c.Process(ctx, msg("panics", "p"))
+	if r.Outcome != consumer.DeadLettered || r.Attempts != 3 || calls.Load() != 3 || retries.Load() != 2 {
+		t.Fatalf("panicking handler: %+v after %d calls, %d retries; want dead-lettered after 3", r, calls.Load(), retries.Load())
+	}
+	r = c.Process(ctx, msg("permanent", "p"))
+	if r.Outcome != consumer.DeadLettered || r.Attempts != 1 || calls.Load() != 4 {
+		t.Fatalf("permanent error: %+v, want dead-lettered at once", r)
+	}
+	r = c.Process(ctx, msg("permanent", "p"))
+	if r.Outcome != consumer.DeadLettered || !errors.Is(r.Err, consumer.ErrDeadLetter) || calls.Load() != 4 {
+		t.Fatalf("redelivered dead letter: %+v; the handler must not run again", r)
+	}
+	if orders(t, pool) != 0 {
+		t.Fatal("a failed handler's business write survived")
+	}
+	if n := count(t, pool, `SELECT count(*) FROM dead_letters`); n != 2 {
+		t.Fatalf("%d dead letters, want 2", n)
+	}
+	rec, err := c.Store().Get(ctx, "billing", "panics")
+	if err != nil || rec.Status != inbox.FailedFinal || !strings.Contains(rec.LastError, "handler bug") || rec.Attempts != 3 {
+		t.Fatalf("dead-letter record = %+v, %v", rec, err)
+	}
+}
+
+func TestBadInputGetsAClearErrorAndWritesNothing(t *testing.T) {
+	pool := setup(t)
+	c := newConsumer(t, pool, insertOrder, consumer.Config{Inbox: inbox.Config{MaxKeyLen: 64}})
+	ctx := context.Background()
+	for name, m := range map[string]*consumer.Message{
+		"nil message":   nil,
+		"empty key":     msg("", "p"),
+		"key too long":  msg(strings.Repeat("k", 65), "p"),
+		"invalid UTF-8": msg("\xff", "p"),
+		"nil payload":   {ID: "order-1"},
+	} {
+		r := c.Process(ctx, m)
+		if r.Outcome != consumer.DeadLettered || !errors.Is(r.Err, consumer.ErrInvalidMessage) {
+			t.Errorf("%s: %+v, want DeadLettered with ErrInvalidMessage", name, r)
+		}
+		if rs := c.ProcessBatch(ctx, []*consumer.Message{m}); !errors.Is(rs[0].Err, consumer.ErrInvalidMessage) {
+			t.Errorf("%s in a batch: %+v", name, rs[0])
+		}
+	}
+
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	if r := c.Process(cancelled, msg("order-1", "p")); r.Outcome != consumer.Retry || !errors.Is(r.Err, context.Canceled) {
+		t.Errorf("cancelled context: %+v, want Retry", r)
+	}
+	if orders(t, pool) != 0 || count(t, pool, `SELECT count(*) FROM idemq_inbox`) != 0 {
+		t.Fatal("bad input left rows behind")
+	}
+}
+
+// The handler's own connection is terminated mid-transaction: nothing
+// is half-written and the redelivery applies the message once.
+func TestDatabaseDroppingTheConnectionMidTransaction(t *testing.T) {
+	pool := setup(t)
+	var killed atomic.Bool
+	c := newConsumer(t, pool, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if err := insertOrder(ctx, tx, m); err != nil {
+			return err
+		}
+		if killed.CompareAndSwap(false, true) {
+			_, err := tx.Exec(ctx, `SELECT pg_terminate_backend(pg_backend_pid())`)
+			return err
+		}
+		return nil
+	}, consumer.Config{})
+	ctx := context.Background()
+	r := c.Process(ctx, msg("order-1", "p"))
+	if r.Outcome != consumer.Applied || r.Attempts != 2 {
+		t.Fatalf("after a dropped connection: %+v, want Applied on the retry", r)
+	}
+	for _, m := range []*consumer.Message{msg("order-1", "p"), msg("order-1", "p")} {
+		if r := c.Process(ctx, m); r.Outcome != consumer.Duplicate {
+			t.Fatalf("redelivery: %+v", r)
+		}
+	}
+	if n := orders(t, pool); n != 1 {
+		t.Fatalf("%d business rows, want 1", n)
+	}
+}
+
+func TestHandlerCannotEndTheTransaction(t *testing.T) {
+	pool := setup(t)
+	c := newConsumer(t, pool, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if err := insertOrder(ctx, tx, m); err != nil {
+			return err
+		}
+		return tx.Commit(ctx)
+	}, consumer.Config{MaxAttempts: 1})
+	if r := c.Process(context.Background(), msg("order-1", "p")); r.Outcome != consumer.DeadLettered || !strings.Contains(r.Err.Error(), "must not commit") {
+		t.Fatalf("handler committing: %+v", r)
+	}
+	if orders(t, pool) != 0 {
+		t.Fatal("a handler's own commit went through")
+	}
+}
+
+func TestBusinessKeyAndLogLinesCarryScopeAndKey(t *testing.T) {
+	pool := setup(t)
+	var logs bytes.Buffer
+	var mu sync.Mutex
+	var results []consumer.Result
+	c := newConsumer(t, pool, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if string(m.Payload) == `{"order":"bad"}` {
+			return errors.New("rejected")
+		}
+		return insertOrder(ctx, tx, m)
+	}, consumer.Config{
+		KeyFunc: func(m *consumer.Message) (string, error) {
+			var body struct{ Order string }
+			err := json.Unmarshal(m.Payload, &body)
+			return "order:" + body.Order, err
+		},
+		MaxAttempts: 2,
+		Logger:      slogJSON(&logs),
+		Hooks: consumer.Hooks{OnResult: func(scope string, r consumer.Result) {
+			mu.Lock()
+			defer mu.Unlock()
+			results = append(results, r)
+		}},
+	})
+	ctx := context.Background()
+	// Two message ids, one business key: applied once.
+	c.Process(ctx, msg("id-1", `{"order":"o-7"}`))
+	c.Process(ctx, msg("id-2", `{"order":"o-7"}`))
+	c.Process(ctx, msg("id-3", `{"order":"bad"}`))
+	c.Process(ctx, msg("id-4", `not json`))
+	if n := orders(t, pool); n != 1 {
+		t.Fatalf("%d business rows for one business key", n)
+	}
+	want := []consumer.Outcome{consumer.Applied, consumer.Duplicate, consumer.DeadLettered, consumer.DeadLettered}
+	for i, r := range results {
+		if r.Outcome != want[i] {
+			t.Fatalf("hook results %v, want outcomes %v", results, want)
+		}
+	}
+	lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
+	if len(lines) < 4 {
+		t.Fatalf("only %d log lines:\n%s", len(lines), logs.String())
+	}
+	for _, line := range lines {
+		var entry map[string]any
+		if err := json.Unmarshal([]byte(line), &entry); err != nil {
+			t.Fatal(err)
+		}
+		if entry["scope"] != "billing" || entry["key"] == nil {
+			t.Fatalf("log line without scope and key: %s", line)
+		}
+	}
+}

@@ -1,0 +1,64 @@
+package consumer
+
+import (
+	"fmt"
+	"time"
+)
+
+// Outcome is what became of a message; it tells the transport whether to
+// acknowledge it.
+type Outcome int
+
+const (
+	// Applied: the handler's effects and the inbox record committed.
+	Applied Outcome = iota + 1
+	// Duplicate: the key was applied before; nothing was done.
+	Duplicate
+	// Conflict: the key was seen before with another payload fingerprint;
+	// nothing was done. Err is an *inbox.ConflictError.
+	Conflict
+	// Retry: nothing was committed and the message should be redelivered
+	// after RetryAfter (a retryable failure in Redeliver mode, a cancelled
+	// context, an unreachable database, a key leased elsewhere).
+	Retry
+	// DeadLettered: the message failed for good (permanent error, attempts
+	// or time exhausted, invalid input) and was recorded as a dead letter.
+	DeadLettered
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case Applied:
+		return "applied"
+	case Duplicate:
+		return "duplicate"
+	case Conflict:
+		return "conflict"
+	case Retry:
+		return "retry"
+	case DeadLettered:
+		return "dead-lettered"
+	}
+	return fmt.Sprintf("Outcome(%d)", int(o))
+}
+
+// Result reports the processing of one message.
+type Result struct {
+	Outcome Outcome
+	// Key is the idempotency key ("" when it could not be derived).
+	Key string
+	// Err is the cause of a Conflict, Retry or DeadLettered outcome.
+	Err error
+	// RetryAfter is how long a transport should wait before redelivering a
+	// Retry.
+	RetryAfter time.Duration
+	// Attempts counts the handler runs for the message in this call (in
+	// leased mode: the record's attempts).
+	Attempts int
+	// Duration is the time the call spent on the message.
+	Duration time.Duration
+}
+
+// Settled reports whether the transport should acknowledge the message
+// (commit the offset, Ack or Term): true for every outcome but Retry.
+func (r Result) Settled() bool { return r.Outcome != Retry }
