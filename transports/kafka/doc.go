@@ -1,5 +1,28 @@
 // Package kafka connects idemq to Kafka through segmentio/kafka-go.
 //
+// # Inbound
+//
+// [Subscriber] joins a consumer group and applies every message through a
+// consumer.Consumer: one goroutine per assigned partition, in offset order;
+// offsets committed only after the message's transaction committed or the
+// consumer recognised it as a duplicate, a conflict or a dead letter; a
+// Retry outcome re-reads the partition from that message, never skipping
+// it. In Batch mode what was fetched for a partition is applied with
+// consumer.ProcessBatch (one transaction, a savepoint per message) and
+// committed once. Graceful shutdown on context cancellation finishes the
+// in-flight batch, commits and leaves the group.
+//
+// Message identity: the Idempotency-Key header (configurable), falling back
+// to "topic/partition/offset" ([FallbackID]) when the header is absent. A
+// header that is present but unusable (empty, over the inbox key limit, not
+// UTF-8) dead-letters the message by default, or gets the fallback id with
+// [SubscriberConfig.FallbackOnInvalidID]; either way the partition moves on.
+// Handlers reach the Kafka record (key, topic, partition, offset, time)
+// with [Record]; its headers are in consumer.Message.Headers.
+//
+// Dead letters and conflicts can be copied to a dead-letter topic
+// ([SubscriberConfig.DeadLetterTopic]) before their offset is committed.
+//
 // # Outbound
 //
 // [Sink] is a relay.Sink on a kafka-go Writer: the relay drains the outbox
@@ -7,4 +30,14 @@
 // Idempotency-Key header and the outbox key as the message key (so per-key
 // order survives into the partition). [NewWriter] returns a Writer
 // configured for it.
+//
+// # Why kafka-go's ConsumerGroup and partition Readers
+//
+// kafka-go's group-mode Reader commits offsets by itself and hides
+// partition boundaries; the Generation API gives one callback per assigned
+// partition with its committed offset, ends the generation on a rebalance
+// only after every callback returned (so a revoked partition commits what
+// it finished before anyone else reads it), and lets a Retry re-seek the
+// partition. It works unchanged on the in-process kfake broker and on real
+// brokers.
 package kafka

@@ -1,0 +1,45 @@
+// Package conformance is the transport conformance suite: the crash and
+// duplicate scenarios every idemq transport must pass, written once and run
+// by each transport's tests in a few lines, after Watermill's
+// pubsub/tests.
+//
+// A transport implements [Harness] (publish raw messages with or without an
+// id, subscribe a consumer.Consumer, kill a subscription between the
+// database commit and the ack, hand out its relay sink) and declares its
+// guarantees in [Features]; [Run] then checks, on real brokers and a real
+// Postgres database per scenario, that:
+//
+//   - PublisherDuplicates: a producer sending every message twice and some
+//     five times gets each applied once;
+//   - MissingID: messages without an id get the transport's fallback id and
+//     are applied once each;
+//   - CrashBetweenCommitAndAck: a subscription killed after its
+//     transaction committed and before the ack is restarted, the redelivery
+//     is recognised as a duplicate, every message is applied once and none
+//     is lost (Features.Redelivery);
+//   - RacingSubscriptions: two subscriptions that both receive every message
+//     race on one inbox scope; each message is applied once;
+//   - GroupMemberLeaves: one of two members of a group leaves mid-stream,
+//     the other takes over; each message is applied once
+//     (Features.SharedGroup);
+//   - PoisonMessage: a permanently failing message is dead-lettered (and
+//     published to the dead-letter destination with
+//     Features.DeadLetterDestination), the stream moves on, a flaky one is
+//     retried and applied once;
+//   - RelayRepublish: a relay crash between publish and delete makes its
+//     successor publish the same rows again through the transport's sink;
+//     each outbox message is applied once;
+//   - OrderedPerKey: messages of one key are applied in publish order
+//     (Features.OrderedPerKey).
+//
+// Side effects are counted as rows of a business table without a unique
+// constraint, so a double application is seen, never masked. With
+// Features.Batch every scenario also runs in batch mode. Scenarios a
+// transport cannot support are skipped with the reason, never silently.
+//
+// A transport's test is then:
+//
+//	func TestConformance(t *testing.T) {
+//		conformance.Run(t, func(t *testing.T) conformance.Harness { return newHarness(t) })
+//	}
+package conformance
