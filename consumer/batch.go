@@ -84,14 +84,6 @@ type pending struct {
 	failure     error // the handler's error, retried after the commit
 }
 
-// The per-message savepoint of a batch. Renewing it after a success is one
-// round trip; after a rewind it still stands and needs none.
-const (
-	savepointOpen   = "SAVEPOINT idemq_message"
-	savepointRenew  = "RELEASE SAVEPOINT idemq_message; SAVEPOINT idemq_message"
-	savepointRewind = "ROLLBACK TO SAVEPOINT idemq_message"
-)
-
 // applyBatch runs the batch's transaction and fills results of the messages
 // it settles; handler failures are left in batch[i].failure. On error
 // nothing was committed.
@@ -116,7 +108,7 @@ func (c *Consumer) applyBatch(ctx context.Context, batch []pending, results []Re
 		return err
 	}
 
-	next := savepointOpen
+	btx := &batchTx{handlerTx: handlerTx{tx}}
 	var failed []string
 	for i := range batch {
 		p, claim := &batch[i], claims[i]
@@ -134,28 +126,22 @@ func (c *Consumer) applyBatch(ctx context.Context, batch []pending, results []Re
 			continue
 		}
 
-		if next != "" {
-			if _, err := tx.Exec(ctx, next); err != nil {
-				return fmt.Errorf("consumer: savepoint: %w", err)
-			}
-		}
+		btx.next()
 		var err error
 		if conflict != nil {
-			err = c.cfg.DeadLetter(ctx, handlerTx{tx}, p.msg, conflict)
+			err = c.cfg.DeadLetter(ctx, btx, p.msg, conflict)
 		} else {
-			err = callHandler(func() error { return c.handler(ctx, handlerTx{tx}, p.msg) })
+			err = callHandler(func() error { return c.handler(ctx, btx, p.msg) })
+		}
+		if rerr := btx.done(ctx, err != nil); rerr != nil {
+			return errors.Join(err, fmt.Errorf("consumer: rollback to savepoint: %w", rerr))
 		}
 		if err == nil {
-			next = savepointRenew
 			if conflict != nil {
 				results[p.index] = Result{Outcome: Conflict, Key: p.key, Err: conflict}
 			}
 			continue
 		}
-		if _, rerr := tx.Exec(ctx, savepointRewind); rerr != nil {
-			return errors.Join(err, fmt.Errorf("consumer: rollback to savepoint: %w", rerr))
-		}
-		next = ""
 		if conflict != nil {
 			results[p.index] = retryLater(p.key, fmt.Errorf("consumer: dead-letter hook for a conflict: %w", err))
 			continue

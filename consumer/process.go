@@ -293,12 +293,12 @@ func (c *Consumer) finish(ctx context.Context, start time.Time, r Result) Result
 	case Conflict, DeadLettered:
 		level = slog.LevelError
 	}
-	if log := c.logger(r.Key); log.Enabled(ctx, level) {
+	if c.cfg.Logger.Enabled(ctx, level) {
 		attrs := []slog.Attr{slog.Int("attempts", r.Attempts), slog.Duration("duration", r.Duration)}
 		if r.Err != nil {
 			attrs = append(attrs, slog.Any("error", r.Err))
 		}
-		log.LogAttrs(ctx, level, "message "+r.Outcome.String(), attrs...)
+		c.logger(r.Key).LogAttrs(ctx, level, "message "+r.Outcome.String(), attrs...)
 	}
 	if c.cfg.Hooks.OnResult != nil {
 		c.cfg.Hooks.OnResult(c.scope, r)
@@ -331,13 +331,3 @@ func sleep(ctx context.Context, d time.Duration) error {
 		return ctx.Err()
 	}
 }
-
-// errHandlerTx is returned to a handler that tries to end the transaction
-// it was given.
-var errHandlerTx = errors.New("consumer: the handler must not commit or roll back the transaction; return an error to roll back")
-
-// handlerTx is the transaction a Handler sees: everything but ending it.
-type handlerTx struct{ pgx.Tx }
-
-func (handlerTx) Commit(context.Context) error   { return errHandlerTx }
-func (handlerTx) Rollback(context.Context) error { return errHandlerTx }

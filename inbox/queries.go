@@ -27,10 +27,10 @@ WITH registered AS (
 )
 SELECT id FROM registered UNION ALL SELECT id FROM %[3]s WHERE name = $1 LIMIT 1`),
 
-		claim: render(insertOrReport(Succeeded, "DO NOTHING")),
+		claim: render(insertRecord(Succeeded, "DO NOTHING")),
 
 		// A dead letter also takes over a record a leased attempt released.
-		deadLetter: render(insertOrReport(FailedFinal, `(scope_id, key_id) DO UPDATE
+		deadLetter: render(insertRecord(FailedFinal, `(scope_id, key_id) DO UPDATE
 	SET status = excluded.status, attempts = greatest(r.attempts, excluded.attempts), last_error = excluded.last_error,
 		updated_at = now(), expires_at = excluded.expires_at
 	WHERE r.status = 3 AND r.fingerprint = excluded.fingerprint`)),
@@ -101,19 +101,13 @@ RETURNING lease_until`),
 	}
 }
 
-// insertOrReport renders, in one round trip, an insert of a record with
-// status that reports whether it took effect, and otherwise the stored
-// record. $1 scope, $2 key id, $3 fingerprint, $4 key text, $5 retention,
+// insertRecord renders the insert of a record with status; the stored
+// record is read only when it did not take effect, the duplicate path.
+// $1 scope, $2 key id, $3 fingerprint, $4 key text, $5 retention,
 // $6 attempts, $7 last error.
-func insertOrReport(status Status, onConflict string) string {
+func insertRecord(status Status, onConflict string) string {
 	return `
-WITH claim AS (
-	INSERT INTO %[1]s AS r (expires_at, key_id, scope_id, status, fingerprint, key_text, attempts, last_error)
-	VALUES (now() + $5::interval, $2, $1, ` + fmt.Sprint(int16(status)) + `, $3, $4, $6, $7)
-	ON CONFLICT ` + onConflict + `
-	RETURNING true
-)
-SELECT EXISTS (SELECT FROM claim), %[2]s
-FROM (SELECT) one
-LEFT JOIN %[1]s r ON r.scope_id = $1 AND r.key_id = $2 AND NOT EXISTS (SELECT FROM claim)`
+INSERT INTO %[1]s AS r (expires_at, key_id, scope_id, status, fingerprint, key_text, attempts, last_error)
+VALUES (now() + $5::interval, $2, $1, ` + fmt.Sprint(int16(status)) + `, $3, $4, $6, $7)
+ON CONFLICT ` + onConflict
 }

@@ -164,24 +164,28 @@ func (s *Store) insert(ctx context.Context, tx pgx.Tx, sql, scope, key string, f
 	}
 	id, text := keyID(key)
 	fingerprint = nonNil(fingerprint)
-	var claimed bool
-	var rec storedRecord
-	err = tx.QueryRow(ctx, sql, scopeID, id, fingerprint, text, s.cfg.Retention, attempts, lastError).
-		Scan(append([]any{&claimed}, rec.dest()...)...)
-	if err != nil {
-		return Claim{}, fmt.Errorf("inbox: claim %q: %w", key, err)
-	}
-	if claimed {
-		return Claim{New: true}, nil
-	}
-	if !rec.found() {
-		// A concurrent claim committed after this statement's snapshot was
-		// taken: the insert waited for it and skipped, the join missed it.
-		if err := tx.QueryRow(ctx, s.sql.get, scopeID, id).Scan(rec.dest()...); err != nil {
+	for range 2 {
+		tag, err := tx.Exec(ctx, sql, scopeID, id, fingerprint, text, s.cfg.Retention, attempts, lastError)
+		if err != nil {
+			return Claim{}, fmt.Errorf("inbox: claim %q: %w", key, err)
+		}
+		if tag.RowsAffected() == 1 {
+			return Claim{New: true}, nil
+		}
+		// The duplicate path. In a READ COMMITTED transaction this new
+		// statement sees the record even if it committed concurrently, after
+		// the insert's snapshot (the insert waited for it, then skipped).
+		var rec storedRecord
+		err = tx.QueryRow(ctx, s.sql.get, scopeID, id).Scan(rec.dest()...)
+		if errors.Is(err, pgx.ErrNoRows) {
+			continue // deleted by GC in between: claim it afresh
+		}
+		if err != nil {
 			return Claim{}, fmt.Errorf("inbox: read record %q: %w", key, err)
 		}
+		return existing(scope, key, fingerprint, rec.record(scope, key))
 	}
-	return existing(scope, key, fingerprint, rec.record(scope, key))
+	return Claim{}, fmt.Errorf("inbox: claim %q: record vanished twice", key)
 }
 
 // existing reports a claim that found a stored record.
