@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"net/url"
 	"os"
 	"testing"
@@ -46,21 +47,36 @@ func Postgres(tb testing.TB) *pgxpool.Pool {
 // returns its connection string, for tests that open their own connections.
 func PostgresURL(tb testing.TB) string {
 	tb.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	url, drop, err := CreateDatabase(context.Background(), "idemq_test")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		if err := drop(); err != nil {
+			tb.Error(err)
+		}
+	})
+	return url
+}
+
+// CreateDatabase creates a database named prefix plus a random suffix on
+// the server of DatabaseURL, for examples and demos that have no
+// testing.TB. It returns the database's connection string and a func that
+// drops it. An unreachable server is an error that says how to start one.
+func CreateDatabase(ctx context.Context, prefix string) (connString string, drop func() error, err error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	admin, err := pgx.Connect(ctx, DatabaseURL())
 	if err != nil {
-		tb.Fatalf("testenv: Postgres is not reachable at %s: %v\n%s", redact(DatabaseURL()), err, postgresHelp)
+		return "", nil, fmt.Errorf("testenv: Postgres is not reachable at %s: %w\n%s", redact(DatabaseURL()), err, postgresHelp)
 	}
 	defer admin.Close(context.Background())
 
-	name := "idemq_test_" + randomSuffix()
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
-		tb.Fatalf("testenv: create database: %v", err)
+	name := pgx.Identifier{prefix + "_" + randomSuffix()}
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name.Sanitize()); err != nil {
+		return "", nil, fmt.Errorf("testenv: create database: %w", err)
 	}
-	tb.Cleanup(func() { dropDatabase(tb, name) })
-
-	return withDatabase(DatabaseURL(), name)
+	return withDatabase(DatabaseURL(), name[0]), func() error { return dropDatabase(name) }, nil
 }
 
 // withDatabase returns the connection string connString with its database
@@ -81,18 +97,18 @@ func redact(connString string) string {
 	return "the configured server"
 }
 
-func dropDatabase(tb testing.TB, name string) {
+func dropDatabase(name pgx.Identifier) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	admin, err := pgx.Connect(ctx, DatabaseURL())
+	if err == nil {
+		defer admin.Close(context.Background())
+		_, err = admin.Exec(ctx, "DROP DATABASE IF EXISTS "+name.Sanitize()+" WITH (FORCE)")
+	}
 	if err != nil {
-		tb.Errorf("testenv: drop database %s: %v", name, err)
-		return
+		return fmt.Errorf("testenv: drop database %s: %w", name[0], err)
 	}
-	defer admin.Close(context.Background())
-	if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
-		tb.Errorf("testenv: drop database %s: %v", name, err)
-	}
+	return nil
 }
 
 func randomSuffix() string {
