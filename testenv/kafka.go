@@ -172,6 +172,9 @@ func (k *KafkaCluster) Writer() *kafka.Writer {
 // for the acknowledgements.
 func (k *KafkaCluster) Produce(ctx context.Context, msgs ...kafka.Message) error {
 	w := k.Writer()
+	t := &kafka.Transport{}
+	w.Transport = t
+	defer t.CloseIdleConnections()
 	defer w.Close()
 	return w.WriteMessages(ctx, msgs...)
 }

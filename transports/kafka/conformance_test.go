@@ -91,6 +91,8 @@ func subscriberConfig(k *testenv.KafkaCluster, group string) idemqkafka.Subscrib
 		GroupID:           group,
 		Topics:            []string{k.Topic("orders")},
 		HeartbeatInterval: 250 * time.Millisecond,
+		SessionTimeout:    6 * time.Second, // kfake's minimum
+		RebalanceTimeout:  6 * time.Second,
 		MaxWait:           250 * time.Millisecond,
 	}
 }

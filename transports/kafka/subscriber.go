@@ -220,6 +220,8 @@ func NewSubscriber(c *consumer.Consumer, cfg SubscriberConfig) (*Subscriber, err
 		s.dlq = cfg.DeadLetterWriter
 		if s.dlq == nil {
 			s.dlq = NewWriter(cfg.Brokers...)
+			// Its own transport, so that Run can close its connections.
+			s.dlq.Transport = &kafka.Transport{}
 			s.ownsDLQ = true
 		}
 	}
@@ -249,7 +251,10 @@ func FallbackID(m kafka.Message) string {
 // may be called once.
 func (s *Subscriber) Run(ctx context.Context) error {
 	if s.ownsDLQ {
-		defer s.dlq.Close()
+		defer func() {
+			_ = s.dlq.Close()
+			s.dlq.Transport.(*kafka.Transport).CloseIdleConnections()
+		}()
 	}
 	group, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{
 		ID:                s.cfg.GroupID,

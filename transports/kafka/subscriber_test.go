@@ -1,0 +1,295 @@
+package kafka_test
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/testenv"
+	idemqkafka "github.com/idemq/idemq/transports/kafka"
+	"github.com/segmentio/kafka-go"
+)
+
+// seen collects what the handler saw and every outcome.
+type seen struct {
+	mu       sync.Mutex
+	msgs     map[string]kafka.Message // by consumer message id
+	headers  map[string]map[string]string
+	outcomes map[consumer.Outcome]int
+	errs     []error
+}
+
+func newSeen() *seen {
+	return &seen{msgs: map[string]kafka.Message{}, headers: map[string]map[string]string{}, outcomes: map[consumer.Outcome]int{}}
+}
+
+func (s *seen) handler(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
+	rec, ok := idemqkafka.Record(msg)
+	if !ok {
+		return consumer.Permanent(errors.New("no kafka record"))
+	}
+	s.mu.Lock()
+	s.msgs[msg.ID] = rec
+	s.headers[msg.ID] = msg.Headers
+	s.mu.Unlock()
+	_, err := tx.Exec(ctx, `INSERT INTO effects (msg_id) VALUES ($1)`, msg.ID)
+	return err
+}
+
+func (s *seen) onResult(_ string, r consumer.Result) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.outcomes[r.Outcome]++
+	if r.Err != nil {
+		s.errs = append(s.errs, r.Err)
+	}
+}
+
+func (s *seen) count(o consumer.Outcome) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.outcomes[o]
+}
+
+type setup struct {
+	k    *testenv.KafkaCluster
+	c    *consumer.Consumer
+	seen *seen
+	ctx  context.Context
+}
+
+func newSetup(t *testing.T) *setup {
+	t.Helper()
+	k := testenv.Kafka(t, 2, "orders", "orders.dlq")
+	pool := testenv.Postgres(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	if _, err := pool.Exec(ctx, `CREATE TABLE effects (seq bigserial PRIMARY KEY, msg_id text NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	s := newSeen()
+	c, err := consumer.New(pool, "orders", s.handler, consumer.Config{
+		BaseDelay: time.Millisecond, MaxDelay: 10 * time.Millisecond,
+		Hooks: consumer.Hooks{OnResult: s.onResult},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return &setup{k: k, c: c, seen: s, ctx: ctx}
+}
+
+func (st *setup) subscriber(t *testing.T, mutate func(*idemqkafka.SubscriberConfig)) *subscription {
+	t.Helper()
+	cfg := subscriberConfig(st.k, st.k.Group("g"))
+	cfg.DeadLetterTopic = st.k.Topic("orders.dlq")
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	s, err := idemqkafka.NewSubscriber(st.c, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub := run(st.ctx, s)
+	t.Cleanup(func() { _ = sub.Stop() })
+	return sub
+}
+
+func (st *setup) produce(t *testing.T, msgs ...kafka.Message) {
+	t.Helper()
+	for i := range msgs {
+		msgs[i].Topic = st.k.Topic("orders")
+	}
+	if err := st.k.Produce(st.ctx, msgs...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitFor polls cond; the deadline only guards against a hang.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(90 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("gave up waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func idHeader(id string) []kafka.Header {
+	return []kafka.Header{{Key: idemqkafka.DefaultIDHeader, Value: []byte(id)}}
+}
+
+func TestSubscriberHandsRecordAndHeadersToHandler(t *testing.T) {
+	st := newSetup(t)
+	st.produce(t,
+		kafka.Message{Key: []byte("order-1"), Value: []byte("a"), Headers: append(idHeader("id-a"), kafka.Header{Key: "traceparent", Value: []byte("00-1-2-01")})},
+		kafka.Message{Key: []byte("order-2"), Value: []byte("b")}, // no id header
+	)
+	st.subscriber(t, nil)
+	waitFor(t, "two messages applied", func() bool { return st.seen.count(consumer.Applied) == 2 })
+
+	st.seen.mu.Lock()
+	defer st.seen.mu.Unlock()
+	a, ok := st.seen.msgs["id-a"]
+	if !ok {
+		t.Fatalf("message with id header not seen under its id; saw %v", st.seen.msgs)
+	}
+	if string(a.Key) != "order-1" || a.Topic != st.k.Topic("orders") || string(a.Value) != "a" {
+		t.Errorf("record %+v", a)
+	}
+	if st.seen.headers["id-a"]["traceparent"] != "00-1-2-01" {
+		t.Errorf("headers %v", st.seen.headers["id-a"])
+	}
+	for id, m := range st.seen.msgs {
+		if id == "id-a" {
+			continue
+		}
+		if id != idemqkafka.FallbackID(m) || !strings.HasPrefix(id, st.k.Topic("orders")+"/") {
+			t.Errorf("message without id header got id %q, want %q", id, idemqkafka.FallbackID(m))
+		}
+	}
+}
+
+func TestSubscriberBadInputNeverStallsThePartition(t *testing.T) {
+	for _, fallback := range []bool{false, true} {
+		name := "DeadLetter"
+		if fallback {
+			name = "FallbackOnInvalidID"
+		}
+		t.Run(name, func(t *testing.T) {
+			st := newSetup(t)
+			key := []byte("one-partition")
+			bad := []kafka.Message{
+				{Key: key, Value: []byte("empty id"), Headers: idHeader("")},
+				{Key: key, Value: []byte("long id"), Headers: idHeader(strings.Repeat("x", 5000))},
+				{Key: key, Value: []byte("bad utf8"), Headers: idHeader("\xff\xfe")},
+			}
+			tombstone := kafka.Message{Key: key, Value: nil, Headers: idHeader("tombstone")}
+			good := kafka.Message{Key: key, Value: []byte("good"), Headers: idHeader("good")}
+			st.produce(t, append(bad, tombstone, good)...)
+			st.subscriber(t, func(c *idemqkafka.SubscriberConfig) { c.FallbackOnInvalidID = fallback })
+
+			wantApplied := 1
+			if fallback {
+				wantApplied = 1 + len(bad)
+			}
+			waitFor(t, "the good message applied", func() bool { return st.seen.count(consumer.Applied) == wantApplied })
+			wantDead := 1 + len(bad) - (wantApplied - 1)
+			waitFor(t, "the bad ones dead-lettered", func() bool { return st.seen.count(consumer.DeadLettered) == wantDead })
+			st.seen.mu.Lock()
+			for _, err := range st.seen.errs {
+				if !errors.Is(err, consumer.ErrInvalidMessage) {
+					t.Errorf("dead letter error %v, want ErrInvalidMessage", err)
+				}
+			}
+			st.seen.mu.Unlock()
+			waitFor(t, "the dead letters on the dead-letter topic", func() bool {
+				msgs, err := st.k.ReadAll(st.ctx, st.k.Topic("orders.dlq"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(msgs) < wantDead {
+					return false
+				}
+				for _, m := range msgs {
+					if r, _ := header(m, idemqkafka.HeaderDeadLetterReason); !strings.Contains(r, "invalid message") {
+						t.Errorf("dead letter reason %q", r)
+					}
+					if src, _ := header(m, idemqkafka.HeaderDeadLetterSource); !strings.HasPrefix(src, st.k.Topic("orders")+"/") {
+						t.Errorf("dead letter source %q", src)
+					}
+				}
+				return true
+			})
+		})
+	}
+}
+
+func TestSubscriberGracefulShutdownCommits(t *testing.T) {
+	st := newSetup(t)
+	before := runtime.NumGoroutine()
+	var msgs []kafka.Message
+	for i := range 50 {
+		id := string(rune('a'+i%26)) + string(rune('a'+i/26))
+		msgs = append(msgs, kafka.Message{Key: []byte(id), Value: []byte(id), Headers: idHeader(id)})
+	}
+	st.produce(t, msgs...)
+	for _, batch := range []bool{true, false} {
+		sub := st.subscriber(t, func(c *idemqkafka.SubscriberConfig) { c.Batch = batch })
+		waitFor(t, "every message settled", func() bool {
+			return st.seen.count(consumer.Applied)+st.seen.count(consumer.Duplicate) >= len(msgs)
+		})
+		if err := sub.Stop(); err != nil {
+			t.Fatalf("Stop: %v", err)
+		}
+	}
+	// The second run resumed from committed offsets: nothing was delivered
+	// twice.
+	if d := st.seen.count(consumer.Duplicate); d != 0 {
+		t.Errorf("%d duplicates after a graceful restart, want 0 (offsets not committed on shutdown)", d)
+	}
+	// No goroutine outlives Run beyond kafka-go's shared transport pool,
+	// which idles out: allow a little slack, wait for it.
+	deadline := time.Now().Add(10 * time.Second)
+	for runtime.NumGoroutine() > before {
+		if time.Now().After(deadline) {
+			buf := make([]byte, 1<<20)
+			t.Fatalf("%d goroutines outlive Run (%d before):\n%s", runtime.NumGoroutine(), before, buf[:runtime.Stack(buf, true)])
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestSubscriberRecoversWhenTheBrokerReturns(t *testing.T) {
+	st := newSetup(t)
+	if st.k.External() {
+		t.Skip("stopping the broker needs the in-process one; " + testenv.KafkaBrokersEnv + " is set")
+	}
+	st.produce(t, kafka.Message{Key: []byte("k"), Value: []byte("1"), Headers: idHeader("1")})
+	st.subscriber(t, nil)
+	waitFor(t, "the first message applied", func() bool { return st.seen.count(consumer.Applied) == 1 })
+	if err := st.k.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second) // let the subscriber notice; not an assertion
+	if err := st.k.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	st.produce(t, kafka.Message{Key: []byte("k"), Value: []byte("2"), Headers: idHeader("2")},
+		kafka.Message{Key: []byte("k"), Value: []byte("1"), Headers: idHeader("1")})
+	waitFor(t, "the message produced after the outage applied", func() bool { return st.seen.count(consumer.Applied) == 2 })
+	waitFor(t, "the re-sent one recognised", func() bool { return st.seen.count(consumer.Duplicate) >= 1 })
+}
+
+func TestNewSubscriberValidates(t *testing.T) {
+	st := newSetup(t)
+	good := subscriberConfig(st.k, "g")
+	for name, mutate := range map[string]func(*idemqkafka.SubscriberConfig){
+		"no brokers":   func(c *idemqkafka.SubscriberConfig) { c.Brokers = nil },
+		"no group":     func(c *idemqkafka.SubscriberConfig) { c.GroupID = "" },
+		"no topics":    func(c *idemqkafka.SubscriberConfig) { c.Topics = nil },
+		"dlq is input": func(c *idemqkafka.SubscriberConfig) { c.DeadLetterTopic = c.Topics[0] },
+		"negative":     func(c *idemqkafka.SubscriberConfig) { c.MaxBatch = -1 },
+		"start offset": func(c *idemqkafka.SubscriberConfig) { c.StartOffset = 42 },
+	} {
+		cfg := good
+		mutate(&cfg)
+		if _, err := idemqkafka.NewSubscriber(st.c, cfg); !errors.Is(err, idemqkafka.ErrConfig) {
+			t.Errorf("%s: %v, want ErrConfig", name, err)
+		}
+	}
+	if _, err := idemqkafka.NewSubscriber(nil, good); !errors.Is(err, idemqkafka.ErrConfig) {
+		t.Errorf("nil consumer: %v, want ErrConfig", err)
+	}
+}
