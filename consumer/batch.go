@@ -16,9 +16,9 @@ import (
 // msgs[i]. A key that appears twice in msgs is applied once: its later
 // copies report Duplicate (or the first copy's outcome if that was not
 // Applied); a later copy with another payload is processed on its own
-// after the commit, and so reported as a Conflict. If the transaction fails as a whole (database error, cancelled
-// context), every message not settled otherwise is Retry and nothing was
-// committed.
+// after the commit, and so reported as a Conflict. If the transaction fails
+// as a whole (database error, cancelled context), every message not settled
+// otherwise is Retry and nothing was committed.
 //
 // In leased mode the messages are processed one by one.
 func (c *Consumer) ProcessBatch(ctx context.Context, msgs []*Message) []Result {
