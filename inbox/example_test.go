@@ -1,0 +1,105 @@
+package inbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemq/idemq/inbox"
+	"github.com/idemq/idemq/testenv"
+)
+
+// examplePool opens a fresh database on the local server.
+func examplePool(ctx context.Context) (*pgxpool.Pool, func()) {
+	url, drop, err := testenv.CreateDatabase(ctx, "idemq_example")
+	if err != nil {
+		log.Fatal(err)
+	}
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		log.Fatal(err)
+	}
+	return pool, func() { pool.Close(); _ = drop() }
+}
+
+// Claim records a key inside the business transaction; a second delivery
+// finds it, and a reused key with another payload is a conflict.
+func ExampleStore_Claim() {
+	ctx := context.Background()
+	pool, done := examplePool(ctx)
+	defer done()
+	store, err := inbox.New(pool, inbox.Config{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		log.Fatal(err)
+	}
+
+	deliver := func(payload string) {
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			claim, err := store.Claim(ctx, tx, "shipping", "order-7", []byte(payload))
+			var conflict *inbox.ConflictError
+			switch {
+			case errors.As(err, &conflict):
+				fmt.Println("conflict with the record first seen as", conflict.Stored.Status)
+				return nil
+			case err != nil:
+				return err
+			case claim.New:
+				fmt.Println("new: apply the message in this transaction")
+			default:
+				fmt.Println("duplicate of a", claim.Existing.Status, "record")
+			}
+			return nil
+		})
+		if err != nil {
+			log.Fatal(err)
+		}
+	}
+	deliver("ship 1 box")
+	deliver("ship 1 box")
+	deliver("ship 9 boxes")
+	// Output:
+	// new: apply the message in this transaction
+	// duplicate of a SUCCEEDED record
+	// conflict with the record first seen as SUCCEEDED
+}
+
+// Acquire leases a key for an effect outside Postgres; the fencing token
+// goes downstream with the call, and Complete records the result.
+func ExampleStore_Acquire() {
+	ctx := context.Background()
+	pool, done := examplePool(ctx)
+	defer done()
+	store, err := inbox.New(pool, inbox.Config{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		log.Fatal(err)
+	}
+
+	claim, err := store.Acquire(ctx, "mailer", "welcome-42", nil, "worker-1", 30*time.Second)
+	if err != nil || !claim.New {
+		log.Fatal(claim, err)
+	}
+	fmt.Println("send the email with idempotency key", claim.Lease.Key, "and fencing token", claim.Lease.Token)
+	if err := store.Complete(ctx, claim.Lease, []byte("queued as 250 OK")); err != nil {
+		log.Fatal(err)
+	}
+
+	again, err := store.Acquire(ctx, "mailer", "welcome-42", nil, "worker-2", 30*time.Second)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("redelivery: new=%v, stored result %q\n", again.New, again.Existing.Result)
+	// Output:
+	// send the email with idempotency key welcome-42 and fencing token 1
+	// redelivery: new=false, stored result "queued as 250 OK"
+}
