@@ -1,0 +1,251 @@
+// Command orders is idemq's end-to-end demo: business transactions produce
+// order messages, the relay publishes them to every transport leg (Kafka on
+// an in-process broker, and any leg another transport registers), the
+// producer re-sends some of them, and a consumer wrapped by idemq applies
+// them to a shipments table, killed once between its database commit and
+// its acknowledgement and restarted. It prints, per transport, what was
+// sent, the duplicates injected and what was applied, and exits non-zero
+// unless every leg applied each distinct message exactly once.
+//
+// It needs only the local Postgres (IDEMQ_TEST_DATABASE_URL points it
+// elsewhere); it creates its own database and drops it on exit.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/relay"
+	"github.com/idemq/idemq/testenv"
+)
+
+const (
+	orders     = 200 // business transactions, one message per leg each
+	crashAfter = 60  // the first consumer dies after applying this many
+	relayBatch = 50
+)
+
+func main() {
+	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})))
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if err := run(ctx, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "demo:", err)
+		os.Exit(1)
+	}
+}
+
+// row is one leg's line of the table.
+type row struct {
+	leg               string
+	sent              int // distinct messages published
+	injected          int // extra copies the producer re-sent
+	dropped           int // deliveries recognised as duplicates
+	applied, distinct int // shipment rows, distinct message ids among them
+}
+
+func (r row) ok() bool { return r.applied == r.sent && r.distinct == r.sent }
+
+func run(ctx context.Context, out io.Writer) (err error) {
+	connString, drop, err := testenv.CreateDatabase(ctx, "idemq_demo")
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, drop()) }()
+	pool, err := pgxpool.New(ctx, connString)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if _, err := pool.Exec(ctx, `
+		CREATE TABLE orders (id bigserial PRIMARY KEY, customer text NOT NULL, item text NOT NULL, qty int NOT NULL);
+		-- one row per application: a message applied twice would show twice
+		CREATE TABLE shipments (seq bigserial PRIMARY KEY, leg text NOT NULL, msg_id text NOT NULL, payload text NOT NULL)`); err != nil {
+		return err
+	}
+
+	var legs []leg
+	defer func() {
+		for _, l := range legs {
+			err = errors.Join(err, l.Close())
+		}
+	}()
+	for _, start := range legFactories {
+		l, err := start(ctx)
+		if err != nil {
+			return fmt.Errorf("start leg: %w", err)
+		}
+		legs = append(legs, l)
+	}
+
+	perLeg, err := produce(ctx, pool, legs)
+	if err != nil {
+		return err
+	}
+
+	rows := make([]row, len(legs))
+	var wg sync.WaitGroup
+	errs := make([]error, len(legs))
+	for i, l := range legs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rows[i], errs[i] = runLeg(ctx, pool, l, perLeg[l.Name()])
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "transport\tsent\tduplicates injected\tredelivered after crash\tduplicates dropped\tapplied\t")
+	failed := false
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t\n", r.leg, r.sent, r.injected, r.dropped-r.injected, r.dropped, r.applied)
+		failed = failed || !r.ok()
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if failed {
+		return errors.New("a leg did not apply every distinct message exactly once")
+	}
+	fmt.Fprintln(out, "every distinct message applied exactly once on every transport")
+	return nil
+}
+
+// produce runs the business transactions: each inserts an order and
+// produces one message per leg, keyed by customer so that a customer's
+// orders stay in order.
+//
+// TODO(outbox): once outbox/relay land, enqueue inside the transaction
+// and let the relay publish; until then the messages are published through
+// each leg's sink after commit, with the same ids the outbox would give.
+func produce(ctx context.Context, pool *pgxpool.Pool, legs []leg) (map[string][]relay.Message, error) {
+	perLeg := make(map[string][]relay.Message, len(legs))
+	for n := range orders {
+		customer := fmt.Sprintf("customer-%d", n%17)
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			var id int64
+			if err := tx.QueryRow(ctx, `INSERT INTO orders (customer, item, qty) VALUES ($1, $2, $3) RETURNING id`,
+				customer, fmt.Sprintf("item-%d", n%5), 1+n%3).Scan(&id); err != nil {
+				return err
+			}
+			for _, l := range legs {
+				perLeg[l.Name()] = append(perLeg[l.Name()], relay.Message{
+					ID:          uuid.Must(uuid.NewV7()),
+					Destination: l.Destination(),
+					Key:         customer,
+					Payload:     fmt.Appendf(nil, `{"order_id":%d,"customer":%q}`, id, customer),
+					Headers:     map[string]string{"Content-Type": "application/json"},
+				})
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, fmt.Errorf("order transaction: %w", err)
+		}
+	}
+	return perLeg, nil
+}
+
+// runLeg relays the leg's messages, re-sends some (every 10th once more,
+// every 40th four more times), runs a consumer that is killed between
+// commit and ack after crashAfter applications, restarts it and waits
+// until every message is applied and every delivery settled.
+func runLeg(ctx context.Context, pool *pgxpool.Pool, l leg, msgs []relay.Message) (row, error) {
+	r := row{leg: l.Name(), sent: len(msgs)}
+	sink := l.Sink()
+	for i := 0; i < len(msgs); i += relayBatch {
+		if err := sink.Publish(ctx, msgs[i:min(i+relayBatch, len(msgs))]); err != nil {
+			return r, fmt.Errorf("%s: relay: %w", l.Name(), err)
+		}
+	}
+	var again []relay.Message
+	for i, m := range msgs {
+		switch {
+		case i%40 == 0:
+			for range 4 {
+				again = append(again, m)
+			}
+		case i%10 == 0:
+			again = append(again, m)
+		}
+	}
+	if err := sink.Publish(ctx, again); err != nil {
+		return r, fmt.Errorf("%s: producer re-send: %w", l.Name(), err)
+	}
+	r.injected = len(again)
+
+	var applied, dropped, settled atomic.Int64
+	c, err := consumer.New(pool, "shipping-"+l.Name(), func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
+		_, err := tx.Exec(ctx, `INSERT INTO shipments (leg, msg_id, payload) VALUES ($1, $2, $3)`, l.Name(), msg.ID, msg.Payload)
+		return err
+	}, consumer.Config{Hooks: consumer.Hooks{OnResult: func(_ string, res consumer.Result) {
+		switch res.Outcome {
+		case consumer.Applied:
+			applied.Add(1)
+		case consumer.Duplicate:
+			dropped.Add(1)
+		}
+		if res.Settled() {
+			settled.Add(1)
+		}
+	}}})
+	if err != nil {
+		return r, err
+	}
+	if err := c.Migrate(ctx); err != nil {
+		return r, err
+	}
+
+	first, err := l.Subscribe(ctx, c, func(_ *consumer.Message, res consumer.Result) bool {
+		return res.Outcome == consumer.Applied && applied.Load() >= crashAfter
+	})
+	if err != nil {
+		return r, err
+	}
+	select {
+	case <-first.Done():
+	case <-ctx.Done():
+		return r, fmt.Errorf("%s: the consumer never crashed: %w", l.Name(), ctx.Err())
+	}
+	if err := first.Stop(); err == nil {
+		return r, fmt.Errorf("%s: the first consumer was not killed", l.Name())
+	}
+
+	second, err := l.Subscribe(ctx, c, nil)
+	if err != nil {
+		return r, err
+	}
+	deliveries := int64(len(msgs) + len(again))
+	for applied.Load() < int64(len(msgs)) || settled.Load() < deliveries {
+		select {
+		case <-ctx.Done():
+			_ = second.Stop()
+			return r, fmt.Errorf("%s: waiting for %d deliveries, %d settled, %d applied: %w",
+				l.Name(), deliveries, settled.Load(), applied.Load(), ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	if err := second.Stop(); err != nil {
+		return r, fmt.Errorf("%s: stop: %w", l.Name(), err)
+	}
+	r.dropped = int(dropped.Load())
+	err = pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT msg_id) FROM shipments WHERE leg = $1`, l.Name()).Scan(&r.applied, &r.distinct)
+	return r, err
+}
