@@ -33,6 +33,13 @@ type leg interface {
 	Close() error
 }
 
+// publishDeduper is an optional capability of a leg whose broker drops a
+// re-published message id itself (JetStream's duplicate window): the demo
+// then expects only the distinct messages to be delivered.
+type publishDeduper interface {
+	DedupesPublishes() bool
+}
+
 // subscription is a running consumer of a leg.
 type subscription interface {
 	// Stop stops gracefully (finish, acknowledge, leave) and waits; it

@@ -233,6 +233,9 @@ func runLeg(ctx context.Context, pool *pgxpool.Pool, l leg, msgs []relay.Message
 		return r, err
 	}
 	deliveries := int64(len(msgs) + len(again))
+	if d, ok := l.(publishDeduper); ok && d.DedupesPublishes() {
+		deliveries = int64(len(msgs))
+	}
 	for applied.Load() < int64(len(msgs)) || settled.Load() < deliveries {
 		select {
 		case <-ctx.Done():
