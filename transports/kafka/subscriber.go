@@ -31,6 +31,10 @@ const (
 // configuration.
 var ErrConfig = errors.New("idemq/kafka: invalid configuration")
 
+// errNotAttempted marks the messages after a retried one in per-message
+// mode: they were not processed and are re-read after it.
+var errNotAttempted = errors.New("idemq/kafka: an earlier message of the partition is retried")
+
 // ErrCrash is returned (wrapped) by [Subscriber.Run] when a
 // [SubscriberConfig.BeforeCommit] hook vetoed a commit.
 var ErrCrash = errors.New("idemq/kafka: commit vetoed by BeforeCommit")
@@ -65,7 +69,11 @@ type SubscriberConfig struct {
 	// Batch applies what was fetched for a partition with
 	// consumer.ProcessBatch (one transaction, a savepoint per message).
 	// Defaults to false: consumer.Process, one transaction per message.
-	// Either way offsets are committed once per fetched group.
+	// Either way offsets are committed once per fetched group. Batch mode
+	// keeps partition order for messages that succeed at their first
+	// attempt; one whose handler fails is retried after its batch
+	// committed, so after the later messages of that batch. Use
+	// per-message mode where a failure must hold back its successors.
 	Batch bool
 	// MaxBatch bounds the messages taken from a partition's fetch queue at
 	// once. Defaults to 100.
@@ -181,6 +189,11 @@ func (c SubscriberConfig) withDefaults() (SubscriberConfig, error) {
 // A rebalance lets each revoked partition finish and commit its in-flight
 // group before the member rejoins; whatever did not commit is redelivered
 // to the partition's next owner and deduplicated there.
+//
+// Message.Delivery is 1 on the first delivery of a record to this process
+// and counts up each time a Retry makes the Subscriber re-read it, so a
+// consumer with Config.Redeliver counts its attempts (Kafka keeps no
+// delivery count across processes: after a restart it starts at 1 again).
 //
 // The handler sees the Kafka record: Message.Headers holds its headers
 // (the last value wins for a repeated name), Message.Source is the
@@ -350,6 +363,9 @@ func (s *Subscriber) partition(runCtx, genCtx context.Context, stop context.Canc
 	}
 
 	retries := 0
+	// redelivered counts, for offsets re-read after a Retry, how many times
+	// this process delivered them before (Message.Delivery - 1).
+	redelivered := map[int64]int{}
 	batch := make([]kafka.Message, 0, s.cfg.MaxBatch)
 	for fetchCtx.Err() == nil {
 		batch = batch[:0]
@@ -378,7 +394,7 @@ func (s *Subscriber) partition(runCtx, genCtx context.Context, stop context.Canc
 			t := time.AfterFunc(s.cfg.ShutdownTimeout, cancelWork)
 			context.AfterFunc(workCtx, func() { t.Stop() })
 		})
-		msgs, results := s.process(workCtx, batch)
+		msgs, results := s.process(workCtx, batch, redelivered)
 		settled := s.settle(workCtx, log, batch, results)
 		stopWork()
 		cancelWork()
@@ -401,7 +417,16 @@ func (s *Subscriber) partition(runCtx, genCtx context.Context, stop context.Canc
 		}
 		if settled == len(batch) {
 			retries = 0
+			clear(redelivered)
 			continue
+		}
+		for _, m := range batch[:settled] {
+			delete(redelivered, m.Offset)
+		}
+		for j := settled; j < len(batch); j++ {
+			if results[j].Outcome == consumer.Retry && !errors.Is(results[j].Err, errNotAttempted) {
+				redelivered[batch[j].Offset]++
+			}
 		}
 		// Never skip: re-read from the first unsettled message.
 		retries++
@@ -421,10 +446,11 @@ func (s *Subscriber) partition(runCtx, genCtx context.Context, stop context.Canc
 }
 
 // process applies batch through the consumer.
-func (s *Subscriber) process(ctx context.Context, batch []kafka.Message) ([]*consumer.Message, []consumer.Result) {
+func (s *Subscriber) process(ctx context.Context, batch []kafka.Message, redelivered map[int64]int) ([]*consumer.Message, []consumer.Result) {
 	msgs := make([]*consumer.Message, len(batch))
 	for i := range batch {
 		msgs[i] = s.message(batch[i])
+		msgs[i].Delivery = 1 + redelivered[batch[i].Offset]
 	}
 	if s.cfg.Batch {
 		return msgs, s.c.ProcessBatch(ctx, msgs)
@@ -435,7 +461,7 @@ func (s *Subscriber) process(ctx context.Context, batch []kafka.Message) ([]*con
 		if !results[i].Settled() {
 			// Keep order: nothing after a retried message runs now.
 			for j := i + 1; j < len(msgs); j++ {
-				results[j] = consumer.Result{Outcome: consumer.Retry, Err: errors.New("idemq/kafka: an earlier message of the partition is retried")}
+				results[j] = consumer.Result{Outcome: consumer.Retry, Err: errNotAttempted}
 			}
 			break
 		}

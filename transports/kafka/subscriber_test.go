@@ -3,7 +3,9 @@ package kafka_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -291,5 +293,73 @@ func TestNewSubscriberValidates(t *testing.T) {
 	}
 	if _, err := idemqkafka.NewSubscriber(nil, good); !errors.Is(err, idemqkafka.ErrConfig) {
 		t.Errorf("nil consumer: %v, want ErrConfig", err)
+	}
+}
+
+func TestSubscriberRedeliverModeCountsDeliveries(t *testing.T) {
+	for _, batch := range []bool{false, true} {
+		t.Run(fmt.Sprint("batch=", batch), func(t *testing.T) { testRedeliverMode(t, batch) })
+	}
+}
+
+func testRedeliverMode(t *testing.T, batch bool) {
+	st := newSetup(t)
+	var mu sync.Mutex
+	deliveries := map[string][]int{}
+	var order []string
+	c, err := consumer.New(testenv.Postgres(t), "redeliver", func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
+		mu.Lock()
+		defer mu.Unlock()
+		deliveries[msg.ID] = append(deliveries[msg.ID], msg.Delivery)
+		switch {
+		case msg.ID == "always-fails":
+			return errors.New("still down")
+		case msg.ID == "fails-twice" && len(deliveries[msg.ID]) <= 2:
+			return errors.New("not yet")
+		}
+		order = append(order, msg.ID)
+		return nil
+	}, consumer.Config{Redeliver: true, MaxAttempts: 3, BaseDelay: time.Millisecond, MaxDelay: 5 * time.Millisecond,
+		Hooks: consumer.Hooks{OnResult: st.seen.onResult}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Migrate(st.ctx); err != nil {
+		t.Fatal(err)
+	}
+	st.c = c
+	key := []byte("one-partition")
+	st.produce(t,
+		kafka.Message{Key: key, Value: []byte("x"), Headers: idHeader("fails-twice")},
+		kafka.Message{Key: key, Value: []byte("x"), Headers: idHeader("always-fails")},
+		kafka.Message{Key: key, Value: []byte("x"), Headers: idHeader("last")},
+	)
+	st.subscriber(t, func(c *idemqkafka.SubscriberConfig) { c.Batch = batch })
+	waitFor(t, "the last message applied", func() bool { return st.seen.count(consumer.Applied) == 2 })
+
+	mu.Lock()
+	defer mu.Unlock()
+	// The transport's part: Delivery counts 1, 2, 3, ... for each re-read.
+	// How many deliveries MaxAttempts allows is the consumer's business.
+	if got := deliveries["fails-twice"]; !slices.Equal(got, []int{1, 2, 3}) {
+		t.Errorf("fails-twice delivered as %v, want [1 2 3]", got)
+	}
+	got := deliveries["always-fails"]
+	if len(got) < 3 {
+		t.Errorf("always-fails delivered as %v, want at least [1 2 3] then dead-lettered", got)
+	}
+	for i, d := range got {
+		if d != i+1 {
+			t.Errorf("always-fails delivered as %v, want 1, 2, 3, ...", got)
+			break
+		}
+	}
+	if st.seen.count(consumer.DeadLettered) != 1 {
+		t.Errorf("dead letters %d, want 1", st.seen.count(consumer.DeadLettered))
+	}
+	// Batch mode applies a message retried after its batch committed after
+	// the later messages of that batch; per-message mode keeps order.
+	if !batch && !slices.Equal(order, []string{"fails-twice", "last"}) {
+		t.Errorf("applied in order %v", order)
 	}
 }
