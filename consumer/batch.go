@@ -20,6 +20,11 @@ import (
 // as a whole (database error, cancelled context), every message not settled
 // otherwise is Retry and nothing was committed.
 //
+// A failed message is retried after the batch commits, that is after the
+// later messages of its batch: where per-key order matters and handlers
+// fail, use Process, or keep keys that must stay ordered in separate
+// batches.
+//
 // In leased mode the messages are processed one by one.
 func (c *Consumer) ProcessBatch(ctx context.Context, msgs []*Message) []Result {
 	start := time.Now()

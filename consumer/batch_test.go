@@ -140,3 +140,26 @@ func TestConcurrentOverlappingBatches(t *testing.T) {
 		t.Fatalf("%d business rows, %d distinct keys, %d reported applied", n, distinct, applied.Load())
 	}
 }
+
+// In Redeliver mode a batch's failed attempt counts like Process's: a
+// message failing on every delivery is dead-lettered on delivery
+// MaxAttempts either way.
+func TestRedeliverCountsTheDeliveryInBatchesToo(t *testing.T) {
+	pool := setup(t)
+	c := newConsumer(t, pool, func(context.Context, pgx.Tx, *consumer.Message) error {
+		return errors.New("always fails")
+	}, consumer.Config{Redeliver: true, MaxAttempts: 3})
+	ctx := context.Background()
+	for delivery := 1; delivery <= 3; delivery++ {
+		single := c.Process(ctx, &consumer.Message{ID: "single", Payload: []byte("p"), Delivery: delivery})
+		batched := c.ProcessBatch(ctx, []*consumer.Message{{ID: "batched", Payload: []byte("p"), Delivery: delivery}})[0]
+		want := consumer.Retry
+		if delivery == 3 {
+			want = consumer.DeadLettered
+		}
+		if single.Outcome != want || batched.Outcome != want || single.Attempts != delivery || batched.Attempts != delivery {
+			t.Fatalf("delivery %d: Process %v (attempt %d), ProcessBatch %v (attempt %d); want %v",
+				delivery, single.Outcome, single.Attempts, batched.Outcome, batched.Attempts, want)
+		}
+	}
+}

@@ -62,11 +62,11 @@ func (c *Consumer) identify(msg *Message) (key string, fingerprint []byte, err e
 }
 
 // run attempts msg until it settles. attempt counts the attempts already
-// made; failure, if not nil, is the error of the last one.
+// made in this delivery; failure, if not nil, is the error of the last one.
 func (c *Consumer) run(ctx context.Context, msg *Message, key string, fingerprint []byte, attempt int, failure error) Result {
 	first := time.Now()
-	if c.cfg.Redeliver {
-		attempt = max(attempt, msg.Delivery-1) // each earlier delivery was an attempt
+	if c.cfg.Redeliver && msg.Delivery > 1 {
+		attempt += msg.Delivery - 1 // each earlier delivery was an attempt
 	}
 	for {
 		var r Result
