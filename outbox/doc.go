@@ -1,0 +1,51 @@
+// Package outbox is the transactional outbox: messages written in the same
+// Postgres transaction as the business rows they describe, published later
+// by a relay (package relay) if and only if that transaction committed.
+//
+// # Enqueue
+//
+// [Outbox.Enqueue] inserts messages inside the caller's pgx.Tx, with one
+// round trip per call (a multi-row INSERT from arrays, or COPY for large
+// calls) and one NOTIFY that wakes the relays when the transaction commits.
+// Every message is validated first ([ErrInvalidMessage]): a refused call
+// leaves the transaction untouched. Each message gets a UUIDv7 id unless
+// the caller set one; the id travels downstream as the message id, so the
+// receiving inbox drops the duplicates a relay crash creates.
+//
+// # Order
+//
+// Rows are numbered from a sequence when they are inserted. The relay
+// publishes the rows of one key in that order, and a transaction that
+// enqueues after another committed always numbers higher: serialise the
+// writers of one key (as the business row they change usually does) and
+// their messages keep their order end to end. Two transactions that run
+// concurrently enqueue in no defined order with respect to each other.
+//
+// # Dead letters
+//
+// The relay moves a message it gives up on to the dead-letter table beside
+// the outbox ([Config.Table]+"_dead"), with its error. [Outbox.DeadLetters]
+// lists them, [Outbox.Replay] puts them back (attempts reset, same id, same
+// place in their key's order) and [Outbox.Purge] deletes them.
+//
+// # Storage and vacuum
+//
+// The outbox is a queue: every row is inserted once and deleted once,
+// seconds later. The relay reads the table from the low end of its primary
+// key, where the deleted rows are; until vacuum removes them (or the first
+// scan that finds them dead to every transaction marks their index entries
+// dead) each claim reads through them. The migration therefore sets
+// per-table autovacuum parameters (vacuum after every 10,000 dead rows
+// instead of after 20% of the table, unthrottled) and the relay scans from
+// where its last batch began while it is busy, going back to the start of
+// the table only periodically. A long-running transaction anywhere in the
+// database holds back the horizon: no dead row deleted after it began can
+// be removed or marked until it ends. The relay keeps delivering meanwhile
+// (see the relay package's liveness tests), but the periodic full scans get
+// slower with every row published during such a transaction, so keep
+// transactions short or set idle_in_transaction_session_timeout.
+//
+// The relay holds its claimed rows in an open transaction while it
+// publishes them, which also holds the horizon for that long; the relay's
+// PublishTimeout bounds it.
+package outbox

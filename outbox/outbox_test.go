@@ -1,0 +1,361 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemq/idemq/outbox"
+	"github.com/idemq/idemq/testenv"
+)
+
+type bundle struct {
+	ctx  context.Context
+	pool *pgxpool.Pool
+	ob   *outbox.Outbox
+}
+
+func setup(t *testing.T, cfg outbox.Config) bundle {
+	t.Helper()
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.Postgres(t)
+	ob, err := outbox.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ob.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	return bundle{ctx: ctx, pool: pool, ob: ob}
+}
+
+type row struct {
+	Seq         int64
+	ID          uuid.UUID
+	Destination string
+	Key         *string
+	Payload     []byte
+	Headers     map[string]string
+	Attempts    int
+}
+
+func rows(t *testing.T, b bundle) []row {
+	t.Helper()
+	r, err := b.pool.Query(b.ctx, `SELECT seq, id, destination, key, payload, headers, attempts FROM `+b.ob.Table()+` ORDER BY seq`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := pgx.CollectRows(r, pgx.RowToStructByPos[row])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func TestNewValidatesConfig(t *testing.T) {
+	for _, cfg := range []outbox.Config{
+		{Table: "Bad-Name"},
+		{Schema: "1x"},
+		{Table: strings.Repeat("t", 49)},
+		{MaxPayload: -1},
+		{Channel: strings.Repeat("c", 64)},
+	} {
+		if _, err := outbox.New(cfg); err == nil {
+			t.Errorf("New(%+v) accepted an invalid config", cfg)
+		}
+	}
+}
+
+func TestMigrateIsIdempotentAndConcurrent(t *testing.T) {
+	b := setup(t, outbox.Config{Schema: "app", Table: "events_outbox"})
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs <- b.ob.Migrate(b.ctx, b.pool)
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if b.ob.Table() != `"app"."events_outbox"` || b.ob.DeadTable() != `"app"."events_outbox_dead"` {
+		t.Fatalf("tables %s %s", b.ob.Table(), b.ob.DeadTable())
+	}
+	if b.ob.Channel() != "app.events_outbox" {
+		t.Fatalf("channel %q", b.ob.Channel())
+	}
+}
+
+func TestEnqueueCommitAndRollback(t *testing.T) {
+	b := setup(t, outbox.Config{})
+	myID := uuid.Must(uuid.NewV7())
+	err := pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
+		return b.ob.Enqueue(b.ctx, tx,
+			outbox.Message{Destination: "orders", Key: "o-1", Payload: []byte("a"), Headers: map[string]string{"traceparent": "00-abc-def-01"}},
+			outbox.Message{ID: myID, Destination: "orders", Payload: nil},
+		)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := b.pool.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.ob.Enqueue(b.ctx, tx, outbox.Message{Destination: "orders", Payload: []byte("rolled back")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Rollback(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	got := rows(t, b)
+	if len(got) != 2 {
+		t.Fatalf("%d rows, want 2: %+v", len(got), got)
+	}
+	if got[0].ID.Version() != 7 || got[0].Key == nil || *got[0].Key != "o-1" || string(got[0].Payload) != "a" ||
+		got[0].Headers["traceparent"] != "00-abc-def-01" || got[0].Attempts != 0 {
+		t.Errorf("first row %+v", got[0])
+	}
+	if got[1].ID != myID || got[1].Key != nil || got[1].Payload == nil || len(got[1].Payload) != 0 || got[1].Headers != nil {
+		t.Errorf("second row %+v", got[1])
+	}
+}
+
+func TestEnqueueLargeBatchUsesCopyAndKeepsOrder(t *testing.T) {
+	b := setup(t, outbox.Config{})
+	for _, n := range []int{10, 1000} {
+		msgs := make([]outbox.Message, n)
+		for i := range msgs {
+			msgs[i] = outbox.Message{Destination: "d", Key: fmt.Sprint("k", i%7), Payload: fmt.Appendf(nil, "%d-%d", n, i)}
+			if i%3 == 0 {
+				msgs[i].Headers = map[string]string{"n": fmt.Sprint(i)}
+			}
+		}
+		if err := pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error { return b.ob.Enqueue(b.ctx, tx, msgs...) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := rows(t, b)
+	if len(got) != 1010 {
+		t.Fatalf("%d rows", len(got))
+	}
+	for i, r := range got[10:] {
+		if string(r.Payload) != fmt.Sprintf("1000-%d", i) || *r.Key != fmt.Sprint("k", i%7) {
+			t.Fatalf("row %d out of order: %s", i, r.Payload)
+		}
+		if (i%3 == 0) != (r.Headers != nil) || (r.Headers != nil && r.Headers["n"] != fmt.Sprint(i)) {
+			t.Fatalf("row %d headers %v", i, r.Headers)
+		}
+	}
+}
+
+func TestEnqueueRejectsBadInputAndLeavesTxUsable(t *testing.T) {
+	b := setup(t, outbox.Config{MaxPayload: 10})
+	ok := outbox.Message{Destination: "d", Payload: []byte("ok")}
+	cases := []struct {
+		name  string
+		msg   outbox.Message
+		field string
+		is    error
+	}{
+		{"empty destination", outbox.Message{Payload: []byte("x")}, "destination", nil},
+		{"long destination", outbox.Message{Destination: strings.Repeat("d", outbox.MaxDestinationLen+1)}, "destination", nil},
+		{"NUL in destination", outbox.Message{Destination: "a\x00b"}, "destination", nil},
+		{"payload over limit", outbox.Message{Destination: "d", Payload: make([]byte, 11)}, "payload", outbox.ErrPayloadTooLarge},
+		{"long key", outbox.Message{Destination: "d", Key: strings.Repeat("k", outbox.MaxKeyLen+1)}, "key", nil},
+		{"invalid UTF-8 key", outbox.Message{Destination: "d", Key: "\xff"}, "key", nil},
+		{"header name with space", outbox.Message{Destination: "d", Headers: map[string]string{"bad name": "v"}}, "headers", nil},
+		{"empty header name", outbox.Message{Destination: "d", Headers: map[string]string{"": "v"}}, "headers", nil},
+		{"header value with newline", outbox.Message{Destination: "d", Headers: map[string]string{"x": "a\r\nb"}}, "headers", nil},
+		{"header value with NUL", outbox.Message{Destination: "d", Headers: map[string]string{"x": "a\x00"}}, "headers", nil},
+	}
+	tx, err := b.pool.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(b.ctx)
+	for _, c := range cases {
+		err := b.ob.Enqueue(b.ctx, tx, ok, c.msg)
+		var ime *outbox.InvalidMessageError
+		if !errors.Is(err, outbox.ErrInvalidMessage) || !errors.As(err, &ime) || ime.Index != 1 || ime.Field != c.field {
+			t.Errorf("%s: err = %v, want an InvalidMessageError for message 1, field %s", c.name, err, c.field)
+		}
+		if c.is != nil && !errors.Is(err, c.is) {
+			t.Errorf("%s: err = %v, want it to match %v", c.name, err, c.is)
+		}
+	}
+	// The transaction was never touched: it still works and commits.
+	if err := b.ob.Enqueue(b.ctx, tx, ok); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := rows(t, b); len(got) != 1 || string(got[0].Payload) != "ok" {
+		t.Fatalf("rows %+v, want only the one valid message", got)
+	}
+}
+
+func TestEnqueueNotifiesOncePerTransaction(t *testing.T) {
+	b := setup(t, outbox.Config{})
+	conn, err := b.pool.Acquire(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(b.ctx, `LISTEN `+pgx.Identifier{b.ob.Channel()}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	err = pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
+		for range 3 {
+			if err := b.ob.Enqueue(b.ctx, tx, outbox.Message{Destination: "d"}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(b.ctx, 10*time.Second)
+	defer cancel()
+	n, err := conn.Conn().WaitForNotification(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n.Channel != b.ob.Channel() {
+		t.Fatalf("notification on %q", n.Channel)
+	}
+	// No second notification for the same transaction.
+	short, cancel2 := context.WithTimeout(b.ctx, 200*time.Millisecond)
+	defer cancel2()
+	if n, err := conn.Conn().WaitForNotification(short); err == nil {
+		t.Fatalf("second notification %+v", n)
+	}
+}
+
+func TestDisableNotify(t *testing.T) {
+	b := setup(t, outbox.Config{DisableNotify: true})
+	conn, err := b.pool.Acquire(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(b.ctx, `LISTEN `+pgx.Identifier{b.ob.Channel()}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	if err := pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error { return b.ob.Enqueue(b.ctx, tx, outbox.Message{Destination: "d"}) }); err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(b.ctx, 200*time.Millisecond)
+	defer cancel()
+	if n, err := conn.Conn().WaitForNotification(short); err == nil {
+		t.Fatalf("notification %+v with DisableNotify", n)
+	}
+}
+
+// kill moves outbox rows to the dead letters the way the relay does.
+func kill(t *testing.T, b bundle, cause string, payloads ...string) {
+	t.Helper()
+	_, err := b.pool.Exec(b.ctx, `WITH d AS (DELETE FROM `+b.ob.Table()+` WHERE convert_from(payload, 'UTF8') = ANY($1) RETURNING *)
+INSERT INTO `+b.ob.DeadTable()+` (seq, id, created_at, attempts, destination, payload, key, headers, last_error)
+SELECT seq, id, created_at, 3, destination, payload, key, headers, $2 FROM d`, payloads, cause)
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestDeadLettersListReplayPurge(t *testing.T) {
+	b := setup(t, outbox.Config{})
+	err := pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
+		return b.ob.Enqueue(b.ctx, tx,
+			outbox.Message{Destination: "orders.created", Key: "k1", Payload: []byte("a")},
+			outbox.Message{Destination: "orders.paid", Key: "k1", Payload: []byte("b")},
+			outbox.Message{Destination: "billing", Payload: []byte("c")},
+			outbox.Message{Destination: "orders.created", Key: "k2", Payload: []byte("d")},
+		)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kill(t, b, "boom", "a", "c", "d")
+	// Park b behind its dead head the way the relay's ParkFollowers does.
+	if _, err := b.pool.Exec(b.ctx, `UPDATE `+b.ob.Table()+` SET available_at = 'infinity'`); err != nil {
+		t.Fatal(err)
+	}
+	payloads := func(ds []outbox.DeadLetter) string {
+		var s []string
+		for _, d := range ds {
+			s = append(s, string(d.Payload))
+		}
+		return strings.Join(s, ",")
+	}
+	all, err := b.ob.DeadLetters(b.ctx, b.pool, outbox.DeadFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if payloads(all) != "a,c,d" || all[0].LastError != "boom" || all[0].Attempts != 3 || all[0].Key != "k1" || all[0].Destination != "orders.created" {
+		t.Fatalf("dead letters %+v", all)
+	}
+	for _, c := range []struct {
+		f    outbox.DeadFilter
+		want string
+	}{
+		{outbox.DeadFilter{Destination: "billing"}, "c"},
+		{outbox.DeadFilter{DestinationPrefix: "orders."}, "a,d"},
+		{outbox.DeadFilter{Key: "k2"}, "d"},
+		{outbox.DeadFilter{IDs: []uuid.UUID{all[2].ID}}, "d"},
+		{outbox.DeadFilter{FailedBefore: time.Now().Add(time.Hour)}, "a,c,d"},
+		{outbox.DeadFilter{FailedBefore: all[0].FailedAt.Add(-time.Hour)}, ""},
+		{outbox.DeadFilter{FailedAfter: all[0].FailedAt.Add(-time.Hour)}, "a,c,d"},
+		{outbox.DeadFilter{Limit: 1}, "a"},
+	} {
+		got, err := b.ob.DeadLetters(b.ctx, b.pool, c.f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if payloads(got) != c.want {
+			t.Errorf("filter %+v: %q, want %q", c.f, payloads(got), c.want)
+		}
+	}
+
+	n, err := b.ob.Replay(b.ctx, b.pool, outbox.DeadFilter{Key: "k1"})
+	if err != nil || n != 1 {
+		t.Fatalf("replay: %d, %v", n, err)
+	}
+	pending := rows(t, b)
+	if len(pending) != 2 || string(pending[0].Payload) != "a" || string(pending[1].Payload) != "b" || pending[0].Attempts != 0 || pending[0].ID != all[0].ID {
+		t.Fatalf("after replay %+v", pending)
+	}
+	var parked int
+	if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM `+b.ob.Table()+` WHERE available_at = 'infinity'`).Scan(&parked); err != nil || parked != 0 {
+		t.Fatalf("%d rows still parked (%v)", parked, err)
+	}
+	n, err = b.ob.Purge(b.ctx, b.pool, outbox.DeadFilter{Destination: "billing"})
+	if err != nil || n != 1 {
+		t.Fatalf("purge: %d, %v", n, err)
+	}
+	left, err := b.ob.DeadLetters(b.ctx, b.pool, outbox.DeadFilter{})
+	if err != nil || payloads(left) != "d" {
+		t.Fatalf("left %q %v", payloads(left), err)
+	}
+	st, err := b.ob.Stats(b.ctx, b.pool)
+	if err != nil || st.Pending != 2 || st.Dead != 1 || st.OldestPending <= 0 {
+		t.Fatalf("stats %+v %v", st, err)
+	}
+}
