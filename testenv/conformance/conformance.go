@@ -43,6 +43,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"CrashBetweenCommitAndAck", crashBetweenCommitAndAck},
 		{"RacingSubscriptions", racingSubscriptions},
 		{"GroupMemberLeaves", groupMemberLeaves},
+		{"MalformedID", malformedID},
 		{"PoisonMessage", poisonMessage},
 		{"RelayRepublish", relayRepublish},
 		{"OrderedPerKey", orderedPerKey},
@@ -371,6 +372,51 @@ func groupMemberLeaves(fx *fixture) {
 	fx.publish(msgs[50:70]...) // the producer retries some
 	fx.waitFor("every message applied by the remaining member", func() bool { return len(fx.effects()) >= len(msgs) })
 	fx.appliedOnce(ids(msgs))
+}
+
+// malformedID: messages whose id is oversized (over the inbox's 1024-byte
+// key limit) or not UTF-8 never stall the stream: each is dead-lettered or
+// applied under a fallback id, at most once, and the messages after them
+// are applied. A broker that refuses such a message at publish (the
+// producer sees the error) passes too.
+func malformedID(fx *fixture) {
+	bad := []Message{
+		{ID: strings.Repeat("x", 2000), Key: "key-0", Payload: []byte("oversized-id")},
+		{ID: "\xff\xfe", Key: "key-0", Payload: []byte("not-utf8-id")},
+	}
+	accepted := 0
+	for _, m := range bad {
+		if err := fx.h.Publish(fx.ctx, m); err != nil {
+			fx.t.Logf("the broker refused a message with a malformed id at publish: %v", err)
+			continue
+		}
+		accepted++
+	}
+	after := messages(5, 1, "after")
+	fx.publish(after...)
+	fx.subscribe(fx.consumer("orders"), fx.group("g"), nil)
+	fx.waitFor("every delivery settled", func() bool { return fx.settled() >= accepted+len(after) })
+	fx.waitFor("the messages after the malformed ones applied", func() bool {
+		got := fx.effects()
+		for _, m := range after {
+			if got[m.ID] == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	got := fx.effects()
+	for _, m := range after {
+		if got[m.ID] != 1 {
+			fx.t.Errorf("message %s applied %d times, want once", m.ID, got[m.ID])
+		}
+		delete(got, m.ID)
+	}
+	for id, n := range got {
+		if n != 1 {
+			fx.t.Errorf("malformed-id message applied as %q %d times, want at most once", id, n)
+		}
+	}
 }
 
 // poisonMessage: a message whose handler fails permanently is

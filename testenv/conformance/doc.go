@@ -22,6 +22,9 @@
 //   - GroupMemberLeaves: one of two members of a group leaves mid-stream,
 //     the other takes over; each message is applied once
 //     (Features.SharedGroup);
+//   - MalformedID: messages with an oversized or non-UTF-8 id never stall
+//     the stream (dead-lettered or applied under a fallback id, at most
+//     once);
 //   - PoisonMessage: a permanently failing message is dead-lettered (and
 //     published to the dead-letter destination with
 //     Features.DeadLetterDestination), the stream moves on, a flaky one is
