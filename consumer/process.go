@@ -108,12 +108,10 @@ func (c *Consumer) try(ctx context.Context, msg *Message, key string, fingerprin
 	if c.leased != nil {
 		return c.tryLeased(ctx, msg, key, fingerprint)
 	}
-	tx, err := c.pool.Begin(ctx)
-	if err != nil {
-		return retryLater(key, fmt.Errorf("consumer: begin: %w", err)), nil
+	tx, claim, err := c.store.BeginClaim(ctx, c.scope, key, fingerprint)
+	if tx != nil {
+		defer tx.Rollback(ctx) //nolint:errcheck // after Commit a no-op; a failed rollback closes the connection
 	}
-	defer tx.Rollback(ctx) //nolint:errcheck // after Commit a no-op; a failed rollback closes the connection
-	claim, err := c.store.Claim(ctx, tx, c.scope, key, fingerprint)
 	if conflict := (*inbox.ConflictError)(nil); errors.As(err, &conflict) {
 		return c.conflict(ctx, tx, msg, key, conflict), nil
 	}

@@ -20,21 +20,16 @@ import (
 // working on it until Existing.LeaseUntil), or FailedFinal (a dead letter).
 // A different fingerprint is a *ConflictError.
 func (s *Store) Acquire(ctx context.Context, scope, key string, fingerprint []byte, owner string, ttl time.Duration) (Claim, error) {
-	if err := s.validate(key, fingerprint); err != nil {
-		return Claim{}, err
-	}
 	if ttl <= 0 {
 		return Claim{}, fmt.Errorf("inbox: lease duration must be positive, got %v", ttl)
 	}
-	scopeID, err := s.scopeID(ctx, scope)
+	k, err := s.resolve(ctx, scope, key, fingerprint)
 	if err != nil {
 		return Claim{}, err
 	}
-	id, text := keyID(key)
-	fingerprint = nonNil(fingerprint)
 	for range 2 {
 		lease := Lease{Scope: scope, Key: key, Owner: owner}
-		err := s.db.QueryRow(ctx, s.sql.acquire, scopeID, id, fingerprint, text, s.cfg.Retention, owner, ttl).
+		err := s.db.QueryRow(ctx, s.sql.acquire, k.scopeID, k.id, k.fingerprint, k.text, s.cfg.Retention, owner, ttl).
 			Scan(&lease.Token, &lease.Until)
 		if err == nil {
 			return Claim{New: true, Lease: lease}, nil
@@ -42,15 +37,11 @@ func (s *Store) Acquire(ctx context.Context, scope, key string, fingerprint []by
 		if !errors.Is(err, pgx.ErrNoRows) {
 			return Claim{}, fmt.Errorf("inbox: acquire %q: %w", key, err)
 		}
-		var rec storedRecord
-		err = s.db.QueryRow(ctx, s.sql.get, scopeID, id).Scan(rec.dest()...)
-		if errors.Is(err, pgx.ErrNoRows) {
-			continue // deleted by GC in between: claim it afresh
+		c, found, err := s.stored(ctx, s.db, k)
+		if found || err != nil {
+			return c, err
 		}
-		if err != nil {
-			return Claim{}, fmt.Errorf("inbox: read record %q: %w", key, err)
-		}
-		return existing(scope, key, fingerprint, rec.record(scope, key))
+		// Deleted by GC in between: claim it afresh.
 	}
 	return Claim{}, fmt.Errorf("inbox: acquire %q: record vanished twice", key)
 }

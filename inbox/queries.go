@@ -38,18 +38,12 @@ SELECT id FROM registered UNION ALL SELECT id FROM %[3]s WHERE name = $1 LIMIT 1
 		// Keys are inserted in key order so that concurrent batches lock
 		// them in the same order and cannot deadlock.
 		claimBatch: render(`
-WITH input AS (
-	SELECT * FROM unnest($2::uuid[], $3::bytea[], $4::text[]) AS i(key_id, fingerprint, key_text)
-), claim AS (
-	INSERT INTO %[1]s (expires_at, key_id, scope_id, status, fingerprint, key_text)
-	SELECT now() + $5::interval, key_id, $1, 2, fingerprint, key_text FROM input ORDER BY key_id
-	ON CONFLICT DO NOTHING
-	RETURNING key_id
-)
-SELECT i.key_id, c.key_id IS NOT NULL, %[2]s
-FROM input i
-LEFT JOIN claim c ON c.key_id = i.key_id
-LEFT JOIN %[1]s r ON c.key_id IS NULL AND r.scope_id = $1 AND r.key_id = i.key_id`),
+INSERT INTO %[1]s (expires_at, key_id, scope_id, status, fingerprint, key_text)
+SELECT now() + $5::interval, key_id, $1, 2, fingerprint, key_text
+FROM unnest($2::uuid[], $3::bytea[], $4::text[]) AS i(key_id, fingerprint, key_text)
+ORDER BY key_id
+ON CONFLICT DO NOTHING
+RETURNING key_id`),
 
 		unclaim: render(`DELETE FROM %[1]s WHERE scope_id = $1 AND key_id = ANY($2)`),
 

@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemq/idemq/internal/pgutil"
 )
@@ -139,7 +140,44 @@ func (s *Store) scopeID(ctx context.Context, scope string) (int32, error) {
 // then it sees a duplicate if that transaction commits and claims the key
 // if it rolls back.
 func (s *Store) Claim(ctx context.Context, tx pgx.Tx, scope, key string, fingerprint []byte) (Claim, error) {
-	return s.insert(ctx, tx, s.sql.claim, scope, key, fingerprint, 1, nil)
+	k, err := s.resolve(ctx, scope, key, fingerprint)
+	if err != nil {
+		return Claim{}, err
+	}
+	return s.insert(ctx, tx, s.sql.claim, k, 1, nil)
+}
+
+// BeginClaim begins a transaction on the Store's handle and claims key in
+// it as [Store.Claim] does, in one round trip: the BEGIN travels with the
+// claim. It is the fast path for callers that start a transaction per
+// message. Unless the error is other than nil or a *ConflictError, the
+// caller owns tx and must commit or roll it back.
+func (s *Store) BeginClaim(ctx context.Context, scope, key string, fingerprint []byte) (pgx.Tx, Claim, error) {
+	k, err := s.resolve(ctx, scope, key, fingerprint)
+	if err != nil {
+		return nil, Claim{}, err
+	}
+	var inserted bool
+	b := &pgx.Batch{}
+	b.Queue(s.sql.claim, k.args(s.cfg.Retention, 1, nil)...).Exec(func(tag pgconn.CommandTag) error {
+		inserted = tag.RowsAffected() == 1
+		return nil
+	})
+	tx, err := pgutil.BeginBatch(ctx, s.db, b)
+	if err != nil {
+		return nil, Claim{}, fmt.Errorf("inbox: claim %q: %w", key, err)
+	}
+	if inserted {
+		return tx, Claim{New: true}, nil
+	}
+	c, found, err := s.stored(ctx, tx, k)
+	if err == nil && !found {
+		c, err = s.insert(ctx, tx, s.sql.claim, k, 1, nil)
+	}
+	if conflict := (*ConflictError)(nil); err != nil && !errors.As(err, &conflict) {
+		return nil, Claim{}, errors.Join(err, tx.Rollback(ctx))
+	}
+	return tx, c, err
 }
 
 // DeadLetter records key in tx as FAILED_FINAL with cause and the number of
@@ -151,41 +189,73 @@ func (s *Store) DeadLetter(ctx context.Context, tx pgx.Tx, scope, key string, fi
 	if cause != nil {
 		text = cause.Error()
 	}
-	return s.insert(ctx, tx, s.sql.deadLetter, scope, key, fingerprint, attempts, &text)
-}
-
-func (s *Store) insert(ctx context.Context, tx pgx.Tx, sql, scope, key string, fingerprint []byte, attempts int, lastError *string) (Claim, error) {
-	if err := s.validate(key, fingerprint); err != nil {
-		return Claim{}, err
-	}
-	scopeID, err := s.scopeID(ctx, scope)
+	k, err := s.resolve(ctx, scope, key, fingerprint)
 	if err != nil {
 		return Claim{}, err
 	}
+	return s.insert(ctx, tx, s.sql.deadLetter, k, attempts, &text)
+}
+
+// keyArgs is a validated key with everything its statements need.
+type keyArgs struct {
+	scope, key  string
+	scopeID     int32
+	id          uuid.UUID
+	text        *string
+	fingerprint []byte
+}
+
+func (s *Store) resolve(ctx context.Context, scope, key string, fingerprint []byte) (keyArgs, error) {
+	if err := s.validate(key, fingerprint); err != nil {
+		return keyArgs{}, err
+	}
+	scopeID, err := s.scopeID(ctx, scope)
+	if err != nil {
+		return keyArgs{}, err
+	}
 	id, text := keyID(key)
-	fingerprint = nonNil(fingerprint)
+	return keyArgs{scope: scope, key: key, scopeID: scopeID, id: id, text: text, fingerprint: nonNil(fingerprint)}, nil
+}
+
+// args are the arguments of the insertRecord statements.
+func (k keyArgs) args(retention time.Duration, attempts int, lastError *string) []any {
+	return []any{k.scopeID, k.id, k.fingerprint, k.text, retention, attempts, lastError}
+}
+
+// insert runs an insertRecord statement in tx and reports the claim.
+func (s *Store) insert(ctx context.Context, tx pgx.Tx, sql string, k keyArgs, attempts int, lastError *string) (Claim, error) {
 	for range 2 {
-		tag, err := tx.Exec(ctx, sql, scopeID, id, fingerprint, text, s.cfg.Retention, attempts, lastError)
+		tag, err := tx.Exec(ctx, sql, k.args(s.cfg.Retention, attempts, lastError)...)
 		if err != nil {
-			return Claim{}, fmt.Errorf("inbox: claim %q: %w", key, err)
+			return Claim{}, fmt.Errorf("inbox: claim %q: %w", k.key, err)
 		}
 		if tag.RowsAffected() == 1 {
 			return Claim{New: true}, nil
 		}
-		// The duplicate path. In a READ COMMITTED transaction this new
-		// statement sees the record even if it committed concurrently, after
-		// the insert's snapshot (the insert waited for it, then skipped).
-		var rec storedRecord
-		err = tx.QueryRow(ctx, s.sql.get, scopeID, id).Scan(rec.dest()...)
-		if errors.Is(err, pgx.ErrNoRows) {
-			continue // deleted by GC in between: claim it afresh
+		c, found, err := s.stored(ctx, tx, k)
+		if found || err != nil {
+			return c, err
 		}
-		if err != nil {
-			return Claim{}, fmt.Errorf("inbox: read record %q: %w", key, err)
-		}
-		return existing(scope, key, fingerprint, rec.record(scope, key))
+		// Deleted by GC in between: claim it afresh.
 	}
-	return Claim{}, fmt.Errorf("inbox: claim %q: record vanished twice", key)
+	return Claim{}, fmt.Errorf("inbox: claim %q: record vanished twice", k.key)
+}
+
+// stored reads the record an insert found, the duplicate path. In a READ
+// COMMITTED transaction this new statement sees the record even if it
+// committed concurrently, after the insert's snapshot (the insert waited
+// for it, then skipped).
+func (s *Store) stored(ctx context.Context, db DB, k keyArgs) (c Claim, found bool, err error) {
+	var rec storedRecord
+	err = db.QueryRow(ctx, s.sql.get, k.scopeID, k.id).Scan(rec.dest()...)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Claim{}, false, nil
+	}
+	if err != nil {
+		return Claim{}, false, fmt.Errorf("inbox: read record %q: %w", k.key, err)
+	}
+	c, err = existing(k.scope, k.key, k.fingerprint, rec.record(k.scope, k.key))
+	return c, true, err
 }
 
 // existing reports a claim that found a stored record.
@@ -229,46 +299,71 @@ func (s *Store) ClaimBatch(ctx context.Context, tx pgx.Tx, scope string, items [
 		return claims, nil
 	}
 
+	// The duplicate path, read only for keys the insert skipped; a key GC
+	// deleted in between is claimed again.
+	for range 2 {
+		skipped, err := s.claimMissing(ctx, tx, scopeID, ids, fingerprints, texts, index, claims)
+		if err != nil || len(skipped) == 0 {
+			return claims, err
+		}
+		rows, err := tx.Query(ctx, s.sql.getBatch, scopeID, skipped)
+		if err != nil {
+			return nil, fmt.Errorf("inbox: read batch records: %w", err)
+		}
+		var id uuid.UUID
+		var rec storedRecord
+		_, err = pgx.ForEachRow(rows, append([]any{&id}, rec.dest()...), func() error {
+			i := index[id]
+			claims[i], _ = existing(scope, items[i].Key, nonNil(items[i].Fingerprint), rec.record(scope, items[i].Key))
+			return nil
+		})
+		if err != nil {
+			return nil, fmt.Errorf("inbox: read batch records: %w", err)
+		}
+		ids, fingerprints, texts = unresolved(claims, index, ids, fingerprints, texts)
+		if len(ids) == 0 {
+			return claims, nil
+		}
+	}
+	return nil, errors.New("inbox: claim batch: records vanished twice")
+}
+
+// claimMissing inserts the keys and marks the claimed ones New; it returns
+// the ids it skipped because they have a record.
+func (s *Store) claimMissing(ctx context.Context, tx pgx.Tx, scopeID int32, ids []uuid.UUID, fingerprints [][]byte, texts []*string, index map[uuid.UUID]int, claims []Claim) ([]uuid.UUID, error) {
 	rows, err := tx.Query(ctx, s.sql.claimBatch, scopeID, ids, fingerprints, texts, s.cfg.Retention)
 	if err != nil {
 		return nil, fmt.Errorf("inbox: claim batch: %w", err)
 	}
-	var unseen []uuid.UUID
-	var id uuid.UUID
-	var claimed bool
-	var rec storedRecord
-	_, err = pgx.ForEachRow(rows, append([]any{&id, &claimed}, rec.dest()...), func() error {
-		i := index[id]
-		switch {
-		case claimed:
-			claims[i].New = true
-		case rec.found():
-			claims[i], _ = existing(scope, items[i].Key, nonNil(items[i].Fingerprint), rec.record(scope, items[i].Key))
-		default:
-			unseen = append(unseen, id)
-		}
-		return nil
-	})
+	claimed, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
 	if err != nil {
 		return nil, fmt.Errorf("inbox: claim batch: %w", err)
 	}
-	if len(unseen) == 0 {
-		return claims, nil
+	for _, id := range claimed {
+		claims[index[id]].New = true
 	}
-	// Claims that committed concurrently after the statement's snapshot.
-	rows, err = tx.Query(ctx, s.sql.getBatch, scopeID, unseen)
-	if err != nil {
-		return nil, fmt.Errorf("inbox: read batch records: %w", err)
+	if len(claimed) == len(ids) {
+		return nil, nil
 	}
-	_, err = pgx.ForEachRow(rows, append([]any{&id}, rec.dest()...), func() error {
-		i := index[id]
-		claims[i], _ = existing(scope, items[i].Key, nonNil(items[i].Fingerprint), rec.record(scope, items[i].Key))
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("inbox: read batch records: %w", err)
+	var skipped []uuid.UUID
+	for _, id := range ids {
+		if !claims[index[id]].New {
+			skipped = append(skipped, id)
+		}
 	}
-	return claims, nil
+	return skipped, nil
+}
+
+// unresolved keeps the keys of a batch that neither were claimed nor found.
+func unresolved(claims []Claim, index map[uuid.UUID]int, ids []uuid.UUID, fingerprints [][]byte, texts []*string) ([]uuid.UUID, [][]byte, []*string) {
+	n := 0
+	for k, id := range ids {
+		if c := claims[index[id]]; !c.New && c.Existing == nil {
+			ids[n], fingerprints[n], texts[n] = id, fingerprints[k], texts[k]
+			n++
+		}
+	}
+	return ids[:n], fingerprints[:n], texts[:n]
 }
 
 // Unclaim removes the records that ClaimBatch created in tx for keys whose
@@ -301,16 +396,12 @@ func nonNil(b []byte) []byte {
 
 // Get returns the record of (scope, key), or ErrNotFound.
 func (s *Store) Get(ctx context.Context, scope, key string) (Record, error) {
-	if err := s.validate(key, nil); err != nil {
-		return Record{}, err
-	}
-	scopeID, err := s.scopeID(ctx, scope)
+	k, err := s.resolve(ctx, scope, key, nil)
 	if err != nil {
 		return Record{}, err
 	}
-	id, _ := keyID(key)
 	var rec storedRecord
-	err = s.db.QueryRow(ctx, s.sql.get, scopeID, id).Scan(rec.dest()...)
+	err = s.db.QueryRow(ctx, s.sql.get, k.scopeID, k.id).Scan(rec.dest()...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Record{}, ErrNotFound
 	}
@@ -341,30 +432,25 @@ func (s *Store) GC(ctx context.Context, batchSize int) (int64, error) {
 	}
 }
 
-// storedRecord scans the nullable record columns.
+// storedRecord scans a record; its nullable columns go through pointers.
 type storedRecord struct {
-	createdAt, updatedAt, expiresAt, leaseUntil *time.Time
-	attempts                                    *int32
-	status                                      *int16
-	fingerprint, result                         []byte
-	owner, lastError                            *string
+	Record
+	attempts         int32
+	owner, lastError *string
+	leaseUntil       *time.Time
 }
 
 // dest lists scan targets in the order of recordColumns.
 func (r *storedRecord) dest() []any {
-	return []any{&r.createdAt, &r.updatedAt, &r.expiresAt, &r.attempts, &r.status,
-		&r.fingerprint, &r.owner, &r.leaseUntil, &r.result, &r.lastError}
+	return []any{&r.CreatedAt, &r.UpdatedAt, &r.ExpiresAt, &r.attempts, &r.Status,
+		&r.Fingerprint, &r.owner, &r.leaseUntil, &r.Result, &r.lastError}
 }
 
-func (r *storedRecord) found() bool { return r.createdAt != nil }
-
 func (r *storedRecord) record(scope, key string) Record {
-	return Record{
-		Scope: scope, Key: key, Fingerprint: r.fingerprint, Status: Status(*r.status),
-		Owner: deref(r.owner), LeaseUntil: deref(r.leaseUntil),
-		Attempts: int(*r.attempts), Result: r.result, LastError: deref(r.lastError),
-		CreatedAt: *r.createdAt, UpdatedAt: *r.updatedAt, ExpiresAt: *r.expiresAt,
-	}
+	rec := r.Record
+	rec.Scope, rec.Key, rec.Attempts = scope, key, int(r.attempts)
+	rec.Owner, rec.LeaseUntil, rec.LastError = deref(r.owner), deref(r.leaseUntil), deref(r.lastError)
+	return rec
 }
 
 func deref[T any](p *T) T {

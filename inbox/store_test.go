@@ -373,3 +373,36 @@ func TestGCRemovesOnlyExpiredRecords(t *testing.T) {
 		t.Fatalf("left after GC: %v", left)
 	}
 }
+
+func TestBeginClaimClaimsWithTheBegin(t *testing.T) {
+	b := setup(t, inbox.Config{})
+	ctx := context.Background()
+	begin := func(payload string, commit bool) (inbox.Claim, error) {
+		tx, c, err := b.store.BeginClaim(ctx, "orders", "k", fp(payload))
+		if tx != nil {
+			if commit {
+				if cerr := tx.Commit(ctx); cerr != nil {
+					t.Fatal(cerr)
+				}
+			} else if rerr := tx.Rollback(ctx); rerr != nil {
+				t.Fatal(rerr)
+			}
+		}
+		return c, err
+	}
+	if c, err := begin("p", false); err != nil || !c.New {
+		t.Fatalf("first = %+v, %v", c, err)
+	}
+	if c, err := begin("p", true); err != nil || !c.New {
+		t.Fatalf("after a rollback = %+v, %v; want new", c, err)
+	}
+	if c, err := begin("p", true); err != nil || c.New || c.Existing.Status != inbox.Succeeded {
+		t.Fatalf("duplicate = %+v, %v", c, err)
+	}
+	if _, err := begin("q", true); !errors.As(err, new(*inbox.ConflictError)) {
+		t.Fatalf("other payload: %v, want *ConflictError", err)
+	}
+	if _, _, err := b.store.BeginClaim(ctx, "orders", "", nil); !errors.Is(err, inbox.ErrInvalidKey) {
+		t.Fatalf("empty key: %v", err)
+	}
+}
