@@ -16,8 +16,9 @@ import (
 	"github.com/idemq/idemq/testenv"
 )
 
-// benchPool is a pool on a fresh database with room for 16 workers.
-func benchPool(b *testing.B) *pgxpool.Pool {
+// benchConsumer returns a pool on a fresh database with room for 16
+// workers, and a migrated consumer on it that inserts orders.
+func benchConsumer(b *testing.B) (*pgxpool.Pool, *consumer.Consumer) {
 	cfg, err := pgxpool.ParseConfig(testenv.PostgresURL(b))
 	if err != nil {
 		b.Fatal(err)
@@ -31,7 +32,14 @@ func benchPool(b *testing.B) *pgxpool.Pool {
 	if _, err := pool.Exec(context.Background(), `CREATE TABLE orders (id text NOT NULL, payload text NOT NULL)`); err != nil {
 		b.Fatal(err)
 	}
-	return pool
+	c, err := consumer.New(pool, "bench", insertOrder, consumer.Config{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := c.Migrate(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	return pool, c
 }
 
 func benchMessages(n int) []*consumer.Message {
@@ -91,15 +99,8 @@ func compare(b *testing.B, n int, variants []string, run func(variant int, msgs 
 func BenchmarkProcess(b *testing.B) {
 	for _, workers := range []int{1, 16} {
 		b.Run(fmt.Sprintf("workers=%d", workers), func(b *testing.B) {
-			pool := benchPool(b)
+			pool, c := benchConsumer(b)
 			ctx := context.Background()
-			c, err := consumer.New(pool, "bench", insertOrder, consumer.Config{})
-			if err != nil {
-				b.Fatal(err)
-			}
-			if err := c.Migrate(ctx); err != nil {
-				b.Fatal(err)
-			}
 			baseline := func(m *consumer.Message) error {
 				return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return insertOrder(ctx, tx, m) })
 			}
@@ -121,15 +122,8 @@ func BenchmarkProcess(b *testing.B) {
 // batch / per-message), and reports plain SQL batching of the business
 // inserts alone, BEGIN, 100 INSERTs, COMMIT, for reference.
 func BenchmarkProcessBatch(b *testing.B) {
-	pool := benchPool(b)
+	pool, c := benchConsumer(b)
 	ctx := context.Background()
-	c, err := consumer.New(pool, "bench", insertOrder, consumer.Config{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := c.Migrate(ctx); err != nil {
-		b.Fatal(err)
-	}
 	inBatches := func(msgs []*consumer.Message, apply func([]*consumer.Message) error) time.Duration {
 		start := time.Now()
 		for i := 0; i < len(msgs); i += 100 {

@@ -14,8 +14,9 @@ import (
 	"github.com/idemq/idemq/testenv"
 )
 
-// examplePool opens a fresh database on the local server.
-func examplePool(ctx context.Context) (*pgxpool.Pool, func()) {
+// exampleStore opens a fresh database on the local server with a migrated
+// inbox.
+func exampleStore(ctx context.Context) (*pgxpool.Pool, *inbox.Store, func()) {
 	url, drop, err := testenv.CreateDatabase(ctx, "idemq_example")
 	if err != nil {
 		log.Fatal(err)
@@ -24,15 +25,6 @@ func examplePool(ctx context.Context) (*pgxpool.Pool, func()) {
 	if err != nil {
 		log.Fatal(err)
 	}
-	return pool, func() { pool.Close(); _ = drop() }
-}
-
-// Claim records a key inside the business transaction; a second delivery
-// finds it, and a reused key with another payload is a conflict.
-func ExampleStore_Claim() {
-	ctx := context.Background()
-	pool, done := examplePool(ctx)
-	defer done()
 	store, err := inbox.New(pool, inbox.Config{})
 	if err != nil {
 		log.Fatal(err)
@@ -40,6 +32,15 @@ func ExampleStore_Claim() {
 	if err := store.Migrate(ctx); err != nil {
 		log.Fatal(err)
 	}
+	return pool, store, func() { pool.Close(); _ = drop() }
+}
+
+// Claim records a key inside the business transaction; a second delivery
+// finds it, and a reused key with another payload is a conflict.
+func ExampleStore_Claim() {
+	ctx := context.Background()
+	pool, store, done := exampleStore(ctx)
+	defer done()
 
 	deliver := func(payload string) {
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
@@ -75,15 +76,8 @@ func ExampleStore_Claim() {
 // goes downstream with the call, and Complete records the result.
 func ExampleStore_Acquire() {
 	ctx := context.Background()
-	pool, done := examplePool(ctx)
+	_, store, done := exampleStore(ctx)
 	defer done()
-	store, err := inbox.New(pool, inbox.Config{})
-	if err != nil {
-		log.Fatal(err)
-	}
-	if err := store.Migrate(ctx); err != nil {
-		log.Fatal(err)
-	}
 
 	claim, err := store.Acquire(ctx, "mailer", "welcome-42", nil, "worker-1", 30*time.Second)
 	if err != nil || !claim.New {
