@@ -195,4 +195,3 @@ func (s *subscription) Stop() error {
 }
 
 func (s *subscription) Done() <-chan struct{} { return s.done }
-
