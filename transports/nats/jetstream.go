@@ -31,6 +31,9 @@ const (
 	HeaderDeadLetterSource = "Idemq-Dead-Letter-Source"
 )
 
+// ackTimeout bounds the wait for an acknowledgement's confirmation.
+const ackTimeout = 5 * time.Second
+
 // ErrCrash is returned (wrapped) by Run when a BeforeAck hook vetoed the
 // acknowledgements: the subscriber stopped without acknowledging anything
 // more, as a killed process would.
@@ -108,7 +111,10 @@ type JetStreamConfig struct {
 // through a consumer.Consumer, effectively once:
 //
 //   - a message is acknowledged only after the transaction that applied it
-//     committed, or after the consumer recognised it as a duplicate;
+//     committed, or after the consumer recognised it as a duplicate; the
+//     last acknowledgement of every fetched batch (in per-message mode:
+//     every one) waits for the server's confirmation, which confirms the
+//     earlier ones, so a graceful stop leaves nothing unacknowledged;
 //   - a Retry outcome is NakWithDelay(Result.RetryAfter): the server
 //     redelivers it later (set consumer.Config.Redeliver so the consumer
 //     counts attempts by the delivery count instead of retrying in place);
@@ -296,12 +302,27 @@ func (s *JetStreamSubscriber) settle(ctx context.Context, raws []jetstream.Msg, 
 			return fmt.Errorf("%w: %w", ErrCrash, err)
 		}
 	}
+	// Acks go out without waiting, except the batch's last one: JetStream
+	// processes a consumer's acks in order, so its confirmation confirms
+	// the earlier ones too.
+	confirm := -1
+	for i, r := range results {
+		if r.Outcome == consumer.Applied || r.Outcome == consumer.Duplicate {
+			confirm = i
+		}
+	}
 	for i, raw := range raws {
 		r := results[i]
 		var err error
 		switch r.Outcome {
 		case consumer.Applied, consumer.Duplicate:
-			err = raw.Ack()
+			if i == confirm {
+				actx, cancel := context.WithTimeout(ctx, ackTimeout)
+				err = raw.DoubleAck(actx)
+				cancel()
+			} else {
+				err = raw.Ack()
+			}
 		case consumer.Retry:
 			err = raw.NakWithDelay(r.RetryAfter)
 		default: // Conflict, DeadLettered

@@ -1,0 +1,461 @@
+package nats_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/relay"
+	"github.com/idemq/idemq/testenv"
+	idemqnats "github.com/idemq/idemq/transports/nats"
+)
+
+// world is one test's NATS stream, database and bookkeeping.
+type world struct {
+	t    *testing.T
+	ctx  context.Context
+	e    *env
+	pool *pgxpool.Pool
+
+	mu       sync.Mutex
+	outcomes map[consumer.Outcome]int
+	seen     []*consumer.Message // every message a handler saw, in order
+}
+
+func newWorld(t *testing.T) *world {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	t.Cleanup(cancel)
+	w := &world{t: t, ctx: ctx, e: newEnv(t, jetstream.StreamConfig{}), pool: testenv.Postgres(t), outcomes: map[consumer.Outcome]int{}}
+	if _, err := w.pool.Exec(ctx, `CREATE TABLE effects (seq bigserial PRIMARY KEY, msg_id text NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+// consumer returns a migrated consumer whose handler records an effects
+// row after calling extra (if not nil).
+func (w *world) consumer(cfg consumer.Config, extra func(ctx context.Context, msg *consumer.Message) error) *consumer.Consumer {
+	cfg.Hooks.OnResult = func(_ string, r consumer.Result) {
+		w.mu.Lock()
+		w.outcomes[r.Outcome]++
+		w.mu.Unlock()
+	}
+	if cfg.BaseDelay == 0 {
+		cfg.BaseDelay, cfg.MaxDelay = 5*time.Millisecond, 50*time.Millisecond
+	}
+	c, err := consumer.New(w.pool, "orders", func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
+		w.mu.Lock()
+		w.seen = append(w.seen, msg)
+		w.mu.Unlock()
+		if extra != nil {
+			if err := extra(ctx, msg); err != nil {
+				return err
+			}
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO effects (msg_id) VALUES ($1)`, msg.ID)
+		return err
+	}, cfg)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	if err := c.Migrate(w.ctx); err != nil {
+		w.t.Fatal(err)
+	}
+	return c
+}
+
+func (w *world) count(o consumer.Outcome) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.outcomes[o]
+}
+
+func (w *world) effects() map[string]int {
+	w.t.Helper()
+	rows, err := w.pool.Query(w.ctx, `SELECT msg_id FROM effects`)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	m := map[string]int{}
+	for _, id := range ids {
+		m[id]++
+	}
+	return m
+}
+
+// waitFor polls cond; the deadline is a deadlock guard, not a timing
+// assertion.
+func (w *world) waitFor(what string, cond func() bool) {
+	w.t.Helper()
+	for !cond() {
+		if w.ctx.Err() != nil {
+			w.mu.Lock()
+			state := fmt.Sprint(w.outcomes)
+			w.mu.Unlock()
+			w.t.Fatalf("gave up waiting for %s; outcomes %s", what, state)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// publish publishes raw messages with the given ids ("" = no header).
+func (w *world) publish(ids ...string) {
+	w.t.Helper()
+	for i, id := range ids {
+		m := nats.NewMsg(w.e.subject)
+		m.Data = fmt.Appendf(nil, "payload-%d", i)
+		if id != "" {
+			m.Header.Set(jetstream.MsgIDHeader, id)
+		}
+		m.Header.Set("Tenant", "acme")
+		if _, err := w.e.js.PublishMsg(w.ctx, m); err != nil {
+			w.t.Fatal(err)
+		}
+	}
+}
+
+// durable creates a durable pull consumer on the stream.
+func (w *world) durable(name string, cfg jetstream.ConsumerConfig) jetstream.Consumer {
+	w.t.Helper()
+	cfg.Durable = name
+	if cfg.AckPolicy == 0 {
+		cfg.AckPolicy = jetstream.AckExplicitPolicy
+	}
+	c, err := w.e.stream.CreateOrUpdateConsumer(w.ctx, cfg)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return c
+}
+
+// start runs a subscriber until the test ends (or Stop).
+func (w *world) start(c *consumer.Consumer, cons jetstream.Consumer, cfg idemqnats.JetStreamConfig) *subscription {
+	w.t.Helper()
+	if cfg.FetchWait == 0 {
+		cfg.FetchWait = 200 * time.Millisecond
+	}
+	s, err := idemqnats.NewJetStreamSubscriber(c, cons, w.e.js, cfg)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	sub := run(w.ctx, s.Run, func() {})
+	w.t.Cleanup(func() { _ = sub.Stop() })
+	return sub
+}
+
+func (w *world) consumerInfo(cons jetstream.Consumer) *jetstream.ConsumerInfo {
+	w.t.Helper()
+	info, err := cons.Info(w.ctx)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return info
+}
+
+func TestJetStreamMessageReachesHandler(t *testing.T) {
+	w := newWorld(t)
+	w.publish("order-1", "")
+	w.start(w.consumer(consumer.Config{}, nil), w.durable("d", jetstream.ConsumerConfig{}), idemqnats.JetStreamConfig{})
+	w.waitFor("both applied", func() bool { return w.count(consumer.Applied) == 2 })
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for i, want := range []string{"order-1", w.e.n.Name("ORDERS") + "/2"} {
+		m := w.seen[i]
+		raw, ok := idemqnats.JetStreamMsg(m)
+		switch {
+		case m.ID != want:
+			t.Errorf("message %d: ID %q, want %q", i, m.ID, want)
+		case !ok || raw.Subject() != w.e.subject || idemqnats.Subject(m) != w.e.subject:
+			t.Errorf("message %d: Source %T does not carry the subject %s", i, m.Source, w.e.subject)
+		case m.Headers["Tenant"] != "acme":
+			t.Errorf("message %d: headers %v", i, m.Headers)
+		case m.Delivery != 1:
+			t.Errorf("message %d: Delivery %d, want 1", i, m.Delivery)
+		}
+	}
+}
+
+// A subscriber killed after the commit and before the ack: the server
+// redelivers after AckWait, the inbox sees a duplicate, the handler ran
+// once.
+func TestJetStreamCrashBetweenCommitAndAck(t *testing.T) {
+	w := newWorld(t)
+	w.publish("a", "b", "c")
+	cons := w.durable("d", jetstream.ConsumerConfig{AckWait: time.Second})
+	c := w.consumer(consumer.Config{}, nil)
+	var hookSeen []*consumer.Message
+	first := w.start(c, cons, idemqnats.JetStreamConfig{
+		BeforeAck: func(_ context.Context, msgs []*consumer.Message, rs []consumer.Result) error {
+			hookSeen = append(hookSeen, msgs...)
+			if msgs[0].ID == "b" {
+				return errors.New("killed")
+			}
+			return nil
+		},
+	})
+	<-first.Done()
+	if err := first.Stop(); !errors.Is(err, idemqnats.ErrCrash) {
+		t.Fatalf("Run after the crash = %v, want ErrCrash", err)
+	}
+	w.start(c, cons, idemqnats.JetStreamConfig{})
+	w.waitFor("all three settled after the restart", func() bool { return len(w.effects()) == 3 && w.count(consumer.Duplicate) == 1 })
+	for id, n := range w.effects() {
+		if n != 1 {
+			t.Errorf("message %s applied %d times", id, n)
+		}
+	}
+	w.waitFor("nothing left pending", func() bool { return w.consumerInfo(cons).NumAckPending == 0 })
+	if info := w.consumerInfo(cons); info.NumRedelivered != 0 || info.AckFloor.Stream != 3 {
+		t.Errorf("consumer state: ack floor %d, redelivered pending %d; want 3 and 0", info.AckFloor.Stream, info.NumRedelivered)
+	}
+}
+
+// Two subscriptions (two durables) get one message at the same moment; the
+// second blocks on the first one's inbox row, then sees a duplicate.
+func TestJetStreamTwoConsumersRaceOnOneMessage(t *testing.T) {
+	w := newWorld(t)
+	release := make(chan struct{})
+	var entered atomic.Int32
+	c := w.consumer(consumer.Config{}, func(ctx context.Context, _ *consumer.Message) error {
+		if entered.Add(1) == 1 {
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return nil
+	})
+	w.publish("race-1")
+	w.start(c, w.durable("a", jetstream.ConsumerConfig{}), idemqnats.JetStreamConfig{})
+	w.waitFor("the first handler running", func() bool { return entered.Load() == 1 })
+	w.start(c, w.durable("b", jetstream.ConsumerConfig{}), idemqnats.JetStreamConfig{})
+	// The second claim waits on the first transaction's row lock.
+	w.waitFor("the second claim blocked on the first", func() bool {
+		var n int
+		err := w.pool.QueryRow(w.ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n)
+		return err == nil && n == 1
+	})
+	close(release)
+	w.waitFor("both settled", func() bool { return w.count(consumer.Applied)+w.count(consumer.Duplicate) == 2 })
+	if a, d, n := w.count(consumer.Applied), w.count(consumer.Duplicate), w.effects()["race-1"]; a != 1 || d != 1 || n != 1 {
+		t.Fatalf("applied %d, duplicates %d, effects %d; want 1, 1, 1", a, d, n)
+	}
+}
+
+// The in-process server restarts while a subscriber and a relay sink are
+// busy; everything published is applied once and Run carries on.
+func TestJetStreamServerRestartMidRun(t *testing.T) {
+	w := newWorld(t)
+	if w.e.n.External() {
+		t.Skip("restarting needs the in-process server; " + testenv.NATSURLEnv + " is set")
+	}
+	sink, err := idemqnats.NewJetStreamSink(w.e.js, idemqnats.SinkConfig{AckTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch := outbox(w.e.subject, 200, 10)
+	if err := sink.Publish(w.ctx, batch[:100]); err != nil {
+		t.Fatal(err)
+	}
+	c := w.consumer(consumer.Config{}, func(context.Context, *consumer.Message) error {
+		time.Sleep(time.Millisecond)
+		return nil
+	})
+	sub := w.start(c, w.durable("d", jetstream.ConsumerConfig{AckWait: 2 * time.Second}), idemqnats.JetStreamConfig{MaxBatch: 10})
+	w.waitFor("some applied", func() bool { return w.count(consumer.Applied) >= 20 })
+	if err := w.e.n.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	// The relay keeps publishing the rest, retrying what failed while the
+	// server was away (with the same ids).
+	rest := batch[100:]
+	for len(rest) > 0 && w.ctx.Err() == nil {
+		err := sink.Publish(w.ctx, rest)
+		var failed []int
+		if perr := (*relay.PublishError)(nil); errors.As(err, &perr) {
+			for i := range perr.Failed {
+				failed = append(failed, i)
+			}
+		} else if err != nil {
+			for i := range rest {
+				failed = append(failed, i)
+			}
+		}
+		slices.Sort(failed)
+		again := rest[:0:0]
+		for _, i := range failed {
+			again = append(again, rest[i])
+		}
+		rest = again
+		if len(rest) > 0 {
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	w.waitFor("every message applied", func() bool { return len(w.effects()) == len(batch) })
+	select {
+	case <-sub.Done():
+		t.Fatalf("the subscriber stopped: %v", sub.Stop())
+	default:
+	}
+	if err := sub.Stop(); err != nil {
+		t.Fatalf("graceful Stop after the restart: %v", err)
+	}
+	for id, n := range w.effects() {
+		if n != 1 {
+			t.Errorf("message %s applied %d times", id, n)
+		}
+	}
+}
+
+func TestJetStreamMissingAndOversizedMsgID(t *testing.T) {
+	for _, fallback := range []bool{false, true} {
+		t.Run(fmt.Sprintf("FallbackOnInvalidID=%v", fallback), func(t *testing.T) {
+			w := newWorld(t)
+			dlqSubj := w.e.n.Name("dlq")
+			dlq, err := w.e.n.CreateStream(w.ctx, w.e.js, jetstream.StreamConfig{Name: w.e.n.Name("DLQ"), Subjects: []string{dlqSubj}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			oversized := strings.Repeat("x", 2000)
+			w.publish("", oversized, "ok")
+			cons := w.durable("d", jetstream.ConsumerConfig{})
+			w.start(w.consumer(consumer.Config{}, nil), cons, idemqnats.JetStreamConfig{FallbackOnInvalidID: fallback, DeadLetterSubject: dlqSubj})
+			w.waitFor("all three settled", func() bool { return w.consumerInfo(cons).AckFloor.Stream == 3 })
+			stream := w.e.n.Name("ORDERS")
+			want := map[string]int{stream + "/1": 1, "ok": 1}
+			if fallback {
+				want[stream+"/2"] = 1
+			}
+			if got := w.effects(); fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Errorf("effects %v, want %v", got, want)
+			}
+			ids, err := streamIDs(w.ctx, dlq)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if fallback && len(ids) != 0 {
+				t.Errorf("dead letters %d, want none", len(ids))
+			}
+			if !fallback {
+				if w.count(consumer.DeadLettered) != 1 || len(ids) != 1 {
+					t.Errorf("dead-lettered %d, on the dead-letter subject %d; want 1 and 1", w.count(consumer.DeadLettered), len(ids))
+				}
+			}
+		})
+	}
+}
+
+// A handler running for longer than AckWait: InProgress keeps the message
+// from being redelivered to the other member of the durable.
+func TestJetStreamLongHandlerIsNotRedeliveredInParallel(t *testing.T) {
+	w := newWorld(t)
+	var calls atomic.Int32
+	c := w.consumer(consumer.Config{}, func(ctx context.Context, msg *consumer.Message) error {
+		calls.Add(1)
+		if msg.Delivery != 1 {
+			return fmt.Errorf("delivery %d of %s: AckWait expired under the handler", msg.Delivery, msg.ID)
+		}
+		time.Sleep(2500 * time.Millisecond) // 2.5 AckWaits
+		return nil
+	})
+	cons := w.durable("d", jetstream.ConsumerConfig{AckWait: time.Second})
+	w.publish("slow")
+	for range 2 {
+		w.start(c, cons, idemqnats.JetStreamConfig{})
+	}
+	w.waitFor("applied", func() bool { return w.count(consumer.Applied) == 1 })
+	w.waitFor("acked", func() bool { return w.consumerInfo(cons).AckFloor.Stream == 1 })
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("handler ran %d times, want once", n)
+	}
+}
+
+// Retry outcomes become NakWithDelay; the consumer counts attempts by the
+// delivery count.
+func TestJetStreamRetryIsRedelivered(t *testing.T) {
+	w := newWorld(t)
+	var deliveries []int
+	c := w.consumer(consumer.Config{Redeliver: true, MaxAttempts: 5}, func(_ context.Context, msg *consumer.Message) error {
+		deliveries = append(deliveries, msg.Delivery)
+		if msg.Delivery < 3 {
+			return errors.New("flaky")
+		}
+		return nil
+	})
+	w.publish("flaky")
+	for _, batch := range []bool{false} {
+		w.start(c, w.durable("d", jetstream.ConsumerConfig{}), idemqnats.JetStreamConfig{Batch: batch})
+	}
+	w.waitFor("applied", func() bool { return w.count(consumer.Applied) == 1 })
+	if fmt.Sprint(deliveries) != "[1 2 3]" || w.effects()["flaky"] != 1 {
+		t.Fatalf("deliveries %v, effects %v; want [1 2 3] and one", deliveries, w.effects())
+	}
+}
+
+// Cancelling Run finishes and acknowledges what was fetched.
+func TestJetStreamGracefulShutdownAcksInFlight(t *testing.T) {
+	for _, batch := range []bool{false, true} {
+		t.Run(fmt.Sprintf("Batch=%v", batch), func(t *testing.T) {
+			w := newWorld(t)
+			ids := make([]string, 30)
+			for i := range ids {
+				ids[i] = fmt.Sprint("m", i)
+			}
+			w.publish(ids...)
+			started := make(chan struct{}, len(ids))
+			c := w.consumer(consumer.Config{}, func(context.Context, *consumer.Message) error {
+				started <- struct{}{}
+				time.Sleep(5 * time.Millisecond)
+				return nil
+			})
+			cons := w.durable("d", jetstream.ConsumerConfig{})
+			sub := w.start(c, cons, idemqnats.JetStreamConfig{Batch: batch, MaxBatch: 30})
+			<-started
+			if err := sub.Stop(); err != nil {
+				t.Fatalf("Stop: %v", err)
+			}
+			info := w.consumerInfo(cons)
+			if info.NumAckPending != 0 || int(info.AckFloor.Stream) != len(w.effects()) {
+				t.Fatalf("after Stop: %d pending acks, ack floor %d, %d applied; want 0 pending and the floor at the applied count",
+					info.NumAckPending, info.AckFloor.Stream, len(w.effects()))
+			}
+		})
+	}
+}
+
+func TestNewJetStreamSubscriberValidates(t *testing.T) {
+	w := newWorld(t)
+	c := w.consumer(consumer.Config{}, nil)
+	none := w.durable("none", jetstream.ConsumerConfig{AckPolicy: jetstream.AckNonePolicy})
+	if _, err := idemqnats.NewJetStreamSubscriber(c, none, nil, idemqnats.JetStreamConfig{}); !errors.Is(err, idemqnats.ErrConfig) {
+		t.Errorf("AckNone consumer: %v", err)
+	}
+	explicit := w.durable("explicit", jetstream.ConsumerConfig{AckWait: time.Second})
+	for _, cfg := range []idemqnats.JetStreamConfig{
+		{InProgressInterval: time.Second},
+		{DeadLetterSubject: "dlq"}, // no JetStream to publish with
+		{MaxBatch: -1},
+	} {
+		if _, err := idemqnats.NewJetStreamSubscriber(c, explicit, nil, cfg); !errors.Is(err, idemqnats.ErrConfig) {
+			t.Errorf("%+v: %v", cfg, err)
+		}
+	}
+}
