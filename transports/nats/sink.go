@@ -20,11 +20,6 @@ const HeaderKey = "Idemq-Key"
 // destination maps to no subject.
 var ErrNoSubject = errors.New("idemq/nats: destination maps to no subject")
 
-// ErrHeldBack is the cause (retryable) of a message the Sink did not send
-// because an earlier message of its key in the same batch failed before
-// it was sent: publishing it would overtake its predecessor.
-var ErrHeldBack = errors.New("idemq/nats: held back behind a failed message of the same key")
-
 // SinkConfig configures a [JetStreamSink] or a [CoreSink]. The zero value
 // is ready to use.
 type SinkConfig struct {
@@ -83,9 +78,16 @@ func (c SinkConfig) withDefaults() (SinkConfig, error) {
 // leader answers "no responders" too), a message over the server's or the
 // stream's size limit, an invalid subject, a destination mapping to no
 // subject. Timeouts, a lost connection, a stream at its limits with
-// DiscardNew and a cancelled context are retryable. A message that failed
-// before it was sent holds back the later messages of its key in the batch
-// ([ErrHeldBack], retryable).
+// DiscardNew and a cancelled context are retryable.
+//
+// Order: once a message of a key failed, the later messages of that key
+// in the batch not yet sent are not sent but reported as relay.ErrSkipped.
+// A message whose acknowledgement fails after it was sent (a timeout, a
+// connection lost with acks in flight) cannot hold back the later messages
+// of its key already in flight; if the stream stored it after all, its
+// retry is dropped as a duplicate and order holds, but if it was lost, its
+// retry lands after them. Set MaxInFlight to 1 where that must never
+// happen (at the cost of one round trip per message).
 //
 // A JetStreamSink is safe for concurrent use; it does not close the
 // connection.
@@ -134,12 +136,15 @@ func (s *JetStreamSink) Publish(ctx context.Context, batch []relay.Message) erro
 	wait := func(p pending) {
 		if err := s.await(ctx, p.fut); err != nil {
 			failed[p.i] = s.classify(ctx, p.fut.Msg().Subject, err, noStream)
+			if k := batch[p.i].Key; k != "" {
+				blocked[k] = true // hold back what of its key is not sent yet
+			}
 		}
 	}
 	for i := range batch {
 		m := &batch[i]
 		if m.Key != "" && blocked[m.Key] {
-			failed[i] = ErrHeldBack
+			failed[i] = relay.ErrSkipped
 			continue
 		}
 		if ctx.Err() != nil {
@@ -270,7 +275,7 @@ func (s *CoreSink) Publish(ctx context.Context, batch []relay.Message) error {
 	for i := range batch {
 		m := &batch[i]
 		if m.Key != "" && blocked[m.Key] {
-			failed[i] = ErrHeldBack
+			failed[i] = relay.ErrSkipped
 			continue
 		}
 		msg, err := natsMsg(m, s.cfg.Subject)
