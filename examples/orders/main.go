@@ -53,7 +53,8 @@ type row struct {
 	leg               string
 	sent              int // distinct messages published
 	injected          int // extra copies the producer re-sent
-	dropped           int // deliveries recognised as duplicates
+	brokerDropped     int // copies the broker itself dropped (JetStream's duplicate window)
+	dropped           int // deliveries the inbox recognised as duplicates
 	applied, distinct int // shipment rows, distinct message ids among them
 }
 
@@ -112,10 +113,11 @@ func run(ctx context.Context, out io.Writer) (err error) {
 	}
 
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "transport\tsent\tduplicates injected\tredelivered after crash\tduplicates dropped\tapplied\t")
+	fmt.Fprintln(tw, "transport\tsent\tduplicates injected\tredelivered after crash\tdropped by broker\tdropped by inbox\tapplied\t")
 	failed := false
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t\n", r.leg, r.sent, r.injected, r.dropped-r.injected, r.dropped, r.applied)
+		redelivered := r.dropped - (r.injected - r.brokerDropped)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t\n", r.leg, r.sent, r.injected, redelivered, r.brokerDropped, r.dropped, r.applied)
 		failed = failed || !r.ok()
 	}
 	if err := tw.Flush(); err != nil {
@@ -235,6 +237,7 @@ func runLeg(ctx context.Context, pool *pgxpool.Pool, l leg, msgs []relay.Message
 	deliveries := int64(len(msgs) + len(again))
 	if d, ok := l.(publishDeduper); ok && d.DedupesPublishes() {
 		deliveries = int64(len(msgs))
+		r.brokerDropped = len(again)
 	}
 	for applied.Load() < int64(len(msgs)) || settled.Load() < deliveries {
 		select {
