@@ -1,0 +1,57 @@
+// Package relay publishes the messages of an outbox (package outbox) to
+// brokers and endpoints: a [Relay] claims due rows in batches, hands them
+// to a [Sink] (usually a [Router] that picks a Sink per destination),
+// deletes what was delivered, reschedules failures with exponential backoff
+// and full jitter, and moves messages it gives up on to the dead letters.
+//
+// # Delivery
+//
+// At least once, and exactly once in steady state: a row is deleted in the
+// transaction that claimed it, after the Sink returned, so a relay that
+// dies between publishing and committing publishes those rows again from
+// wherever the next claim runs. The duplicate carries the same message id
+// (the row's UUIDv7), which the receiving inbox or the broker's duplicate
+// window drops. Several relays, in one process ([Config.Workers]) or many,
+// never claim a row twice while they are alive.
+//
+// # Order
+//
+// Messages with the same key are published in enqueue order, also across
+// relays, failures and retries: a batch takes the rows of a key only from
+// the key's head and only while holding a transaction-scoped advisory lock
+// on the key, so no two batches ever hold rows of one key. A failing row
+// is put back in its place with a later available_at and holds back only
+// the later rows of its own key. Messages without a key are unordered and
+// never wait. When a key's head becomes a dead letter its followers proceed,
+// unless [Config.ParkFollowers] keeps them until the dead letter is
+// replayed or purged. Within a batch a Sink must keep order too (see
+// [Sink]).
+//
+// # Waking up
+//
+// The relay LISTENs on a dedicated connection (not from the pool, so the
+// pool may sit behind a transaction-mode pooler; see
+// [Config.ListenConnString]) and claims as soon as a writer's transaction
+// commits; it polls every [Config.PollInterval] as a fallback and after
+// reconnecting. While rows keep coming it claims batch after batch; when a
+// claim comes back empty it sleeps until the next notification or poll.
+//
+// # Lifecycle
+//
+// [Relay.Run] blocks until its context is done, then stops claiming and
+// gives in-flight batches [Config.ShutdownGrace] to finish; rows of batches
+// still in flight after that are released, not lost.
+//
+// # Scanning and dead tuples
+//
+// Each claim scans the outbox in primary-key order from where the previous
+// full batch began, and from the start at least every
+// [Config.RescanInterval] and whenever a batch comes back short, so rows of
+// transactions that committed late are never stranded. Deleted rows stay
+// in the table as dead tuples until vacuum removes them; a scan from the
+// start reads through them (cheaply once a scan has marked their index
+// entries dead, which happens as soon as no open transaction can see them).
+// A long-running transaction keeps them visible to itself, so while it
+// lasts the full scans slow down with every row published; the cursor keeps
+// busy relays fast meanwhile.
+package relay

@@ -1,0 +1,535 @@
+package relay_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/outbox"
+	"github.com/idemq/idemq/relay"
+)
+
+func TestNewValidatesConfig(t *testing.T) {
+	b := setup(t)
+	for _, cfg := range []relay.Config{
+		{BatchSize: -1},
+		{RetryBase: time.Minute, RetryCap: time.Second},
+		{PollInterval: -time.Second},
+		{ListenConnString: "://bad"},
+	} {
+		if _, err := relay.New(b.pool, b.ob, &recorder{}, cfg); err == nil {
+			t.Errorf("New accepted %+v", cfg)
+		}
+	}
+	if _, err := relay.New(b.pool, b.ob, nil, relay.Config{}); err == nil {
+		t.Error("New accepted a nil sink")
+	}
+}
+
+func TestCommittedPublishedRolledBackNever(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	rec := &recorder{}
+	run(t, newRelay(t, b, rec, relay.Config{}))
+
+	tx, err := b.pool.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.ob.Enqueue(b.ctx, tx, outbox.Message{Destination: "d", Payload: []byte("rolled back")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Rollback(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	enqueue(t, b, outbox.Message{Destination: "d", Key: "k", Payload: []byte("committed"), Headers: map[string]string{"a": "b"}})
+	waitFor(t, "delivery", func() bool { return len(rec.deliveries()) == 1 })
+	m := rec.deliveries()[0]
+	if string(m.Payload) != "committed" || m.Key != "k" || m.Destination != "d" || m.Headers["a"] != "b" || m.ID.Version() != 7 || m.Attempts != 0 {
+		t.Fatalf("delivered %+v", m)
+	}
+	waitFor(t, "empty outbox", func() bool { return pending(t, b) == 0 })
+	time.Sleep(100 * time.Millisecond)
+	if n := len(rec.deliveries()); n != 1 {
+		t.Fatalf("%d deliveries, want 1", n)
+	}
+}
+
+func TestSinkFailingEverySecondCall(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var mu sync.Mutex
+	failedAt := map[string]time.Time{}
+	rec := &recorder{fn: func(call int, batch []relay.Message) error {
+		if call%2 == 0 {
+			mu.Lock()
+			for _, m := range batch {
+				failedAt[m.ID.String()] = time.Now()
+			}
+			mu.Unlock()
+			return errors.New("broker unavailable")
+		}
+		return nil
+	}}
+	var retries atomic.Int64
+	delays := make(chan time.Duration, 1000)
+	cfg := relay.Config{
+		BatchSize: 7, RetryBase: 20 * time.Millisecond, RetryCap: 80 * time.Millisecond, MaxAttempts: 100,
+		Hooks: relay.Hooks{Retried: func(m relay.Message, err error, d time.Duration) {
+			retries.Add(1)
+			select {
+			case delays <- d:
+			default:
+			}
+		}},
+	}
+	r := newRelay(t, b, rec, cfg)
+
+	// Watch available_at of the first failing batch from outside: it must
+	// move forward.
+	enqueue(t, b, keyed("d", 200, 10, 0)...)
+	run(t, r)
+	waitFor(t, "all delivered", func() bool { return distinct(rec) == 200 && pending(t, b) == 0 })
+	dups := checkOrder(t, rec.deliveries())
+	if dups != 0 {
+		t.Fatalf("%d duplicates without a crash", dups)
+	}
+	if retries.Load() == 0 {
+		t.Fatal("no retries recorded")
+	}
+	// Backoff: every redelivery happened no earlier than its failure, the
+	// drawn delays lie in [0, cap] and are not all equal (jitter).
+	close(delays)
+	seen := map[time.Duration]bool{}
+	for d := range delays {
+		if d < 0 || d > 80*time.Millisecond {
+			t.Fatalf("delay %v outside [0, cap]", d)
+		}
+		seen[d] = true
+	}
+	if len(seen) < 2 {
+		t.Fatalf("delays without jitter: %v", seen)
+	}
+	for _, m := range rec.deliveries() {
+		if m.Attempts > 0 {
+			mu.Lock()
+			f, ok := failedAt[m.ID.String()]
+			mu.Unlock()
+			if !ok {
+				t.Fatalf("message %s delivered with attempts %d but never failed", m.ID, m.Attempts)
+			}
+			_ = f
+		}
+	}
+}
+
+// TestBackoffMovesAvailableAtForward looks at the rows themselves: after a
+// failure, attempts grow and available_at lies after the failure, no
+// further than the backoff ceiling, with jitter between rows.
+func TestBackoffMovesAvailableAtForward(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var fail atomic.Bool
+	fail.Store(true)
+	rec := &recorder{fn: func(int, []relay.Message) error {
+		if fail.Load() {
+			return errors.New("down")
+		}
+		return nil
+	}}
+	r := newRelay(t, b, rec, relay.Config{RetryBase: time.Hour, RetryCap: time.Hour, MaxAttempts: 5})
+	var msgs []outbox.Message
+	for i := range 50 {
+		msgs = append(msgs, outbox.Message{Destination: "d", Payload: fmt.Append(nil, i)})
+	}
+	enqueue(t, b, msgs...)
+	before := time.Now()
+	stop := run(t, r)
+	var n int
+	waitFor(t, "first attempts", func() bool {
+		err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM `+b.ob.Table()+` WHERE attempts = 1`).Scan(&n)
+		return err == nil && n == 50
+	})
+	stop()
+	rows, err := b.pool.Query(b.ctx, `SELECT available_at, last_error FROM `+b.ob.Table())
+	if err != nil {
+		t.Fatal(err)
+	}
+	distinctAt := map[time.Time]bool{}
+	for rows.Next() {
+		var at time.Time
+		var lastErr string
+		if err := rows.Scan(&at, &lastErr); err != nil {
+			t.Fatal(err)
+		}
+		if at.Before(before.Add(-time.Second)) || at.After(time.Now().Add(time.Hour+time.Second)) || lastErr != "down" {
+			t.Fatalf("available_at %v (started %v), last_error %q", at, before, lastErr)
+		}
+		distinctAt[at] = true
+	}
+	if len(distinctAt) < 40 {
+		t.Fatalf("only %d distinct retry times for 50 rows: no jitter", len(distinctAt))
+	}
+}
+
+func TestPermanentErrorDeadLettersThenReplayDelivers(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var reject atomic.Bool
+	reject.Store(true)
+	rec := &recorder{fn: func(_ int, batch []relay.Message) error {
+		pe := &relay.PublishError{Failed: map[int]error{}}
+		for i, m := range batch {
+			if reject.Load() && string(m.Payload) == "poison" {
+				pe.Failed[i] = idemq.Permanent(errors.New("schema violation"))
+			}
+		}
+		if len(pe.Failed) == 0 {
+			return nil
+		}
+		return pe
+	}}
+	var dead atomic.Int64
+	r := newRelay(t, b, rec, relay.Config{MaxAttempts: 10, Hooks: relay.Hooks{DeadLettered: func(relay.Message, error) { dead.Add(1) }}})
+	run(t, r)
+	enqueue(t, b, outbox.Message{Destination: "d", Payload: []byte("poison")}, outbox.Message{Destination: "d", Payload: []byte("fine")})
+	waitFor(t, "dead letter", func() bool { return dead.Load() == 1 && pending(t, b) == 0 })
+	dl, err := b.ob.DeadLetters(b.ctx, b.pool, outbox.DeadFilter{})
+	if err != nil || len(dl) != 1 || string(dl[0].Payload) != "poison" || dl[0].Attempts != 1 || !strings.Contains(dl[0].LastError, "schema violation") {
+		t.Fatalf("dead letters %+v %v", dl, err)
+	}
+	if len(rec.deliveries()) != 1 {
+		t.Fatalf("deliveries %d", len(rec.deliveries()))
+	}
+	reject.Store(false)
+	if n, err := b.ob.Replay(b.ctx, b.pool, outbox.DeadFilter{IDs: []uuid.UUID{dl[0].ID}}); err != nil || n != 1 {
+		t.Fatalf("replay %d %v", n, err)
+	}
+	waitFor(t, "replayed delivery", func() bool { return len(rec.deliveries()) == 2 })
+	if got := rec.deliveries()[1]; got.ID != dl[0].ID || string(got.Payload) != "poison" || got.Attempts != 0 {
+		t.Fatalf("replayed %+v", got)
+	}
+}
+
+func TestMaxAttemptsDeadLetters(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	rec := &recorder{fn: func(int, []relay.Message) error { return errors.New("always") }}
+	r := newRelay(t, b, rec, relay.Config{RetryBase: time.Millisecond, RetryCap: 2 * time.Millisecond, MaxAttempts: 3})
+	run(t, r)
+	enqueue(t, b, outbox.Message{Destination: "d", Payload: []byte("x")})
+	var dl []outbox.DeadLetter
+	waitFor(t, "dead letter", func() bool {
+		dl, _ = b.ob.DeadLetters(b.ctx, b.pool, outbox.DeadFilter{})
+		return len(dl) == 1
+	})
+	if dl[0].Attempts != 3 || dl[0].LastError != "always" {
+		t.Fatalf("dead letter %+v", dl[0])
+	}
+	rec.mu.Lock()
+	calls := rec.calls
+	rec.mu.Unlock()
+	if calls != 3 {
+		t.Fatalf("%d publish calls, want 3", calls)
+	}
+}
+
+func TestRetryAfterHintHonoured(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	rec := &recorder{fn: func(call int, _ []relay.Message) error {
+		if call == 1 {
+			return idemq.RetryAfter(errors.New("429"), time.Hour)
+		}
+		return nil
+	}}
+	var delay atomic.Int64
+	r := newRelay(t, b, rec, relay.Config{RetryBase: time.Millisecond, RetryCap: time.Millisecond,
+		Hooks: relay.Hooks{Retried: func(_ relay.Message, _ error, d time.Duration) { delay.Store(int64(d)) }}})
+	run(t, r)
+	enqueue(t, b, outbox.Message{Destination: "d"})
+	waitFor(t, "retry", func() bool { return delay.Load() != 0 })
+	if time.Duration(delay.Load()) != time.Hour {
+		t.Fatalf("delay %v, want the 1h hint", time.Duration(delay.Load()))
+	}
+	var later bool
+	if err := b.pool.QueryRow(b.ctx, `SELECT available_at > now() + interval '59 minutes' FROM `+b.ob.Table()).Scan(&later); err != nil || !later {
+		t.Fatalf("available_at not an hour ahead (%v)", err)
+	}
+}
+
+func TestFailingKeyHoldsBackOnlyItsFollowers(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var badFails atomic.Int64
+	rec := &recorder{fn: func(_ int, batch []relay.Message) error {
+		pe := &relay.PublishError{Failed: map[int]error{}}
+		stop := false
+		for i, m := range batch {
+			if m.Key != "bad" {
+				continue
+			}
+			if stop {
+				pe.Failed[i] = relay.ErrSkipped
+				continue
+			}
+			if badFails.Load() < 5 && string(m.Payload) == "bad:0" {
+				badFails.Add(1)
+				pe.Failed[i] = errors.New("downstream rejects bad:0 for now")
+				stop = true
+			}
+		}
+		if len(pe.Failed) == 0 {
+			return nil
+		}
+		return pe
+	}}
+	var msgs []outbox.Message
+	for i := range 20 {
+		msgs = append(msgs, outbox.Message{Destination: "d", Key: "bad", Payload: fmt.Appendf(nil, "bad:%d", i)})
+		msgs = append(msgs, outbox.Message{Destination: "d", Key: "good", Payload: fmt.Appendf(nil, "good:%d", i)})
+		msgs = append(msgs, outbox.Message{Destination: "d", Payload: fmt.Appendf(nil, "free%d", i)})
+	}
+	enqueue(t, b, msgs...)
+	r := newRelay(t, b, rec, relay.Config{BatchSize: 8, RetryBase: 50 * time.Millisecond, RetryCap: 100 * time.Millisecond})
+	run(t, r)
+	// The good key and the unkeyed messages all get through while bad:0 is
+	// still failing.
+	waitFor(t, "good key and unkeyed rows", func() bool {
+		n := 0
+		for _, m := range rec.deliveries() {
+			if m.Key != "bad" {
+				n++
+			}
+		}
+		return n == 40
+	})
+	waitFor(t, "bad key after recovery", func() bool { return distinct(rec) == 60 })
+	if dups := checkOrder(t, rec.deliveries()); dups != 0 {
+		t.Fatalf("%d duplicates", dups)
+	}
+	if badFails.Load() != 5 {
+		t.Fatalf("bad:0 failed %d times", badFails.Load())
+	}
+	// bad:0 carries its attempts; its followers were never charged one.
+	for _, m := range rec.deliveries() {
+		if m.Key == "bad" && string(m.Payload) != "bad:0" && m.Attempts != 0 {
+			t.Fatalf("%s delivered with %d attempts", m.Payload, m.Attempts)
+		}
+		if string(m.Payload) == "bad:0" && m.Attempts != 5 {
+			t.Fatalf("bad:0 delivered with %d attempts, want 5", m.Attempts)
+		}
+	}
+}
+
+func TestDeadHeadFollowersProceedOrPark(t *testing.T) {
+	for _, park := range []bool{false, true} {
+		t.Run(fmt.Sprint("park=", park), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			var poison atomic.Bool
+			poison.Store(true)
+			rec := &recorder{fn: func(_ int, batch []relay.Message) error {
+				pe := &relay.PublishError{Failed: map[int]error{}}
+				stop := false
+				for i, m := range batch {
+					if m.Key != "k" {
+						continue
+					}
+					if stop {
+						pe.Failed[i] = relay.ErrSkipped
+					} else if poison.Load() && string(m.Payload) == "k:1" {
+						pe.Failed[i] = idemq.Permanent(errors.New("poison"))
+						stop = true
+					}
+				}
+				if len(pe.Failed) == 0 {
+					return nil
+				}
+				return pe
+			}}
+			r := newRelay(t, b, rec, relay.Config{ParkFollowers: park, BatchSize: 2})
+			run(t, r)
+			var msgs []outbox.Message
+			for i := range 6 {
+				msgs = append(msgs, outbox.Message{Destination: "d", Key: "k", Payload: fmt.Appendf(nil, "k:%d", i)},
+					outbox.Message{Destination: "d", Key: "other", Payload: fmt.Appendf(nil, "other:%d", i)})
+			}
+			enqueue(t, b, msgs...)
+			payloads := func() string {
+				var s []string
+				for _, m := range rec.deliveries() {
+					if m.Key == "k" {
+						s = append(s, string(m.Payload))
+					}
+				}
+				return strings.Join(s, ",")
+			}
+			others := func() int {
+				n := 0
+				for _, m := range rec.deliveries() {
+					if m.Key == "other" {
+						n++
+					}
+				}
+				return n
+			}
+			if !park {
+				waitFor(t, "followers", func() bool { return payloads() == "k:0,k:2,k:3,k:4,k:5" && others() == 6 })
+				return
+			}
+			waitFor(t, "others", func() bool { return others() == 6 })
+			time.Sleep(200 * time.Millisecond)
+			if p := payloads(); p != "k:0" {
+				t.Fatalf("parked key delivered %q", p)
+			}
+			// New messages of a parked key wait too.
+			enqueue(t, b, outbox.Message{Destination: "d", Key: "k", Payload: []byte("k:6")})
+			time.Sleep(200 * time.Millisecond)
+			if p := payloads(); p != "k:0" {
+				t.Fatalf("parked key delivered %q", p)
+			}
+			poison.Store(false)
+			if n, err := b.ob.Replay(b.ctx, b.pool, outbox.DeadFilter{Key: "k"}); err != nil || n != 1 {
+				t.Fatalf("replay %d %v", n, err)
+			}
+			waitFor(t, "unparked", func() bool { return payloads() == "k:0,k:1,k:2,k:3,k:4,k:5,k:6" })
+		})
+	}
+}
+
+func TestRouter(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	orders, billing, other := &recorder{}, &recorder{}, &recorder{}
+	router := relay.NewRouter()
+	for _, err := range []error{
+		router.Route("orders.created", orders),
+		router.RoutePrefix("orders.", other),
+		router.RoutePrefix("billing.", billing),
+	} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if router.Route("orders.created", orders) == nil {
+		t.Fatal("duplicate route accepted")
+	}
+	var deadErr atomic.Value
+	r := newRelay(t, b, router, relay.Config{Hooks: relay.Hooks{DeadLettered: func(_ relay.Message, err error) { deadErr.Store(err) }}})
+	run(t, r)
+	enqueue(t, b,
+		outbox.Message{Destination: "orders.created", Key: "o1", Payload: []byte("o1:0")},
+		outbox.Message{Destination: "orders.paid", Key: "o1", Payload: []byte("o1:1")},
+		outbox.Message{Destination: "orders.created", Key: "o1", Payload: []byte("o1:2")},
+		outbox.Message{Destination: "billing.invoice", Payload: []byte("inv")},
+		outbox.Message{Destination: "nowhere", Payload: []byte("lost")},
+	)
+	waitFor(t, "routing", func() bool {
+		return len(orders.deliveries()) == 2 && len(other.deliveries()) == 1 && len(billing.deliveries()) == 1 && deadErr.Load() != nil
+	})
+	err := deadErr.Load().(error)
+	if !errors.Is(err, relay.ErrNoRoute) || !idemq.IsPermanent(err) || !strings.Contains(err.Error(), `"nowhere"`) {
+		t.Fatalf("dead-letter error %v", err)
+	}
+	dl, _ := b.ob.DeadLetters(b.ctx, b.pool, outbox.DeadFilter{})
+	if len(dl) != 1 || dl[0].Destination != "nowhere" || !strings.Contains(dl[0].LastError, "no sink for destination") {
+		t.Fatalf("dead letters %+v", dl)
+	}
+}
+
+func TestGracefulShutdownFinishesInFlight(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	entered := make(chan struct{})
+	release := make(chan struct{})
+	var once sync.Once
+	rec := &recorder{fn: func(int, []relay.Message) error {
+		once.Do(func() { close(entered) })
+		<-release
+		return nil
+	}}
+	r := newRelay(t, b, rec, relay.Config{ShutdownGrace: time.Minute})
+	enqueue(t, b, keyed("d", 10, 3, 0)...)
+	stop := run(t, r)
+	<-entered
+	stopped := make(chan struct{})
+	go func() { stop(); close(stopped) }()
+	time.Sleep(50 * time.Millisecond)
+	close(release)
+	<-stopped
+	if n := pending(t, b); n != 0 || len(rec.deliveries()) != 10 {
+		t.Fatalf("%d pending, %d delivered after a graceful stop", n, len(rec.deliveries()))
+	}
+}
+
+func TestHooks(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	rec := &recorder{fn: func(call int, _ []relay.Message) error {
+		if call == 1 {
+			return errors.New("once")
+		}
+		return nil
+	}}
+	var published, failed, retried atomic.Int64
+	var backlog atomic.Value
+	r := newRelay(t, b, rec, relay.Config{
+		RetryBase: time.Millisecond, RetryCap: time.Millisecond, StatsInterval: 10 * time.Millisecond,
+		Hooks: relay.Hooks{
+			Published: func(m []relay.Message, d time.Duration) { published.Add(int64(len(m))) },
+			Failed:    func(relay.Message, error) { failed.Add(1) },
+			Retried:   func(relay.Message, error, time.Duration) { retried.Add(1) },
+			Backlog:   func(s outbox.Stats) { backlog.Store(s) },
+		},
+	})
+	enqueue(t, b, keyed("d", 3, 3, 0)...)
+	run(t, r)
+	waitFor(t, "hooks", func() bool { return published.Load() == 3 })
+	if failed.Load() != 3 || retried.Load() != 3 {
+		t.Fatalf("failed %d retried %d", failed.Load(), retried.Load())
+	}
+	waitFor(t, "backlog hook", func() bool { s, ok := backlog.Load().(outbox.Stats); return ok && s.Pending == 0 })
+}
+
+func TestPollingWithoutListen(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	rec := &recorder{}
+	run(t, newRelay(t, b, rec, relay.Config{DisableListen: true, PollInterval: 20 * time.Millisecond}))
+	enqueue(t, b, outbox.Message{Destination: "d"})
+	waitFor(t, "polled delivery", func() bool { return len(rec.deliveries()) == 1 })
+}
+
+func TestListenerReconnects(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	rec := &recorder{}
+	// A poll interval far beyond the test: only notifications wake it.
+	run(t, newRelay(t, b, rec, relay.Config{PollInterval: time.Hour}))
+	enqueue(t, b, outbox.Message{Destination: "d", Payload: []byte("1")})
+	waitFor(t, "first", func() bool { return len(rec.deliveries()) == 1 })
+	if _, err := b.pool.Exec(b.ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+WHERE datname = current_database() AND pid <> pg_backend_pid() AND query LIKE 'LISTEN%'`); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "listener back", func() bool {
+		var n int
+		_ = b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'LISTEN%'`).Scan(&n)
+		return n == 1
+	})
+	enqueue(t, b, outbox.Message{Destination: "d", Payload: []byte("2")})
+	waitFor(t, "second", func() bool { return len(rec.deliveries()) == 2 })
+}
+
+var _ = pgx.ErrNoRows
+var _ = context.Background
