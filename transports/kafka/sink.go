@@ -50,6 +50,16 @@ type SinkConfig struct {
 // as invalid. Everything else (leader moves, timeouts, a broker that went
 // away, a cancelled context) is retryable.
 //
+// Per-key order: the messages of one key are written in batch order to one
+// partition; once one of them fails, the later ones of that key in the
+// batch are not written but reported as [relay.ErrSkipped], so the relay
+// retries them behind it. A key that moves to another topic within a batch
+// waits for the earlier topic's write (a second WriteMessages call). The
+// guarantee assumes a partition's share of a batch fits in one kafka-go
+// write batch (the Writer's BatchSize and BatchBytes; [NewWriter] allows
+// 10,000 messages and 16 MiB): kafka-go writes split batches one after the
+// other and cannot hold back the second when the first failed.
+//
 // A Sink is safe for concurrent use; it does not close the Writer.
 type Sink struct {
 	w        *kafka.Writer
@@ -117,25 +127,79 @@ func (s *Sink) Publish(ctx context.Context, batch []relay.Message) error {
 		return nil
 	}
 	failed := make(map[int]error)
-	msgs := make([]kafka.Message, 0, len(batch))
-	index := make([]int, 0, len(batch)) // msgs[j] is batch[index[j]]
+	firstFailed := make(map[string]int) // key -> index of its first failed message
+	fail := func(i int, err error) {
+		failed[i] = err
+		if k := batch[i].Key; k != "" {
+			if f, ok := firstFailed[k]; !ok || i < f {
+				firstFailed[k] = i
+			}
+		}
+	}
+	// heldBack reports whether an earlier message of batch[i]'s key failed.
+	heldBack := func(i int) bool {
+		f, ok := firstFailed[batch[i].Key]
+		return batch[i].Key != "" && ok && f < i
+	}
+
+	// Build and validate in batch order; a key's messages after an invalid
+	// one are skipped. round[i] > 0 when a key moves to another topic
+	// within the batch: such messages wait for the earlier round, since
+	// two topics are written concurrently.
+	msgs := make([]kafka.Message, len(batch))
+	round := make([]int, len(batch))
+	type keyState struct {
+		topic string
+		round int
+	}
+	keys := make(map[string]keyState)
+	rounds := 1
 	limit := s.batchBytes()
 	for i := range batch {
+		k := batch[i].Key
+		if heldBack(i) {
+			failed[i] = relay.ErrSkipped
+			continue
+		}
 		m, err := s.message(&batch[i])
 		if err == nil && int64(messageSize(&m)) > limit {
 			err = idemq.Permanent(fmt.Errorf("idemq/kafka: message %s is %d bytes, over the Writer's BatchBytes %d: %w",
 				batch[i].ID, messageSize(&m), limit, kafka.MessageSizeTooLarge))
 		}
 		if err != nil {
-			failed[i] = err
+			fail(i, err)
 			continue
 		}
-		msgs = append(msgs, m)
-		index = append(index, i)
+		msgs[i] = m
+		if k != "" {
+			st, seen := keys[k]
+			if seen && st.topic != m.Topic {
+				st.round++
+				rounds = max(rounds, st.round+1)
+			}
+			st.topic = m.Topic
+			keys[k] = st
+			round[i] = st.round
+		}
 	}
 
-	if len(msgs) > 0 {
-		s.write(ctx, msgs, func(j int, err error) { failed[index[j]] = err })
+	for r := range rounds {
+		var send []kafka.Message
+		var index []int // send[j] is batch[index[j]]
+		for i := range batch {
+			if round[i] != r || failed[i] != nil {
+				continue
+			}
+			if heldBack(i) {
+				failed[i] = relay.ErrSkipped
+				continue
+			}
+			send = append(send, msgs[i])
+			index = append(index, i)
+		}
+		if len(send) > 0 {
+			s.write(ctx, send, func(j int, err error) { fail(index[j], err) })
+		}
 	}
 	if len(failed) == 0 {
 		return nil
@@ -183,9 +247,17 @@ func (s *Sink) write(ctx context.Context, msgs []kafka.Message, fail func(j int,
 		fail(sizeFailures[0], classify(werrs[sizeFailures[0]]))
 		return
 	}
+	failedKeys := make(map[string]bool)
 	for _, j := range sizeFailures {
+		if k := string(msgs[j].Key); k != "" && failedKeys[k] {
+			fail(j, relay.ErrSkipped)
+			continue
+		}
 		if err := s.w.WriteMessages(ctx, msgs[j]); err != nil {
 			fail(j, classify(unwrapSingle(err)))
+			if len(msgs[j].Key) > 0 {
+				failedKeys[string(msgs[j].Key)] = true
+			}
 		}
 	}
 }

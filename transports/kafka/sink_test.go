@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -173,15 +174,19 @@ func TestSinkClassifiesPerMessageFailures(t *testing.T) {
 	if !errors.Is(perr.Failed[2], kafka.UnknownTopicOrPartition) {
 		t.Errorf("message 2: %v, want UnknownTopicOrPartition", perr.Failed[2])
 	}
-	if len(perr.Failed) != 3 {
-		t.Errorf("failed %v, want only 2, 5 and 7", perr.Failed)
+	// Message 9 has message 2's key: held back behind it, not attempted.
+	if !errors.Is(perr.Failed[9], relay.ErrSkipped) || idemq.IsPermanent(perr.Failed[9]) {
+		t.Errorf("message 9: %v, want relay.ErrSkipped", perr.Failed[9])
+	}
+	if len(perr.Failed) != 4 {
+		t.Errorf("failed %v, want only 2, 5, 7 and 9", perr.Failed)
 	}
 	got, err := k.ReadAll(ctx, k.Topic("orders"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(got) != 7 {
-		t.Fatalf("%d messages delivered, want 7", len(got))
+	if len(got) != 6 {
+		t.Fatalf("%d messages delivered, want 6", len(got))
 	}
 }
 
@@ -251,5 +256,46 @@ func TestNewSinkRejectsUnsafeWriters(t *testing.T) {
 	}
 	if _, err := idemqkafka.NewSink(good(), idemqkafka.SinkConfig{}); err != nil {
 		t.Errorf("NewWriter's writer rejected: %v", err)
+	}
+}
+
+func TestSinkKeepsKeyOrderAcrossTopics(t *testing.T) {
+	k := testenv.Kafka(t, 2, "a", "b")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s := newSink(t, k)
+	msg := func(dest, key, payload string) relay.Message {
+		return relay.Message{ID: uuid.Must(uuid.NewV7()), Destination: dest, Key: key, Payload: []byte(payload)}
+	}
+	batch := []relay.Message{
+		msg(k.Topic("a"), "k1", "k1-1"),
+		msg(k.Topic("b"), "k1", "k1-2"), // a second round, after k1-1 is written
+		msg(k.Topic("a"), "k1", "k1-3"), // a third
+		msg(k.Topic("a"), "k2", "k2-1"),
+		msg("missing-"+uuid.NewString(), "k2", "k2-2"), // fails permanently
+		msg(k.Topic("a"), "k2", "k2-3"),                // must not overtake it
+		msg(k.Topic("b"), "", "unkeyed"),
+	}
+	err := s.Publish(ctx, batch)
+	var perr *relay.PublishError
+	if !errors.As(err, &perr) {
+		t.Fatalf("Publish: %v, want *relay.PublishError", err)
+	}
+	if len(perr.Failed) != 2 || !idemq.IsPermanent(perr.Failed[4]) || !errors.Is(perr.Failed[5], relay.ErrSkipped) {
+		t.Fatalf("failed %v, want 4 permanent and 5 skipped", perr.Failed)
+	}
+	var payloads []string
+	for _, topic := range []string{k.Topic("a"), k.Topic("b")} {
+		got, err := k.ReadAll(ctx, topic)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range got {
+			payloads = append(payloads, string(m.Value))
+		}
+	}
+	slices.Sort(payloads)
+	if want := []string{"k1-1", "k1-2", "k1-3", "k2-1", "unkeyed"}; !slices.Equal(payloads, want) {
+		t.Errorf("delivered %v, want %v", payloads, want)
 	}
 }
