@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
 	"github.com/idemq/idemq/testenv"
 )
@@ -46,6 +47,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"MalformedID", malformedID},
 		{"PoisonMessage", poisonMessage},
 		{"RelayRepublish", relayRepublish},
+		{"RelayCrash", relayCrash},
 		{"OrderedPerKey", orderedPerKey},
 	}
 	// Features do not depend on the stream; ask a throwaway harness once
@@ -469,6 +471,90 @@ func relayRepublish(fx *fixture) {
 		deliveries = len(batch)
 	}
 	fx.waitFor("every delivery settled", func() bool { return fx.settled() >= deliveries })
+	fx.appliedOnce(want)
+}
+
+// relayCrash: business transactions enqueue outbox messages; a relay
+// publishes its first batch through the transport's sink and dies before
+// deleting the rows; a second relay publishes those rows again; each outbox
+// message is applied once.
+func relayCrash(fx *fixture) {
+	sink, dest := fx.h.Sink()
+	ob, err := outbox.New(outbox.Config{})
+	if err != nil {
+		fx.t.Fatal(err)
+	}
+	if err := ob.Migrate(fx.ctx, fx.pool); err != nil {
+		fx.t.Fatal(err)
+	}
+	const n, batch = 40, 15
+	want := make([]string, n)
+	for i := range n {
+		id := uuid.Must(uuid.NewV7())
+		want[i] = id.String()
+		err := pgx.BeginFunc(fx.ctx, fx.pool, func(tx pgx.Tx) error {
+			return ob.Enqueue(fx.ctx, tx, outbox.Message{ID: id, Destination: dest, Key: fmt.Sprintf("order-%d", i%4),
+				Payload: fmt.Appendf(nil, `{"order":%d}`, i)})
+		})
+		if err != nil {
+			fx.t.Fatal(err)
+		}
+	}
+	cfg := relay.Config{BatchSize: batch, PollInterval: 20 * time.Millisecond, RetryBase: 5 * time.Millisecond,
+		RetryCap: 50 * time.Millisecond, ShutdownGrace: 10 * time.Millisecond}
+
+	// The first relay publishes one batch, then dies before its commit.
+	published := make(chan int, 1)
+	crashing := relay.SinkFunc(func(ctx context.Context, msgs []relay.Message) error {
+		if err := sink.Publish(ctx, msgs); err != nil {
+			return err
+		}
+		select {
+		case published <- len(msgs):
+		default:
+		}
+		<-ctx.Done() // killed before the delete commits
+		return ctx.Err()
+	})
+	r1, err := relay.New(fx.pool, ob, crashing, cfg)
+	if err != nil {
+		fx.t.Fatal(err)
+	}
+	ctx1, kill := context.WithCancel(fx.ctx)
+	done1 := make(chan error, 1)
+	go func() { done1 <- r1.Run(ctx1) }()
+	var first int
+	select {
+	case first = <-published:
+	case <-time.After(WaitTimeout):
+		fx.t.Fatal("conformance: the first relay never published")
+	}
+	kill()
+	if err := <-done1; err != nil {
+		fx.t.Fatalf("first relay: %v", err)
+	}
+
+	r2, err := relay.New(fx.pool, ob, sink, cfg)
+	if err != nil {
+		fx.t.Fatal(err)
+	}
+	ctx2, stop := context.WithCancel(fx.ctx)
+	done2 := make(chan error, 1)
+	go func() { done2 <- r2.Run(ctx2) }()
+	defer func() {
+		stop()
+		if err := <-done2; err != nil {
+			fx.t.Errorf("second relay: %v", err)
+		}
+	}()
+
+	fx.subscribe(fx.consumer("orders"), fx.group("g"), nil)
+	fx.waitFor("every outbox message applied", func() bool { return len(fx.effects()) >= n })
+	deliveries := n + first
+	if fx.f.PublishDedupe {
+		deliveries = n
+	}
+	fx.waitFor("every delivery settled, the republished ones included", func() bool { return fx.settled() >= deliveries })
 	fx.appliedOnce(want)
 }
 

@@ -32,6 +32,9 @@
 //   - RelayRepublish: a relay crash between publish and delete makes its
 //     successor publish the same rows again through the transport's sink;
 //     each outbox message is applied once;
+//   - RelayCrash: business transactions enqueue into the outbox, a relay
+//     publishes a batch and dies before deleting it, a second relay
+//     publishes those rows again; each outbox message is applied once;
 //   - OrderedPerKey: messages of one key are applied in publish order
 //     (Features.OrderedPerKey).
 //
