@@ -1,6 +1,7 @@
-// Command orders is idemq's end-to-end demo: business transactions produce
-// order messages, the relay publishes them to every transport leg (Kafka on
-// an in-process broker, and any leg another transport registers), the
+// Command orders is idemq's end-to-end demo: business transactions enqueue
+// order messages in the outbox, the relay publishes them to every transport
+// leg (Kafka on an in-process broker, and any leg another transport
+// registers), the
 // producer re-sends some of them, and a consumer wrapped by idemq applies
 // them to a shipments table, killed once between its database commit and
 // its acknowledgement and restarted. It prints, per transport, what was
@@ -28,6 +29,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
 	"github.com/idemq/idemq/testenv"
 )
@@ -35,7 +37,7 @@ import (
 const (
 	orders     = 200 // business transactions, one message per leg each
 	crashAfter = 60  // the first consumer dies after applying this many
-	relayBatch = 50
+	relayBatch = 50  // outbox rows per relay batch
 )
 
 func main() {
@@ -92,7 +94,34 @@ func run(ctx context.Context, out io.Writer) (err error) {
 		legs = append(legs, l)
 	}
 
-	perLeg, err := produce(ctx, pool, legs)
+	// The relay drains the outbox into every leg, routed by destination.
+	ob, err := outbox.New(outbox.Config{})
+	if err != nil {
+		return err
+	}
+	if err := ob.Migrate(ctx, pool); err != nil {
+		return err
+	}
+	router := relay.NewRouter()
+	for _, l := range legs {
+		if err := router.Route(l.Destination(), l.Sink()); err != nil {
+			return err
+		}
+	}
+	rl, err := relay.New(pool, ob, router, relay.Config{BatchSize: relayBatch, PollInterval: 50 * time.Millisecond,
+		RetryBase: 10 * time.Millisecond, RetryCap: time.Second})
+	if err != nil {
+		return err
+	}
+	relayCtx, stopRelay := context.WithCancel(ctx)
+	relayDone := make(chan error, 1)
+	go func() { relayDone <- rl.Run(relayCtx) }()
+	defer func() {
+		stopRelay()
+		err = errors.Join(err, <-relayDone)
+	}()
+
+	perLeg, err := produce(ctx, pool, ob, legs)
 	if err != nil {
 		return err
 	}
@@ -111,6 +140,10 @@ func run(ctx context.Context, out io.Writer) (err error) {
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
+	stats, err := ob.Stats(ctx, pool)
+	if err != nil {
+		return err
+	}
 
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "transport\tsent\tduplicates injected\tredelivered after crash\tdropped by broker\tdropped by inbox\tapplied\t")
@@ -123,60 +156,66 @@ func run(ctx context.Context, out io.Writer) (err error) {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	fmt.Fprintf(out, "outbox: %d messages enqueued in %d business transactions, %d pending, %d dead letters\n",
+		orders*len(legs), orders, stats.Pending, stats.Dead)
 	if failed {
 		return errors.New("a leg did not apply every distinct message exactly once")
+	}
+	if stats.Pending != 0 || stats.Dead != 0 {
+		return errors.New("the relay did not publish the whole outbox")
 	}
 	fmt.Fprintln(out, "every distinct message applied exactly once on every transport")
 	return nil
 }
 
 // produce runs the business transactions: each inserts an order and
-// produces one message per leg, keyed by customer so that a customer's
-// orders stay in order.
-//
-// TODO(outbox): once outbox/relay land, enqueue inside the transaction
-// and let the relay publish; until then the messages are published through
-// each leg's sink after commit, with the same ids the outbox would give.
-func produce(ctx context.Context, pool *pgxpool.Pool, legs []leg) (map[string][]relay.Message, error) {
+// enqueues, in the same transaction, one message per leg, keyed by
+// customer so that a customer's orders stay in order. It returns the
+// messages per leg, for the producer's re-sends.
+func produce(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Outbox, legs []leg) (map[string][]relay.Message, error) {
 	perLeg := make(map[string][]relay.Message, len(legs))
 	for n := range orders {
 		customer := fmt.Sprintf("customer-%d", n%17)
+		var batch []relay.Message
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			batch = batch[:0]
 			var id int64
 			if err := tx.QueryRow(ctx, `INSERT INTO orders (customer, item, qty) VALUES ($1, $2, $3) RETURNING id`,
 				customer, fmt.Sprintf("item-%d", n%5), 1+n%3).Scan(&id); err != nil {
 				return err
 			}
-			for _, l := range legs {
-				perLeg[l.Name()] = append(perLeg[l.Name()], relay.Message{
+			msgs := make([]outbox.Message, len(legs))
+			for i, l := range legs {
+				msgs[i] = outbox.Message{
 					ID:          uuid.Must(uuid.NewV7()),
 					Destination: l.Destination(),
 					Key:         customer,
 					Payload:     fmt.Appendf(nil, `{"order_id":%d,"customer":%q}`, id, customer),
 					Headers:     map[string]string{"Content-Type": "application/json"},
-				})
+				}
+				batch = append(batch, relay.Message{ID: msgs[i].ID, Destination: msgs[i].Destination, Key: msgs[i].Key,
+					Payload: msgs[i].Payload, Headers: msgs[i].Headers})
 			}
-			return nil
+			return ob.Enqueue(ctx, tx, msgs...)
 		})
 		if err != nil {
 			return nil, fmt.Errorf("order transaction: %w", err)
+		}
+		for i, l := range legs {
+			perLeg[l.Name()] = append(perLeg[l.Name()], batch[i])
 		}
 	}
 	return perLeg, nil
 }
 
-// runLeg relays the leg's messages, re-sends some (every 10th once more,
-// every 40th four more times), runs a consumer that is killed between
-// commit and ack after crashAfter applications, restarts it and waits
-// until every message is applied and every delivery settled.
+// runLeg re-sends some of the leg's messages as a retrying producer would
+// (every 10th once more, every 40th four more times) while the relay
+// publishes the outbox, runs a consumer that is killed between commit and
+// ack after crashAfter applications, restarts it and waits until every
+// message is applied and every delivery settled.
 func runLeg(ctx context.Context, pool *pgxpool.Pool, l leg, msgs []relay.Message) (row, error) {
 	r := row{leg: l.Name(), sent: len(msgs)}
 	sink := l.Sink()
-	for i := 0; i < len(msgs); i += relayBatch {
-		if err := sink.Publish(ctx, msgs[i:min(i+relayBatch, len(msgs))]); err != nil {
-			return r, fmt.Errorf("%s: relay: %w", l.Name(), err)
-		}
-	}
 	var again []relay.Message
 	for i, m := range msgs {
 		switch {
