@@ -14,6 +14,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
 	"github.com/idemq/idemq/testenv"
 	idemqkafka "github.com/idemq/idemq/transports/kafka"
@@ -264,4 +265,75 @@ func BenchmarkSink(b *testing.B) {
 	b.ReportMetric(viaSink/runs, "msgs/s")
 	b.ReportMetric(bare/runs, "bare-writer-msgs/s")
 	b.ReportMetric(viaSink/bare, "ratio")
+}
+
+// BenchmarkRelayToKafka: the whole outbound path, outbox rows claimed,
+// published through the Sink and deleted by the relay, vs a bare batched
+// Writer on the same messages (ratio = relay / bare). Postgres, not the
+// Sink, bounds the relay; BenchmarkSink isolates the Sink.
+func BenchmarkRelayToKafka(b *testing.B) {
+	const n, batchSize = 10_000, 500
+	k := testenv.Kafka(b, benchPartitions, "orders")
+	pool := benchPool(b)
+	ctx := context.Background()
+	ob, err := outbox.New(outbox.Config{DisableNotify: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := ob.Migrate(ctx, pool); err != nil {
+		b.Fatal(err)
+	}
+	w := idemqkafka.NewWriter(k.Brokers...)
+	defer w.Close()
+	sink, err := idemqkafka.NewSink(w, idemqkafka.SinkConfig{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	bareWriter := idemqkafka.NewWriter(k.Brokers...)
+	defer bareWriter.Close()
+
+	var viaRelay, bare float64
+	for b.Loop() {
+		msgs := make([]outbox.Message, n)
+		raw := make([]kafka.Message, n)
+		for i := range msgs {
+			msgs[i] = outbox.Message{ID: uuid.Must(uuid.NewV7()), Destination: k.Topic("orders"), Key: fmt.Sprint("c-", i%64),
+				Payload: fmt.Appendf(nil, `{"order":%d,"amount":"10.00"}`, i)}
+			raw[i] = kafka.Message{Topic: msgs[i].Destination, Key: []byte(msgs[i].Key), Value: msgs[i].Payload,
+				Headers: []kafka.Header{{Key: idemqkafka.DefaultIDHeader, Value: []byte(msgs[i].ID.String())}}}
+		}
+		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return ob.Enqueue(ctx, tx, msgs...) }); err != nil {
+			b.Fatal(err)
+		}
+		var published atomic.Int64
+		r, err := relay.New(pool, ob, sink, relay.Config{BatchSize: batchSize, Workers: 2, DisableListen: true,
+			PollInterval: time.Millisecond, Hooks: relay.Hooks{Published: func(ms []relay.Message, _ time.Duration) { published.Add(int64(len(ms))) }}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		runCtx, stop := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		start := time.Now()
+		go func() { done <- r.Run(runCtx) }()
+		for published.Load() < n {
+			time.Sleep(time.Millisecond)
+		}
+		viaRelay += n / time.Since(start).Seconds()
+		stop()
+		if err := <-done; err != nil {
+			b.Fatal(err)
+		}
+
+		start = time.Now()
+		for i := 0; i < n; i += batchSize {
+			if err := bareWriter.WriteMessages(ctx, raw[i:i+batchSize]...); err != nil {
+				b.Fatal(err)
+			}
+		}
+		bare += n / time.Since(start).Seconds()
+	}
+	runs := float64(b.N)
+	b.ReportMetric(viaRelay/runs, "msgs/s")
+	b.ReportMetric(bare/runs, "bare-writer-msgs/s")
+	b.ReportMetric(viaRelay/bare, "ratio")
 }
