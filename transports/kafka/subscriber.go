@@ -86,7 +86,8 @@ type SubscriberConfig struct {
 	// re-publishes with the same id header.
 	DeadLetterTopic string
 	// DeadLetterWriter writes to DeadLetterTopic. Defaults to
-	// [NewWriter](Brokers...), closed by Run.
+	// [NewWriter](Brokers...) dialling with Dialer's TLS, SASL and client
+	// id, closed by Run.
 	DeadLetterWriter *kafka.Writer
 
 	// StartOffset is where a group without a committed offset starts:
@@ -233,8 +234,16 @@ func NewSubscriber(c *consumer.Consumer, cfg SubscriberConfig) (*Subscriber, err
 		s.dlq = cfg.DeadLetterWriter
 		if s.dlq == nil {
 			s.dlq = NewWriter(cfg.Brokers...)
-			// Its own transport, so that Run can close its connections.
-			s.dlq.Transport = &kafka.Transport{}
+			// Its own transport, so that Run can close its connections,
+			// dialling like the consumer does.
+			t := &kafka.Transport{}
+			if d := cfg.Dialer; d != nil {
+				t.TLS, t.SASL, t.ClientID = d.TLS, d.SASLMechanism, d.ClientID
+				if d.DialFunc != nil {
+					t.Dial = d.DialFunc
+				}
+			}
+			s.dlq.Transport = t
 			s.ownsDLQ = true
 		}
 	}
