@@ -391,22 +391,26 @@ func TestJetStreamLongHandlerIsNotRedeliveredInParallel(t *testing.T) {
 // Retry outcomes become NakWithDelay; the consumer counts attempts by the
 // delivery count.
 func TestJetStreamRetryIsRedelivered(t *testing.T) {
-	w := newWorld(t)
-	var deliveries []int
-	c := w.consumer(consumer.Config{Redeliver: true, MaxAttempts: 5}, func(_ context.Context, msg *consumer.Message) error {
-		deliveries = append(deliveries, msg.Delivery)
-		if msg.Delivery < 3 {
-			return errors.New("flaky")
-		}
-		return nil
-	})
-	w.publish("flaky")
-	for _, batch := range []bool{false} {
-		w.start(c, w.durable("d", jetstream.ConsumerConfig{}), idemqnats.JetStreamConfig{Batch: batch})
-	}
-	w.waitFor("applied", func() bool { return w.count(consumer.Applied) == 1 })
-	if fmt.Sprint(deliveries) != "[1 2 3]" || w.effects()["flaky"] != 1 {
-		t.Fatalf("deliveries %v, effects %v; want [1 2 3] and one", deliveries, w.effects())
+	for _, batch := range []bool{false, true} {
+		t.Run(fmt.Sprintf("Batch=%v", batch), func(t *testing.T) {
+			w := newWorld(t)
+			var deliveries []int
+			c := w.consumer(consumer.Config{Redeliver: true, MaxAttempts: 5}, func(_ context.Context, msg *consumer.Message) error {
+				deliveries = append(deliveries, msg.Delivery)
+				if msg.Delivery < 3 {
+					return errors.New("flaky")
+				}
+				return nil
+			})
+			w.publish("flaky")
+			w.start(c, w.durable("d", jetstream.ConsumerConfig{}), idemqnats.JetStreamConfig{Batch: batch})
+			w.waitFor("applied", func() bool { return w.count(consumer.Applied) == 1 })
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			if fmt.Sprint(deliveries) != "[1 2 3]" || w.outcomes[consumer.Retry] != 2 {
+				t.Fatalf("deliveries %v, retries %d; want [1 2 3] and 2", deliveries, w.outcomes[consumer.Retry])
+			}
+		})
 	}
 }
 
