@@ -104,8 +104,10 @@ type SubscriberConfig struct {
 	// lets the in-flight batch finish before cancelling it (unfinished
 	// messages are then redelivered). Defaults to 30 seconds.
 	ShutdownTimeout time.Duration
-	// RetryDelay shapes the backoff before a Retry outcome is re-fetched
-	// when the consumer gave no RetryAfter. Defaults to 100 ms up to 10 s.
+	// RetryBaseDelay and RetryMaxDelay shape the backoff (full jitter)
+	// before a message with a Retry outcome is re-read, when the consumer
+	// gave no RetryAfter, and between failed group joins. Default to 100 ms
+	// and 10 s.
 	RetryBaseDelay, RetryMaxDelay time.Duration
 	// Dialer is used for every broker connection. Defaults to kafka-go's.
 	Dialer *kafka.Dialer
