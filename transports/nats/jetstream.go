@@ -125,7 +125,10 @@ type JetStreamConfig struct {
 //     under a long handler or a long batch.
 //
 // Messages are processed one fetched batch at a time, in stream order.
-// A JetStreamSubscriber runs once: call Run.
+// consumer.Message.Headers holds the first value of each header; all of
+// them, the subject and the metadata are on the jetstream.Msg in
+// Message.Source ([JetStreamMsg]). A JetStreamSubscriber runs once: call
+// Run.
 type JetStreamSubscriber struct {
 	c         *consumer.Consumer
 	cons      jetstream.Consumer
@@ -312,6 +315,7 @@ func (s *JetStreamSubscriber) settle(ctx context.Context, raws []jetstream.Msg, 
 		}
 	}
 	for i, raw := range raws {
+		live.done(raw) // no InProgress after the settlement
 		r := results[i]
 		var err error
 		switch r.Outcome {
@@ -333,7 +337,6 @@ func (s *JetStreamSubscriber) settle(ctx context.Context, raws []jetstream.Msg, 
 			}
 			err = raw.TermWithReason(truncate(errString(r.Err), 256))
 		}
-		live.done(raw)
 		if err != nil {
 			// The server redelivers it after AckWait; the inbox makes that
 			// a Duplicate.
