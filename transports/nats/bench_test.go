@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
 	"github.com/idemq/idemq/testenv"
 	idemqnats "github.com/idemq/idemq/transports/nats"
@@ -231,28 +232,7 @@ func BenchmarkJetStreamSink(b *testing.B) {
 
 		out = benchMessages(e, n)
 		start = time.Now()
-		window := make([]jetstream.PubAckFuture, 0, inFlight)
-		wait := func(f jetstream.PubAckFuture) {
-			select {
-			case <-f.Ok():
-			case err := <-f.Err():
-				b.Fatal(err)
-			}
-		}
-		for i := range out {
-			if len(window) == inFlight {
-				wait(window[0])
-				window = window[1:]
-			}
-			f, err := e.js.PublishMsgAsync(rawMsg(&out[i]))
-			if err != nil {
-				b.Fatal(err)
-			}
-			window = append(window, f)
-		}
-		for _, f := range window {
-			wait(f)
-		}
+		bareAsync(b, e.js, out, inFlight)
 		bare += n / time.Since(start).Seconds()
 
 		out = benchMessages(e, syncN)
@@ -280,4 +260,92 @@ func rawMsg(m *relay.Message) *nats.Msg {
 	out.Header.Set(idemqnats.HeaderKey, m.Key)
 	out.Header.Set(jetstream.MsgIDHeader, m.ID.String())
 	return out
+}
+
+// BenchmarkRelayToJetStream: the whole outbound path, outbox rows claimed,
+// published through the JetStream Sink and deleted by the relay, vs bare
+// PublishMsgAsync of the same messages with the same bound on acks in
+// flight (ratio = relay / bare). Postgres, not the Sink, bounds the relay;
+// BenchmarkJetStreamSink isolates the Sink.
+func BenchmarkRelayToJetStream(b *testing.B) {
+	const n, batchSize, inFlight = 10_000, 500, 256
+	e := benchEnv(b)
+	pool := benchPool(b)
+	ctx := context.Background()
+	ob, err := outbox.New(outbox.Config{DisableNotify: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := ob.Migrate(ctx, pool); err != nil {
+		b.Fatal(err)
+	}
+	sink, err := idemqnats.NewJetStreamSink(e.js, idemqnats.SinkConfig{MaxInFlight: inFlight})
+	if err != nil {
+		b.Fatal(err)
+	}
+	var viaRelay, bare float64
+	for b.Loop() {
+		msgs := make([]outbox.Message, n)
+		for i := range msgs {
+			msgs[i] = outbox.Message{ID: uuid.Must(uuid.NewV7()), Destination: e.subject, Key: fmt.Sprint("c-", i%64),
+				Payload: fmt.Appendf(nil, `{"order":%d,"amount":"10.00"}`, i)}
+		}
+		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return ob.Enqueue(ctx, tx, msgs...) }); err != nil {
+			b.Fatal(err)
+		}
+		var published atomic.Int64
+		r, err := relay.New(pool, ob, sink, relay.Config{BatchSize: batchSize, Workers: 2, DisableListen: true,
+			PollInterval: time.Millisecond, Hooks: relay.Hooks{Published: func(ms []relay.Message, _ time.Duration) { published.Add(int64(len(ms))) }}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		runCtx, stop := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		start := time.Now()
+		go func() { done <- r.Run(runCtx) }()
+		for published.Load() < n {
+			time.Sleep(time.Millisecond)
+		}
+		viaRelay += n / time.Since(start).Seconds()
+		stop()
+		if err := <-done; err != nil {
+			b.Fatal(err)
+		}
+
+		raw := benchMessages(e, n)
+		start = time.Now()
+		bareAsync(b, e.js, raw, inFlight)
+		bare += n / time.Since(start).Seconds()
+	}
+	runs := float64(b.N)
+	b.ReportMetric(viaRelay/runs, "msgs/s")
+	b.ReportMetric(bare/runs, "bare-async-msgs/s")
+	b.ReportMetric(viaRelay/bare, "ratio")
+}
+
+// bareAsync publishes msgs with PublishMsgAsync, at most inFlight awaiting
+// their acknowledgement.
+func bareAsync(b *testing.B, js jetstream.JetStream, msgs []relay.Message, inFlight int) {
+	window := make([]jetstream.PubAckFuture, 0, inFlight)
+	wait := func(f jetstream.PubAckFuture) {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			b.Fatal(err)
+		}
+	}
+	for i := range msgs {
+		if len(window) == inFlight {
+			wait(window[0])
+			window = window[1:]
+		}
+		f, err := js.PublishMsgAsync(rawMsg(&msgs[i]))
+		if err != nil {
+			b.Fatal(err)
+		}
+		window = append(window, f)
+	}
+	for _, f := range window {
+		wait(f)
+	}
 }

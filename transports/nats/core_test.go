@@ -48,7 +48,7 @@ func TestCoreQueueGroupDropsPublisherDuplicates(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	batch := outbox(subject, 40, 4)
+	batch := relayBatch(subject, 40, 4)
 	if err := sink.Publish(w.ctx, batch); err != nil {
 		t.Fatal(err)
 	}

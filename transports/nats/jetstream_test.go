@@ -271,7 +271,7 @@ func TestJetStreamServerRestartMidRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	batch := outbox(w.e.subject, 200, 10)
+	batch := relayBatch(w.e.subject, 200, 10)
 	if err := sink.Publish(w.ctx, batch[:100]); err != nil {
 		t.Fatal(err)
 	}

@@ -55,7 +55,7 @@ func (e *env) msgs(t *testing.T) uint64 {
 	return info.State.Msgs
 }
 
-func outbox(dest string, n int, keys int) []relay.Message {
+func relayBatch(dest string, n int, keys int) []relay.Message {
 	batch := make([]relay.Message, n)
 	for i := range batch {
 		batch[i] = relay.Message{ID: uuid.Must(uuid.NewV7()), Destination: dest, Key: fmt.Sprintf("k%d", i%keys),
@@ -71,7 +71,7 @@ func TestJetStreamSinkStampsMessageIDAndHeaders(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	batch := outbox(e.subject, 50, 5)
+	batch := relayBatch(e.subject, 50, 5)
 	if err := sink.Publish(ctx, batch); err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +107,7 @@ func TestJetStreamSinkDuplicateWindowDropsRelayRepublish(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	batch := outbox(e.subject, 40, 4)
+	batch := relayBatch(e.subject, 40, 4)
 	if err := sink.Publish(ctx, batch); err != nil {
 		t.Fatal(err)
 	}
@@ -183,7 +183,7 @@ func TestJetStreamSinkCancelledContext(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if err := sink.Publish(ctx, outbox(e.subject, 3, 1)); !errors.Is(err, context.Canceled) {
+	if err := sink.Publish(ctx, relayBatch(e.subject, 3, 1)); !errors.Is(err, context.Canceled) {
 		t.Fatalf("Publish on a cancelled context = %v, want context.Canceled", err)
 	}
 }
@@ -203,7 +203,7 @@ func TestCoreSinkPublishes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	batch := outbox(subject, 5, 2)
+	batch := relayBatch(subject, 5, 2)
 	big := relay.Message{ID: uuid.Must(uuid.NewV7()), Destination: subject, Payload: make([]byte, 2<<20)}
 	err = sink.Publish(context.Background(), append(batch, big))
 	var perr *relay.PublishError
