@@ -463,3 +463,38 @@ func TestNewJetStreamSubscriberValidates(t *testing.T) {
 		}
 	}
 }
+
+// The same id with another payload is a Conflict: never applied, copied to
+// the dead-letter subject with its outcome, terminated. The id travels in
+// a header of the application's choice here, so the stream does not drop
+// the second message as a duplicate.
+func TestJetStreamConflictIsDeadLetteredAndTerminated(t *testing.T) {
+	w := newWorld(t)
+	dlqSubj := w.e.n.Name("dlq")
+	dlq, err := w.e.n.CreateStream(w.ctx, w.e.js, jetstream.StreamConfig{Name: w.e.n.Name("DLQ"), Subjects: []string{dlqSubj}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, payload := range []string{"qty=1", "qty=2"} {
+		m := nats.NewMsg(w.e.subject)
+		m.Data = []byte(payload)
+		m.Header.Set("Idempotency-Key", "order-7")
+		if _, err := w.e.js.PublishMsg(w.ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cons := w.durable("d", jetstream.ConsumerConfig{})
+	w.start(w.consumer(consumer.Config{}, nil), cons, idemqnats.JetStreamConfig{IDHeader: "Idempotency-Key", DeadLetterSubject: dlqSubj})
+	w.waitFor("both settled", func() bool { return w.consumerInfo(cons).AckFloor.Stream == 2 })
+	if a, c, n := w.count(consumer.Applied), w.count(consumer.Conflict), w.effects()["order-7"]; a != 1 || c != 1 || n != 1 {
+		t.Fatalf("applied %d, conflicts %d, effects %d; want 1, 1, 1", a, c, n)
+	}
+	got, err := dlq.GetMsg(w.ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(got.Data) != "qty=2" || got.Header.Get(idemqnats.HeaderDeadLetterOutcome) != consumer.Conflict.String() ||
+		got.Header.Get(idemqnats.HeaderDeadLetterReason) == "" || got.Header.Get(jetstream.MsgIDHeader) != "order-7" {
+		t.Fatalf("dead letter %q with headers %v", got.Data, got.Header)
+	}
+}
