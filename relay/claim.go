@@ -21,13 +21,18 @@ import (
 // How a batch is claimed (one transaction per batch):
 //
 //  1. scan: the first BatchSize due rows from the cursor on, in seq order,
-//     taking a transaction-scoped advisory lock on the key of every keyed
-//     row and leaving out rows whose key another relay holds. It returns
-//     the locked keys with their number of rows in the window.
+//     FOR UPDATE SKIP LOCKED, taking a transaction-scoped advisory lock on
+//     the key of every keyed row and leaving out rows whose key another
+//     relay holds. Locking the rows here costs what the bare
+//     DELETE ... SKIP LOCKED drain pays anyway, and lets unkeyed rows go
+//     straight to the delete.
 //  2. claim, in a new statement and therefore a snapshot taken after the
-//     locks: for every locked key, its first n rows (from the key's real
-//     head, which may lie before the cursor) as long as they are due, plus
-//     unkeyed rows with FOR UPDATE SKIP LOCKED; all deleted with RETURNING.
+//     locks: for every locked key, its first n rows from the key's real
+//     head (n is the key's count in the window), provided that head is the
+//     key's first row in the window (which the scan found due and locked;
+//     a head that lies before the cursor, is not due, or was put back by a
+//     previous holder after the scan's snapshot has a lower seq), plus the
+//     unkeyed rows of the scan; all deleted with RETURNING.
 //     Only holders of a key's lock claim or move that key's rows, so the
 //     rows of a key are never in two batches at once, and the fresh
 //     snapshot sees whatever the previous holder committed (a retried head
@@ -45,31 +50,28 @@ func newStatements(ob *outbox.Outbox, park bool) statements {
 	t, dead := ob.Table(), ob.DeadTable()
 	parked := ""
 	if park {
-		parked = "WHERE NOT EXISTS (SELECT 1 FROM " + dead + " AS d WHERE d.key = k.key)"
+		parked = "AND NOT EXISTS (SELECT 1 FROM " + dead + " AS d WHERE d.key = k.key)"
 	}
 	return statements{
-		scan: `SELECT key, count(*)::int4, min(seq) FROM (
-  SELECT key, seq FROM ` + t + `
-  WHERE seq >= $3 AND CASE WHEN available_at > now() THEN false
-                           WHEN key IS NULL THEN true
-                           ELSE pg_try_advisory_xact_lock($1, hashtext(key)) END
-  ORDER BY seq LIMIT $2) AS w
-GROUP BY key`,
+		scan: `SELECT seq, key FROM ` + t + `
+WHERE seq >= $3 AND CASE WHEN available_at > now() THEN false
+                         WHEN key IS NULL THEN true
+                         ELSE pg_try_advisory_xact_lock($1, hashtext(key)) END
+ORDER BY seq LIMIT $2
+FOR UPDATE SKIP LOCKED`,
+		// One index probe per key: its first n rows from the real head; the
+		// key qualifies if that head is the row the scan locked first, which
+		// was due (a head put back by a previous holder has a lower seq).
 		claim: `WITH k AS (
-  SELECT key, n FROM unnest($1::text[], $2::int4[]) AS k(key, n)
+  SELECT key, n, first FROM unnest($1::text[], $2::int4[], $4::int8[]) AS k(key, n, first)
 ), keyed AS (
-  SELECT r.seq FROM k CROSS JOIN LATERAL (
-    SELECT p.seq FROM (
-      SELECT o.seq, bool_and(o.available_at <= now()) OVER (ORDER BY o.seq) AS due
-      FROM ` + t + ` AS o WHERE o.key = k.key ORDER BY o.seq LIMIT k.n) AS p
-    WHERE p.due) AS r
-  ` + parked + `
-), unkeyed AS (
-  SELECT seq FROM ` + t + `
-  WHERE key IS NULL AND seq >= $4 AND available_at <= now()
-  ORDER BY seq LIMIT $3 FOR UPDATE SKIP LOCKED
+  SELECT unnest(a.s) AS seq FROM k
+  CROSS JOIN LATERAL (
+    SELECT array_agg(x.seq ORDER BY x.seq) AS s
+    FROM (SELECT o.seq FROM ` + t + ` AS o WHERE o.key = k.key ORDER BY o.seq LIMIT k.n) AS x) AS a
+  WHERE a.s[1] = k.first ` + parked + `
 )
-DELETE FROM ` + t + ` WHERE seq = ANY(ARRAY(SELECT seq FROM keyed UNION ALL SELECT seq FROM unkeyed))
+DELETE FROM ` + t + ` WHERE seq = ANY(ARRAY(SELECT seq FROM keyed UNION ALL SELECT unnest($3::int8[])))
 RETURNING seq, id, destination, key, payload, headers, attempts, created_at`,
 		putBack: `INSERT INTO ` + t + ` (seq, id, created_at, available_at, attempts, destination, payload, key, headers, last_error)
 SELECT s, i, c, CASE WHEN d < 0 THEN 'infinity'::timestamptz ELSE clock_timestamp() + d * interval '1 microsecond' END,
@@ -152,6 +154,13 @@ func errorText(err error) string {
 	return s
 }
 
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
 // parkDelay marks rows put back with available_at = infinity.
 const parkDelay = -1
 
@@ -184,13 +193,16 @@ func (w *worker) batch(ctx, work context.Context) (int, error) {
 	idle := strconv.FormatInt((r.cfg.PublishTimeout + 10*time.Second).Milliseconds(), 10)
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
-	b.Queue("SELECT set_config('idle_in_transaction_session_timeout', $1, true)", idle)
+	// Generic plans: the statements are the same every time and custom
+	// planning costs as much as executing them.
+	b.Queue("SELECT set_config('idle_in_transaction_session_timeout', $1, true), set_config('plan_cache_mode', 'force_generic_plan', true)", idle)
 	b.Queue(r.sql.scan, r.ob.LockClass(), r.cfg.BatchSize, w.cursor)
 	inTx = true
 	br := conn.SendBatch(ctx, b)
 	var keys []string
 	var counts []int32
-	unkeyed := 0
+	var firsts []int64
+	var unkeyed []int64
 	windowMin := int64(-1)
 	err = func() error {
 		if _, err := br.Exec(); err != nil {
@@ -203,21 +215,26 @@ func (w *worker) batch(ctx, work context.Context) (int, error) {
 		if err != nil {
 			return err
 		}
+		index := map[string]int{}
 		for rows.Next() {
+			var seq int64
 			var key *string
-			var n int32
-			var first int64
-			if err := rows.Scan(&key, &n, &first); err != nil {
+			if err := rows.Scan(&seq, &key); err != nil {
 				return err
 			}
-			if windowMin < 0 || first < windowMin {
-				windowMin = first
+			if windowMin < 0 || seq < windowMin {
+				windowMin = seq
 			}
-			if key == nil {
-				unkeyed = int(n)
-			} else {
+			switch i, ok := index[deref(key)]; {
+			case key == nil:
+				unkeyed = append(unkeyed, seq)
+			case ok:
+				counts[i]++
+			default:
+				index[*key] = len(keys)
 				keys = append(keys, *key)
-				counts = append(counts, n)
+				counts = append(counts, 1)
+				firsts = append(firsts, seq)
 			}
 		}
 		return rows.Err()
@@ -240,8 +257,10 @@ func (w *worker) batch(ctx, work context.Context) (int, error) {
 		return 0, nil
 	}
 
-	// 2. Claim under a snapshot taken after the key locks.
-	rows, err := conn.Query(ctx, r.sql.claim, keys, counts, unkeyed, w.cursor)
+	// 2. Claim under a snapshot taken after the key locks: the prefix of
+	// every locked key from its real head, and the unkeyed rows the scan
+	// locked.
+	rows, err := conn.Query(ctx, r.sql.claim, keys, counts, unkeyed, firsts)
 	if err != nil {
 		return 0, fmt.Errorf("relay: claim: %w", err)
 	}

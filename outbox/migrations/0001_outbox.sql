@@ -29,7 +29,7 @@ CREATE TABLE {{table}} (
     attempts     int         NOT NULL DEFAULT 0,
     destination  text        NOT NULL,
     payload      bytea       NOT NULL,
-    key          text,
+    key          text        COLLATE "C",
     headers      jsonb,
     last_error   text
 ) WITH (
@@ -43,7 +43,9 @@ CREATE TABLE {{table}} (
 );
 
 -- The relay finds the head of a key (its lowest seq) and the rows that
--- follow it through this index; rows without a key never enter it.
+-- follow it through this index; rows without a key never enter it. Keys
+-- compare bytewise (COLLATE "C"): ordering keys are identifiers, not prose,
+-- and a locale-aware comparison costs several times more per probe.
 CREATE INDEX ON {{table}} (key, seq) WHERE key IS NOT NULL;
 
 -- Dead letters: rows that failed permanently or too often, with the error.
@@ -57,7 +59,7 @@ CREATE TABLE {{table_dead}} (
     attempts     int         NOT NULL,
     destination  text        NOT NULL,
     payload      bytea       NOT NULL,
-    key          text,
+    key          text        COLLATE "C",
     headers      jsonb,
     last_error   text        NOT NULL
 );

@@ -1,0 +1,299 @@
+package relay_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemq/idemq/outbox"
+	"github.com/idemq/idemq/relay"
+)
+
+var noop = relay.SinkFunc(func(context.Context, []relay.Message) error { return nil })
+
+// fill enqueues n messages of 100 bytes, keys round robin over keys (0: no
+// key), in transactions of 10,000 (COPY), then vacuums.
+func fill(b *testing.B, bd bundle, n, keys int) {
+	b.Helper()
+	payload := make([]byte, 100)
+	for from := 0; from < n; from += 10000 {
+		msgs := make([]outbox.Message, min(10000, n-from))
+		for i := range msgs {
+			msgs[i] = outbox.Message{Destination: "bench", Payload: payload}
+			if keys > 0 {
+				msgs[i].Key = fmt.Sprint("key-", (from+i)%keys)
+			}
+		}
+		enqueue(b, bd, msgs...)
+	}
+	if _, err := bd.pool.Exec(bd.ctx, "VACUUM ANALYZE "+bd.ob.Table()); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// bareDrain empties the outbox with the simplest correct queue consumer:
+// DELETE ... LIMIT 500 FOR UPDATE SKIP LOCKED RETURNING, one statement per
+// batch, no ordering, no publishing. It returns rows per second.
+func bareDrain(b *testing.B, bd bundle, n int) float64 {
+	b.Helper()
+	conn, err := bd.pool.Acquire(bd.ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.Release()
+	q := `DELETE FROM ` + bd.ob.Table() + ` WHERE seq IN (SELECT seq FROM ` + bd.ob.Table() + `
+ORDER BY seq LIMIT 500 FOR UPDATE SKIP LOCKED)
+RETURNING seq, id, destination, key, payload, headers, attempts, created_at`
+	start := time.Now()
+	got := 0
+	for {
+		rows, err := conn.Query(bd.ctx, q)
+		if err != nil {
+			b.Fatal(err)
+		}
+		k := 0
+		for rows.Next() {
+			var m relay.Message
+			var seq int64
+			var key *string
+			if err := rows.Scan(&seq, &m.ID, &m.Destination, &key, &m.Payload, &m.Headers, &m.Attempts, &m.CreatedAt); err != nil {
+				b.Fatal(err)
+			}
+			k++
+		}
+		if err := rows.Err(); err != nil {
+			b.Fatal(err)
+		}
+		got += k
+		if k == 0 {
+			break
+		}
+	}
+	if got != n {
+		b.Fatalf("drained %d of %d", got, n)
+	}
+	return float64(n) / time.Since(start).Seconds()
+}
+
+// relayDrain runs a relay until it published n messages into the no-op
+// sink and returns messages per second.
+func relayDrain(b *testing.B, bd bundle, n int, cfg relay.Config) float64 {
+	b.Helper()
+	var published atomic.Int64
+	done := make(chan struct{})
+	cfg.Logger = quiet
+	cfg.Hooks.Published = func(m []relay.Message, _ time.Duration) {
+		if published.Add(int64(len(m))) == int64(n) {
+			close(done)
+		}
+	}
+	r := newRelay(b, bd, noop, cfg)
+	ctx, cancel := context.WithCancel(bd.ctx)
+	start := time.Now()
+	go r.Run(ctx)
+	<-done
+	elapsed := time.Since(start)
+	cancel()
+	return float64(n) / elapsed.Seconds()
+}
+
+// BenchmarkRelayThroughput drains the same number of rows twice: with the
+// bare DELETE ... SKIP LOCKED statement (the baseline: no order, no
+// publishing) and with a relay (one worker, batches of 500) into a no-op
+// sink. ratio = relay / baseline.
+func BenchmarkRelayThroughput(b *testing.B) {
+	const n, rounds = 100_000, 3
+	for _, keys := range []int{1000, 100_000, 0} {
+		name := fmt.Sprintf("keys=%d", keys)
+		if keys == 0 {
+			name = "unkeyed"
+		}
+		b.Run(name, func(b *testing.B) {
+			bd := setup(b)
+			var base, rel []float64
+			// Alternate baseline and relay, so that load from elsewhere on
+			// the machine hits both alike; report medians.
+			for range b.N * rounds {
+				fill(b, bd, n, keys)
+				base = append(base, bareDrain(b, bd, n))
+				fill(b, bd, n, keys)
+				rel = append(rel, relayDrain(b, bd, n, relay.Config{BatchSize: 500, DisableListen: true}))
+			}
+			bm, rm := median(base), median(rel)
+			b.ReportMetric(rm, "msgs/s")
+			b.ReportMetric(bm, "baseline_rows/s")
+			b.ReportMetric(rm/bm, "ratio")
+			b.ReportMetric(0, "ns/op")
+		})
+	}
+}
+
+func median(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// BenchmarkRelaySustained pushes 1,000,000 messages through the table: a
+// writer enqueues them in transactions of 500 while a relay publishes, and
+// the throughput of every 100,000 is reported (first, last, slowest, and
+// last/first as the ratio). With autovacuum=off the table's autovacuum is
+// disabled so that dead tuples accumulate.
+func BenchmarkRelaySustained(b *testing.B) {
+	const n, chunk = 1_000_000, 100_000
+	for _, av := range []bool{true, false} {
+		b.Run(fmt.Sprint("autovacuum=", av), func(b *testing.B) {
+			bd := setup(b)
+			if !av {
+				if _, err := bd.pool.Exec(bd.ctx, `ALTER TABLE `+bd.ob.Table()+` SET (autovacuum_enabled = false)`); err != nil {
+					b.Fatal(err)
+				}
+			}
+			for range b.N {
+				var published atomic.Int64
+				marks := make(chan time.Time, n/chunk+1)
+				r := newRelay(b, bd, noop, relay.Config{BatchSize: 500, Logger: quiet, Hooks: relay.Hooks{
+					Published: func(m []relay.Message, _ time.Duration) {
+						after := published.Add(int64(len(m)))
+						if after/chunk != (after-int64(len(m)))/chunk {
+							marks <- time.Now()
+						}
+					},
+				}})
+				ctx, cancel := context.WithCancel(bd.ctx)
+				start := time.Now()
+				var wg sync.WaitGroup
+				wg.Go(func() { _ = r.Run(ctx) })
+				payload := make([]byte, 100)
+				for from := 0; from < n; from += 500 {
+					msgs := make([]outbox.Message, 500)
+					for i := range msgs {
+						msgs[i] = outbox.Message{Destination: "bench", Key: fmt.Sprint("key-", (from+i)%1000), Payload: payload}
+					}
+					enqueue(b, bd, msgs...)
+				}
+				var rates []float64
+				last := start
+				for range n / chunk {
+					t := <-marks
+					rates = append(rates, chunk/t.Sub(last).Seconds())
+					last = t
+				}
+				cancel()
+				wg.Wait()
+				b.ReportMetric(float64(n)/last.Sub(start).Seconds(), "msgs/s")
+				b.ReportMetric(rates[0], "first100k_msgs/s")
+				b.ReportMetric(rates[len(rates)-1], "last100k_msgs/s")
+				b.ReportMetric(slices.Min(rates), "slowest100k_msgs/s")
+				b.ReportMetric(rates[len(rates)-1]/rates[0], "ratio")
+				b.ReportMetric(0, "ns/op")
+				b.Logf("msgs/s per 100k: %.0f", rates)
+			}
+		})
+	}
+}
+
+// BenchmarkWakeLatency measures, at low load, the time from a writer's
+// commit to the Sink call: woken by NOTIFY, and by polling every 50 ms as
+// the baseline. ratio = p99 notify / p99 poll.
+func BenchmarkWakeLatency(b *testing.B) {
+	bd := setup(b)
+	measure := func(cfg relay.Config, samples int) (p50, p99 time.Duration) {
+		calls := make(chan time.Time, 1)
+		sink := relay.SinkFunc(func(context.Context, []relay.Message) error {
+			calls <- time.Now()
+			return nil
+		})
+		cfg.Logger = quiet
+		r := newRelay(b, bd, sink, cfg)
+		ctx, cancel := context.WithCancel(bd.ctx)
+		defer cancel()
+		go r.Run(ctx)
+		time.Sleep(200 * time.Millisecond) // listener up
+		var lat []time.Duration
+		for range samples {
+			tx, err := bd.pool.Begin(bd.ctx)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := bd.ob.Enqueue(bd.ctx, tx, outbox.Message{Destination: "d"}); err != nil {
+				b.Fatal(err)
+			}
+			if err := tx.Commit(bd.ctx); err != nil {
+				b.Fatal(err)
+			}
+			committed := time.Now()
+			lat = append(lat, (<-calls).Sub(committed))
+			time.Sleep(5 * time.Millisecond)
+		}
+		slices.Sort(lat)
+		return lat[len(lat)/2], lat[len(lat)*99/100]
+	}
+	for range b.N {
+		n50, n99 := measure(relay.Config{PollInterval: time.Hour}, 500)
+		p50, p99 := measure(relay.Config{DisableListen: true, PollInterval: 50 * time.Millisecond}, 100)
+		b.ReportMetric(float64(n50.Microseconds())/1000, "notify_p50_ms")
+		b.ReportMetric(float64(n99.Microseconds())/1000, "notify_p99_ms")
+		b.ReportMetric(float64(p50.Microseconds())/1000, "poll50ms_p50_ms")
+		b.ReportMetric(float64(p99.Microseconds())/1000, "poll50ms_p99_ms")
+		b.ReportMetric(float64(n99)/float64(p99), "ratio")
+		b.ReportMetric(0, "ns/op")
+	}
+}
+
+// BenchmarkEnqueueNotifyCost runs 16 concurrent writers, each committing
+// transactions of one Enqueue of one message, for 3 s with NOTIFY and 3 s
+// without (outbox.Config.DisableNotify). ratio = with / without.
+func BenchmarkEnqueueNotifyCost(b *testing.B) {
+	bd := setup(b)
+	cfg, err := pgxpool.ParseConfig(bd.pool.Config().ConnString())
+	if err != nil {
+		b.Fatal(err)
+	}
+	cfg.MaxConns = 16
+	pool, err := pgxpool.NewWithConfig(bd.ctx, cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer pool.Close()
+	silent, err := outbox.New(outbox.Config{DisableNotify: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	measure := func(ob *outbox.Outbox) float64 {
+		var n atomic.Int64
+		deadline := time.Now().Add(3 * time.Second)
+		var wg sync.WaitGroup
+		for range 16 {
+			wg.Go(func() {
+				for time.Now().Before(deadline) {
+					err := pgx.BeginFunc(bd.ctx, pool, func(tx pgx.Tx) error {
+						return ob.Enqueue(bd.ctx, tx, outbox.Message{Destination: "d", Key: "k", Payload: []byte("x")})
+					})
+					if err != nil {
+						b.Error(err)
+						return
+					}
+					n.Add(1)
+				}
+			})
+		}
+		wg.Wait()
+		return float64(n.Load()) / 3
+	}
+	for range b.N {
+		without := measure(silent)
+		with := measure(bd.ob)
+		b.ReportMetric(with, "notify_tx/s")
+		b.ReportMetric(without, "baseline_tx/s")
+		b.ReportMetric(with/without, "ratio")
+		b.ReportMetric(0, "ns/op")
+	}
+}
