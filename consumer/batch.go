@@ -136,7 +136,7 @@ func (c *Consumer) applyBatch(ctx context.Context, batch []pending, results []Re
 		if conflict != nil {
 			err = c.cfg.DeadLetter(ctx, btx, p.msg, conflict)
 		} else {
-			err = callHandler(func() error { return c.handler(ctx, btx, p.msg) })
+			err = guard("handler", func() error { return c.handler(ctx, btx, p.msg) })
 		}
 		if rerr := btx.done(ctx, err != nil); rerr != nil {
 			return errors.Join(err, fmt.Errorf("consumer: rollback to savepoint: %w", rerr))

@@ -236,6 +236,7 @@ func TestBadInputGetsAClearErrorAndWritesNothing(t *testing.T) {
 		"empty key":     msg("", "p"),
 		"key too long":  msg(strings.Repeat("k", 65), "p"),
 		"invalid UTF-8": msg("\xff", "p"),
+		"NUL in key":    msg("a\x00b", "p"),
 		"nil payload":   {ID: "order-1"},
 	} {
 		r := c.Process(ctx, m)
@@ -245,6 +246,13 @@ func TestBadInputGetsAClearErrorAndWritesNothing(t *testing.T) {
 		if rs := c.ProcessBatch(ctx, []*consumer.Message{m}); !errors.Is(rs[0].Err, consumer.ErrInvalidMessage) {
 			t.Errorf("%s in a batch: %+v", name, rs[0])
 		}
+	}
+
+	panicky := newConsumer(t, pool, insertOrder, consumer.Config{KeyFunc: func(m *consumer.Message) (string, error) {
+		return string(m.Payload[:3]), nil // panics on a short payload
+	}})
+	if r := panicky.Process(ctx, msg("id", "p")); r.Outcome != consumer.DeadLettered || !errors.Is(r.Err, consumer.ErrInvalidMessage) {
+		t.Errorf("KeyFunc panicking: %+v, want DeadLettered with ErrInvalidMessage", r)
 	}
 
 	cancelled, cancel := context.WithCancel(ctx)

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
@@ -45,20 +44,21 @@ func (c *Consumer) identify(msg *Message) (key string, fingerprint []byte, err e
 	if msg.Payload == nil {
 		return msg.ID, nil, fmt.Errorf("%w: nil payload", ErrInvalidMessage)
 	}
-	key, err = c.cfg.KeyFunc(msg)
+	// The user's funcs may panic on a malformed payload: that makes the
+	// message invalid, not the consumer dead.
+	err = guard("KeyFunc or Fingerprint", func() (err error) {
+		if key, err = c.cfg.KeyFunc(msg); err == nil {
+			fingerprint = c.cfg.Fingerprint(msg)
+		}
+		return err
+	})
+	if err == nil {
+		err = c.store.Validate(key, fingerprint)
+	}
 	if err != nil {
-		return "", nil, fmt.Errorf("%w: key: %w", ErrInvalidMessage, err)
+		return "", nil, fmt.Errorf("%w: %w", ErrInvalidMessage, err)
 	}
-	limit := c.store.Config().MaxKeyLen
-	switch {
-	case key == "":
-		return "", nil, fmt.Errorf("%w: empty key", ErrInvalidMessage)
-	case len(key) > limit:
-		return "", nil, fmt.Errorf("%w: key of %d bytes, over the limit of %d", ErrInvalidMessage, len(key), limit)
-	case !utf8.ValidString(key):
-		return "", nil, fmt.Errorf("%w: key is not valid UTF-8", ErrInvalidMessage)
-	}
-	return key, c.cfg.Fingerprint(msg), nil
+	return key, fingerprint, nil
 }
 
 // run attempts msg until it settles. attempt counts the attempts already
@@ -121,7 +121,7 @@ func (c *Consumer) try(ctx context.Context, msg *Message, key string, fingerprin
 	if !claim.New {
 		return existingResult(key, claim.Existing), nil
 	}
-	if err := callHandler(func() error { return c.handler(ctx, handlerTx{tx}, msg) }); err != nil {
+	if err := guard("handler", func() error { return c.handler(ctx, handlerTx{tx}, msg) }); err != nil {
 		return Result{}, err
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -152,7 +152,7 @@ func (c *Consumer) tryLeased(ctx context.Context, msg *Message, key string, fing
 	lease := claim.Lease
 	attempts := int(lease.Token)
 	handlerErr := c.underLease(ctx, lease, func(ctx context.Context) error {
-		return callHandler(func() error { return c.leased(ctx, msg, lease) })
+		return guard("handler", func() error { return c.leased(ctx, msg, lease) })
 	})
 	if handlerErr != nil {
 		// Release the key to the next attempt; if this fails the lease
@@ -308,15 +308,15 @@ func (c *Consumer) logger(key string) *slog.Logger {
 	return c.cfg.Logger.With(slog.String("scope", c.scope), slog.String("key", key))
 }
 
-// callHandler runs h, turning a panic into an error so that one bad message
-// cannot take the consumer down.
-func callHandler(h func() error) (err error) {
+// guard runs the user's f, turning a panic into an error so that one bad
+// message cannot take the consumer down.
+func guard(what string, f func() error) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			err = fmt.Errorf("consumer: handler panicked: %v", p)
+			err = fmt.Errorf("consumer: %s panicked: %v", what, p)
 		}
 	}()
-	return h()
+	return f()
 }
 
 func sleep(ctx context.Context, d time.Duration) error {

@@ -121,7 +121,11 @@ func (e *ConflictError) Error() string {
 // maxFingerprint bounds a fingerprint: it is a digest, not a payload.
 const maxFingerprint = 64
 
-func (s *Store) validate(key string, fingerprint []byte) error {
+// Validate reports whether key and fingerprint are acceptable to the Store:
+// ErrInvalidKey for an empty key, one over Config.MaxKeyLen bytes, or one
+// that is not valid UTF-8 or contains NUL; an error for a fingerprint over
+// 64 bytes.
+func (s *Store) Validate(key string, fingerprint []byte) error {
 	switch {
 	case key == "":
 		return fmt.Errorf("%w: empty", ErrInvalidKey)

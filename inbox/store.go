@@ -206,7 +206,7 @@ type keyArgs struct {
 }
 
 func (s *Store) resolve(ctx context.Context, scope, key string, fingerprint []byte) (keyArgs, error) {
-	if err := s.validate(key, fingerprint); err != nil {
+	if err := s.Validate(key, fingerprint); err != nil {
 		return keyArgs{}, err
 	}
 	scopeID, err := s.scopeID(ctx, scope)
@@ -282,7 +282,7 @@ func (s *Store) ClaimBatch(ctx context.Context, tx pgx.Tx, scope string, items [
 	fingerprints := make([][]byte, 0, len(items))
 	texts := make([]*string, 0, len(items))
 	for i, it := range items {
-		if err := s.validate(it.Key, it.Fingerprint); err != nil {
+		if err := s.Validate(it.Key, it.Fingerprint); err != nil {
 			claims[i].Err = err
 			continue
 		}
