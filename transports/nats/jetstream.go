@@ -335,7 +335,10 @@ func (s *JetStreamSubscriber) settle(ctx context.Context, raws []jetstream.Msg, 
 				err = raw.NakWithDelay(s.policy.Delay(max(1, msgs[i].Delivery)))
 				break
 			}
-			err = raw.TermWithReason(truncate(errString(r.Err), 256))
+			// Term, not TermWithReason: servers before 2.10.4 ignore the
+			// latter and redeliver. The reason is in the inbox record and
+			// the dead-letter copy.
+			err = raw.Term()
 		}
 		if err != nil {
 			// The server redelivers it after AckWait; the inbox makes that
