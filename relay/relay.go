@@ -247,6 +247,15 @@ func (r *Relay) workerLoop(ctx, work context.Context, wake <-chan struct{}) {
 	failures := 0
 	poll := time.NewTimer(r.cfg.PollInterval)
 	defer poll.Stop()
+	// Writers coalesce NOTIFYs (outbox.Config.NotifyInterval): after any
+	// sign of traffic the worker polls at that interval for a while, which
+	// finds the rows of transactions that skipped their NOTIFY.
+	hotPoll := r.ob.NotifyInterval()
+	if r.listen == nil {
+		hotPoll = 0 // polling only: PollInterval is the whole story
+	}
+	hotFor := 50 * hotPoll
+	var hotUntil time.Time
 	for ctx.Err() == nil {
 		claimed, err := w.batch(ctx, work)
 		if err != nil {
@@ -261,13 +270,19 @@ func (r *Relay) workerLoop(ctx, work context.Context, wake <-chan struct{}) {
 		}
 		failures = 0
 		if claimed > 0 {
+			hotUntil = time.Now().Add(hotFor)
 			continue
 		}
-		poll.Reset(r.cfg.PollInterval)
+		wait := r.cfg.PollInterval
+		if hotPoll > 0 && time.Now().Before(hotUntil) {
+			wait = min(wait, hotPoll)
+		}
+		poll.Reset(wait)
 		select {
 		case <-ctx.Done():
 			return
 		case <-wake:
+			hotUntil = time.Now().Add(hotFor)
 		case <-poll.C:
 		}
 	}
