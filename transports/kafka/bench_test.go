@@ -14,9 +14,9 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
 	"github.com/idemq/idemq/testenv"
+	"github.com/idemq/idemq/testenv/conformance"
 	idemqkafka "github.com/idemq/idemq/transports/kafka"
 )
 
@@ -276,13 +276,6 @@ func BenchmarkRelayToKafka(b *testing.B) {
 	k := testenv.Kafka(b, benchPartitions, "orders")
 	pool := benchPool(b)
 	ctx := context.Background()
-	ob, err := outbox.New(outbox.Config{DisableNotify: true})
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := ob.Migrate(ctx, pool); err != nil {
-		b.Fatal(err)
-	}
 	w := idemqkafka.NewWriter(k.Brokers...)
 	defer w.Close()
 	sink, err := idemqkafka.NewSink(w, idemqkafka.SinkConfig{})
@@ -294,37 +287,15 @@ func BenchmarkRelayToKafka(b *testing.B) {
 
 	var viaRelay, bare float64
 	for b.Loop() {
-		msgs := make([]outbox.Message, n)
+		msgs := conformance.OutboxMessages(n, k.Topic("orders"))
 		raw := make([]kafka.Message, n)
-		for i := range msgs {
-			msgs[i] = outbox.Message{ID: uuid.Must(uuid.NewV7()), Destination: k.Topic("orders"), Key: fmt.Sprint("c-", i%64),
-				Payload: fmt.Appendf(nil, `{"order":%d,"amount":"10.00"}`, i)}
-			raw[i] = kafka.Message{Topic: msgs[i].Destination, Key: []byte(msgs[i].Key), Value: msgs[i].Payload,
-				Headers: []kafka.Header{{Key: idemqkafka.DefaultIDHeader, Value: []byte(msgs[i].ID.String())}}}
+		for i, m := range msgs {
+			raw[i] = kafka.Message{Topic: m.Destination, Key: []byte(m.Key), Value: m.Payload,
+				Headers: []kafka.Header{{Key: idemqkafka.DefaultIDHeader, Value: []byte(m.ID.String())}}}
 		}
-		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return ob.Enqueue(ctx, tx, msgs...) }); err != nil {
-			b.Fatal(err)
-		}
-		var published atomic.Int64
-		r, err := relay.New(pool, ob, sink, relay.Config{BatchSize: batchSize, Workers: 2, DisableListen: true,
-			PollInterval: time.Millisecond, Hooks: relay.Hooks{Published: func(ms []relay.Message, _ time.Duration) { published.Add(int64(len(ms))) }}})
-		if err != nil {
-			b.Fatal(err)
-		}
-		runCtx, stop := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		start := time.Now()
-		go func() { done <- r.Run(runCtx) }()
-		for published.Load() < n {
-			time.Sleep(time.Millisecond)
-		}
-		viaRelay += n / time.Since(start).Seconds()
-		stop()
-		if err := <-done; err != nil {
-			b.Fatal(err)
-		}
+		viaRelay += conformance.RelayThroughput(b, pool, sink, msgs, batchSize)
 
-		start = time.Now()
+		start := time.Now()
 		for i := 0; i < n; i += batchSize {
 			if err := bareWriter.WriteMessages(ctx, raw[i:i+batchSize]...); err != nil {
 				b.Fatal(err)

@@ -14,9 +14,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
 	"github.com/idemq/idemq/testenv"
+	"github.com/idemq/idemq/testenv/conformance"
 	idemqnats "github.com/idemq/idemq/transports/nats"
 )
 
@@ -271,49 +271,16 @@ func BenchmarkRelayToJetStream(b *testing.B) {
 	const n, batchSize, inFlight = 10_000, 500, 256
 	e := benchEnv(b)
 	pool := benchPool(b)
-	ctx := context.Background()
-	ob, err := outbox.New(outbox.Config{DisableNotify: true})
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := ob.Migrate(ctx, pool); err != nil {
-		b.Fatal(err)
-	}
 	sink, err := idemqnats.NewJetStreamSink(e.js, idemqnats.SinkConfig{MaxInFlight: inFlight})
 	if err != nil {
 		b.Fatal(err)
 	}
 	var viaRelay, bare float64
 	for b.Loop() {
-		msgs := make([]outbox.Message, n)
-		for i := range msgs {
-			msgs[i] = outbox.Message{ID: uuid.Must(uuid.NewV7()), Destination: e.subject, Key: fmt.Sprint("c-", i%64),
-				Payload: fmt.Appendf(nil, `{"order":%d,"amount":"10.00"}`, i)}
-		}
-		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return ob.Enqueue(ctx, tx, msgs...) }); err != nil {
-			b.Fatal(err)
-		}
-		var published atomic.Int64
-		r, err := relay.New(pool, ob, sink, relay.Config{BatchSize: batchSize, Workers: 2, DisableListen: true,
-			PollInterval: time.Millisecond, Hooks: relay.Hooks{Published: func(ms []relay.Message, _ time.Duration) { published.Add(int64(len(ms))) }}})
-		if err != nil {
-			b.Fatal(err)
-		}
-		runCtx, stop := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		start := time.Now()
-		go func() { done <- r.Run(runCtx) }()
-		for published.Load() < n {
-			time.Sleep(time.Millisecond)
-		}
-		viaRelay += n / time.Since(start).Seconds()
-		stop()
-		if err := <-done; err != nil {
-			b.Fatal(err)
-		}
+		viaRelay += conformance.RelayThroughput(b, pool, sink, conformance.OutboxMessages(n, e.subject), batchSize)
 
 		raw := benchMessages(e, n)
-		start = time.Now()
+		start := time.Now()
 		bareAsync(b, e.js, raw, inFlight)
 		bare += n / time.Since(start).Seconds()
 	}
