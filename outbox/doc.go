@@ -6,7 +6,9 @@
 //
 // [Outbox.Enqueue] inserts messages inside the caller's pgx.Tx, with one
 // round trip per call (a multi-row INSERT from arrays, or COPY for large
-// calls) and one NOTIFY that wakes the relays when the transaction commits.
+// calls) and a NOTIFY that wakes the relays when the transaction commits
+// (at most one per [Config.NotifyInterval] across transactions: a NOTIFY
+// makes its commit take a cluster-wide lock until the commit is flushed).
 // Every message is validated first ([ErrInvalidMessage]): a refused call
 // leaves the transaction untouched. Each message gets a UUIDv7 id unless
 // the caller set one; the id travels downstream as the message id, so the

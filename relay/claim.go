@@ -59,17 +59,21 @@ WHERE seq >= $3 AND CASE WHEN available_at > now() THEN false
                          ELSE pg_try_advisory_xact_lock($1, hashtext(key)) END
 ORDER BY seq LIMIT $2
 FOR UPDATE SKIP LOCKED`,
-		// One index probe per key: its first n rows from the real head; the
-		// key qualifies if that head is the row the scan locked first, which
-		// was due (a head put back by a previous holder has a lower seq).
+		// One index probe per key finds its real head; the key qualifies if
+		// that head is the row the scan locked first for it, which was due
+		// (a head before the cursor, not due, or put back by a previous
+		// holder after the scan's snapshot has a lower seq). Keys with more
+		// rows in the window then take the rows that follow.
 		claim: `WITH k AS (
   SELECT key, n, first FROM unnest($1::text[], $2::int4[], $4::int8[]) AS k(key, n, first)
+), heads AS (
+  SELECT k.key, k.n, k.first FROM k
+  WHERE (SELECT o.seq FROM ` + t + ` AS o WHERE o.key = k.key ORDER BY o.seq LIMIT 1) = k.first ` + parked + `
 ), keyed AS (
-  SELECT unnest(a.s) AS seq FROM k
-  CROSS JOIN LATERAL (
-    SELECT array_agg(x.seq ORDER BY x.seq) AS s
-    FROM (SELECT o.seq FROM ` + t + ` AS o WHERE o.key = k.key ORDER BY o.seq LIMIT k.n) AS x) AS a
-  WHERE a.s[1] = k.first ` + parked + `
+  SELECT first AS seq FROM heads
+  UNION ALL
+  SELECT r.seq FROM heads CROSS JOIN LATERAL (
+    SELECT o.seq FROM ` + t + ` AS o WHERE o.key = heads.key AND o.seq > heads.first ORDER BY o.seq LIMIT heads.n - 1) AS r
 )
 DELETE FROM ` + t + ` WHERE seq = ANY(ARRAY(SELECT seq FROM keyed UNION ALL SELECT unnest($3::int8[])))
 RETURNING seq, id, destination, key, payload, headers, attempts, created_at`,
@@ -396,6 +400,7 @@ func (w *worker) batch(ctx, work context.Context) (int, error) {
 		return 0, fmt.Errorf("relay: settle and commit: %w", err)
 	}
 	inTx = false
+	r.claimedRows(len(claimed))
 
 	if len(claimed) >= r.cfg.BatchSize {
 		w.cursor = windowMin

@@ -35,6 +35,10 @@
 // commits; it polls every [Config.PollInterval] as a fallback and after
 // reconnecting. While rows keep coming it claims batch after batch; when a
 // claim comes back empty it sleeps until the next notification or poll.
+// Writers send at most one NOTIFY per outbox.Config.NotifyInterval (a
+// NOTIFY serialises commits cluster-wide), so after every wake-up the relay
+// also polls at that interval for 50 intervals, which finds the rows of
+// the transactions that skipped theirs.
 //
 // # Lifecycle
 //

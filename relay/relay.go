@@ -67,6 +67,16 @@ type Config struct {
 	// StatsInterval is how often [Hooks.Backlog] is called. Defaults to 15
 	// seconds; ignored without that hook.
 	StatsInterval time.Duration
+	// VacuumEvery makes the relay VACUUM the outbox table after it has
+	// claimed this many rows, one VACUUM at a time, in the background. A
+	// queue table churns through dead tuples; every claim steps over those
+	// at the low end of the primary key and of each key's index range until
+	// vacuum removes them, so where autovacuum is off or slow (it is off on
+	// some servers, and its default trigger waits for 20% of the table) the
+	// claims slow down without bound. Defaults to 100,000; negative turns it
+	// off (leave it to autovacuum and the per-table settings the migration
+	// sets). Needs the table owner's rights; failures are logged.
+	VacuumEvery int
 	// Hooks receive metrics. All optional.
 	Hooks Hooks
 	// Logger receives errors and lifecycle events. Defaults to
@@ -106,6 +116,8 @@ type Relay struct {
 	sql     statements
 	listen  *pgx.ConnConfig
 	running atomic.Bool
+	claimed atomic.Int64 // rows claimed since the last VACUUM
+	vacuum  chan struct{}
 }
 
 // New validates cfg and returns a relay that publishes the rows of ob
@@ -144,6 +156,9 @@ func New(pool *pgxpool.Pool, ob *outbox.Outbox, sink Sink, cfg Config) (*Relay, 
 		{"Workers", &cfg.Workers, 1},
 		{"MaxAttempts", &cfg.MaxAttempts, 10},
 	}
+	if cfg.VacuumEvery == 0 {
+		cfg.VacuumEvery = 100_000
+	}
 	for _, d := range ints {
 		if *d.v < 0 {
 			return nil, fmt.Errorf("relay: %s %d is negative", d.name, *d.v)
@@ -166,6 +181,7 @@ func New(pool *pgxpool.Pool, ob *outbox.Outbox, sink Sink, cfg Config) (*Relay, 
 		policy: retry.Policy{Base: cfg.RetryBase, Cap: cfg.RetryCap},
 		log:    cfg.Logger.With("component", "idemq.relay", "outbox", ob.Table()),
 		sql:    newStatements(ob, cfg.ParkFollowers),
+		vacuum: make(chan struct{}, 1),
 	}
 	if !cfg.DisableListen {
 		if cfg.ListenConnString != "" {
@@ -230,6 +246,9 @@ func (r *Relay) Run(ctx context.Context) error {
 	if r.cfg.Hooks.Backlog != nil {
 		wg.Go(func() { r.statsLoop(ctx) })
 	}
+	if r.cfg.VacuumEvery > 0 {
+		wg.Go(func() { r.vacuumLoop(ctx) })
+	}
 	var workers sync.WaitGroup
 	for i := range r.cfg.Workers {
 		workers.Go(func() { r.workerLoop(ctx, work, wakes[i]) })
@@ -285,6 +304,39 @@ func (r *Relay) workerLoop(ctx, work context.Context, wake <-chan struct{}) {
 			hotUntil = time.Now().Add(hotFor)
 		case <-poll.C:
 		}
+	}
+}
+
+// claimedRows counts rows claimed and asks for a VACUUM every
+// Config.VacuumEvery rows.
+func (r *Relay) claimedRows(n int) {
+	if r.cfg.VacuumEvery <= 0 || n == 0 {
+		return
+	}
+	if r.claimed.Add(int64(n)) >= int64(r.cfg.VacuumEvery) {
+		select {
+		case r.vacuum <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (r *Relay) vacuumLoop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.vacuum:
+		}
+		r.claimed.Store(0)
+		start := time.Now()
+		if _, err := r.pool.Exec(ctx, "VACUUM "+r.ob.Table(), pgx.QueryExecModeSimpleProtocol); err != nil {
+			if ctx.Err() == nil {
+				r.log.Warn("relay vacuum failed", "err", err)
+			}
+			continue
+		}
+		r.log.Debug("relay vacuumed the outbox", "took", time.Since(start))
 	}
 }
 
