@@ -234,6 +234,7 @@ func (w *worker) batch(ctx, work context.Context) (int, error) {
 				unkeyed = append(unkeyed, seq)
 			case ok:
 				counts[i]++
+				firsts[i] = min(firsts[i], seq)
 			default:
 				index[*key] = len(keys)
 				keys = append(keys, *key)
