@@ -38,9 +38,11 @@
 // scan that finds them dead to every transaction marks their index entries
 // dead) each claim reads through them. The migration therefore sets
 // per-table autovacuum parameters (vacuum after every 10,000 dead rows
-// instead of after 20% of the table, unthrottled) and the relay scans from
-// where its last batch began while it is busy, going back to the start of
-// the table only periodically. A long-running transaction anywhere in the
+// instead of after 20% of the table, unthrottled); since autovacuum may be
+// off or slow on a server, the relay also vacuums the table itself every
+// 100,000 claimed rows (relay.Config.VacuumEvery); and the relay scans
+// from where its last batch began while it is busy, going back to the
+// start of the table only periodically. A long-running transaction anywhere in the
 // database holds back the horizon: no dead row deleted after it began can
 // be removed or marked until it ends. The relay keeps delivering meanwhile
 // (see the relay package's liveness tests), but the periodic full scans get

@@ -57,5 +57,20 @@
 // entries dead, which happens as soon as no open transaction can see them).
 // A long-running transaction keeps them visible to itself, so while it
 // lasts the full scans slow down with every row published; the cursor keeps
-// busy relays fast meanwhile.
+// busy relays fast meanwhile. The per-key head check probes the outbox's
+// (key, seq) index, whose low end per key collects dead entries the same
+// way. Vacuum is what removes them: the migration sets aggressive per-table
+// autovacuum parameters, and because autovacuum may be off or slow on a
+// server, the relay also runs VACUUM itself every [Config.VacuumEvery]
+// claimed rows.
+//
+// # Cost
+//
+// Measured on a 2-core machine (see the benchmarks; figures in the commit
+// history): into a no-op Sink with batches of 500, unkeyed rows drain at
+// about two thirds of the rate of a bare DELETE ... LIMIT 500 FOR UPDATE
+// SKIP LOCKED RETURNING loop; keyed rows at 0.35 to 0.5 of it, because
+// every distinct key of a batch costs one index probe (its head must be
+// checked under a snapshot taken after its lock). Each distinct key of a
+// batch also holds an advisory lock until the batch commits.
 package relay

@@ -563,3 +563,19 @@ func TestCoalescedNotifyDeliversEverything(t *testing.T) {
 		t.Fatalf("%d duplicates", dups)
 	}
 }
+
+// TestRelayVacuums: with VacuumEvery set, the relay vacuums the outbox
+// after that many claimed rows (autovacuum may be off on the server).
+func TestRelayVacuums(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	rec := &recorder{}
+	run(t, newRelay(t, b, rec, relay.Config{VacuumEvery: 100}))
+	enqueue(t, b, keyed("d", 300, 7, 0)...)
+	waitFor(t, "vacuum", func() bool {
+		var n int64
+		err := b.pool.QueryRow(b.ctx, `SELECT vacuum_count FROM pg_stat_user_tables WHERE relid = $1::regclass`, b.ob.Table()).Scan(&n)
+		return err == nil && n > 0
+	})
+	waitFor(t, "deliveries", func() bool { return distinct(rec) == 300 })
+}
