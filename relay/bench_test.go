@@ -312,3 +312,41 @@ func BenchmarkEnqueueNotifyCost(b *testing.B) {
 		b.ReportMetric(0, "ns/op")
 	}
 }
+
+// BenchmarkRelayWorkers drains 20,000 messages over 64 keys into a Sink
+// that takes 2 ms per batch (a broker round trip), batches of 500, with 1,
+// 2 and 4 workers in one relay. ratio = 4 workers / 1 worker.
+func BenchmarkRelayWorkers(b *testing.B) {
+	const n = 20_000
+	bd := setup(b)
+	slow := relay.SinkFunc(func(context.Context, []relay.Message) error {
+		time.Sleep(2 * time.Millisecond)
+		return nil
+	})
+	measure := func(workers int) float64 {
+		var published atomic.Int64
+		done := make(chan struct{})
+		r := newRelay(b, bd, slow, relay.Config{BatchSize: 500, Workers: workers, DisableListen: true, Hooks: relay.Hooks{
+			Published: func(m []relay.Message, _ time.Duration) {
+				if published.Add(int64(len(m))) == n {
+					close(done)
+				}
+			},
+		}})
+		fill(b, bd, n, 64)
+		ctx, cancel := context.WithCancel(bd.ctx)
+		defer cancel()
+		start := time.Now()
+		go r.Run(ctx)
+		<-done
+		return n / time.Since(start).Seconds()
+	}
+	for range b.N {
+		one, two, four := measure(1), measure(2), measure(4)
+		b.ReportMetric(one, "workers1_msgs/s")
+		b.ReportMetric(two, "workers2_msgs/s")
+		b.ReportMetric(four, "workers4_msgs/s")
+		b.ReportMetric(four/one, "ratio")
+		b.ReportMetric(0, "ns/op")
+	}
+}

@@ -23,7 +23,9 @@ import (
 //  1. scan: the first BatchSize due rows from the cursor on, in seq order,
 //     FOR UPDATE SKIP LOCKED, taking a transaction-scoped advisory lock on
 //     the key of every keyed row and leaving out rows whose key another
-//     relay holds. Locking the rows here costs what the bare
+//     relay holds. The Workers of one relay split the keys by hash, so
+//     they never contend for a key among themselves (they share unkeyed
+//     rows through SKIP LOCKED); separate relays contend through the locks. Locking the rows here costs what the bare
 //     DELETE ... SKIP LOCKED drain pays anyway, and lets unkeyed rows go
 //     straight to the delete.
 //  2. claim, in a new statement and therefore a snapshot taken after the
@@ -56,6 +58,7 @@ func newStatements(ob *outbox.Outbox, park bool) statements {
 		scan: `SELECT seq, key FROM ` + t + `
 WHERE seq >= $3 AND CASE WHEN available_at > now() THEN false
                          WHEN key IS NULL THEN true
+                         WHEN $4 > 1 AND mod(hashtext(key)::int8 + 2147483648, $4) <> $5 THEN false
                          ELSE pg_try_advisory_xact_lock($1, hashtext(key)) END
 ORDER BY seq LIMIT $2
 FOR UPDATE SKIP LOCKED`,
@@ -100,6 +103,7 @@ UPDATE ` + t + ` AS o SET available_at = h.until FROM h WHERE o.key = h.key AND 
 
 type worker struct {
 	r        *Relay
+	part     int // this worker's share of the keys: hash(key) mod Workers
 	cursor   int64
 	lastFull time.Time
 }
@@ -200,7 +204,7 @@ func (w *worker) batch(ctx, work context.Context) (int, error) {
 	// Generic plans: the statements are the same every time and custom
 	// planning costs as much as executing them.
 	b.Queue("SELECT set_config('idle_in_transaction_session_timeout', $1, true), set_config('plan_cache_mode', 'force_generic_plan', true)", idle)
-	b.Queue(r.sql.scan, r.ob.LockClass(), r.cfg.BatchSize, w.cursor)
+	b.Queue(r.sql.scan, r.ob.LockClass(), r.cfg.BatchSize, w.cursor, r.cfg.Workers, w.part)
 	inTx = true
 	br := conn.SendBatch(ctx, b)
 	var keys []string

@@ -24,7 +24,10 @@ type Config struct {
 	// lock table (max_locks_per_transaction × max_connections).
 	BatchSize int
 	// Workers is the number of batches this relay has in flight at once,
-	// each on its own connection. Defaults to 1.
+	// each on its own connection. The workers split the ordering keys
+	// among themselves by hash (unkeyed rows go to whichever is free), so
+	// more workers help when there are many keys and a slow Sink. Defaults
+	// to 1.
 	Workers int
 	// PollInterval is how often an idle relay looks for due rows without
 	// being woken by NOTIFY (retries falling due, missed notifications).
@@ -251,7 +254,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	var workers sync.WaitGroup
 	for i := range r.cfg.Workers {
-		workers.Go(func() { r.workerLoop(ctx, work, wakes[i]) })
+		workers.Go(func() { r.workerLoop(ctx, work, wakes[i], i) })
 	}
 	workers.Wait()
 	abandon()
@@ -260,8 +263,8 @@ func (r *Relay) Run(ctx context.Context) error {
 	return nil
 }
 
-func (r *Relay) workerLoop(ctx, work context.Context, wake <-chan struct{}) {
-	w := &worker{r: r}
+func (r *Relay) workerLoop(ctx, work context.Context, wake <-chan struct{}, part int) {
+	w := &worker{r: r, part: part}
 	errDelay := retry.Policy{Base: 100 * time.Millisecond, Cap: 30 * time.Second}
 	failures := 0
 	poll := time.NewTimer(r.cfg.PollInterval)

@@ -579,3 +579,30 @@ func TestRelayVacuums(t *testing.T) {
 	})
 	waitFor(t, "deliveries", func() bool { return distinct(rec) == 300 })
 }
+
+// TestWorkersSplitKeys: several workers in one relay, splitting the keys
+// among themselves, deliver everything once and in order per key.
+func TestWorkersSplitKeys(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var mu sync.Mutex
+	batches := 0
+	rec := &recorder{fn: func(int, []relay.Message) error {
+		mu.Lock()
+		batches++
+		mu.Unlock()
+		time.Sleep(2 * time.Millisecond) // a broker round trip
+		return nil
+	}}
+	run(t, newRelay(t, b, rec, relay.Config{Workers: 4, BatchSize: 50}))
+	var msgs []outbox.Message
+	msgs = append(msgs, keyed("d", 2000, 64, 0)...)
+	for i := range 200 {
+		msgs = append(msgs, outbox.Message{Destination: "d", Payload: fmt.Append(nil, i)})
+	}
+	enqueue(t, b, msgs...)
+	waitFor(t, "2,200 deliveries", func() bool { return distinct(rec) == 2200 })
+	if dups := checkOrder(t, rec.deliveries()); dups != 0 {
+		t.Fatalf("%d duplicates", dups)
+	}
+}
