@@ -6,7 +6,6 @@ import (
 	"log"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/testenv"
@@ -16,16 +15,11 @@ import (
 // second message are applied once each.
 func Example() {
 	ctx := context.Background()
-	url, drop, err := testenv.CreateDatabase(ctx, "idemq_example")
+	pool, done, err := testenv.ScratchPool(ctx, "idemq_example")
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer drop()
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer pool.Close()
+	defer done()
 	if _, err := pool.Exec(ctx, `CREATE TABLE payments (id text, amount text)`); err != nil {
 		log.Fatal(err)
 	}

@@ -17,11 +17,7 @@ import (
 // exampleStore opens a fresh database on the local server with a migrated
 // inbox.
 func exampleStore(ctx context.Context) (*pgxpool.Pool, *inbox.Store, func()) {
-	url, drop, err := testenv.CreateDatabase(ctx, "idemq_example")
-	if err != nil {
-		log.Fatal(err)
-	}
-	pool, err := pgxpool.New(ctx, url)
+	pool, done, err := testenv.ScratchPool(ctx, "idemq_example")
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -32,7 +28,7 @@ func exampleStore(ctx context.Context) (*pgxpool.Pool, *inbox.Store, func()) {
 	if err := store.Migrate(ctx); err != nil {
 		log.Fatal(err)
 	}
-	return pool, store, func() { pool.Close(); _ = drop() }
+	return pool, store, done
 }
 
 // Claim records a key inside the business transaction; a second delivery

@@ -2,55 +2,25 @@ package relay_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"log"
-	"net/url"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
 	"github.com/idemq/idemq/testenv"
 )
 
-// exampleDB creates a scratch database on the test server (see testenv)
-// and returns a pool on it and a function that drops it.
-func exampleDB(ctx context.Context) (*pgxpool.Pool, func()) {
-	admin, err := pgx.Connect(ctx, testenv.DatabaseURL())
-	if err != nil {
-		log.Fatal(err)
-	}
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	name := "idemq_example_" + hex.EncodeToString(b)
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
-		log.Fatal(err)
-	}
-	u, err := url.Parse(testenv.DatabaseURL())
-	if err != nil {
-		log.Fatal(err)
-	}
-	u.Path = "/" + name
-	pool, err := pgxpool.New(ctx, u.String())
-	if err != nil {
-		log.Fatal(err)
-	}
-	return pool, func() {
-		pool.Close()
-		_, _ = admin.Exec(ctx, "DROP DATABASE "+name+" WITH (FORCE)")
-		admin.Close(ctx)
-	}
-}
-
 // A relay publishes what business transactions enqueued, in order per key,
 // through a Router that picks a Sink per destination.
 func ExampleRelay_Run() {
 	ctx := context.Background()
-	pool, drop := exampleDB(ctx)
+	pool, drop, err := testenv.ScratchPool(ctx, "idemq_example")
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer drop()
 
 	ob, err := outbox.New(outbox.Config{})

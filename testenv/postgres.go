@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net/url"
 	"os"
@@ -95,6 +96,21 @@ func redact(connString string) string {
 		return u.Redacted()
 	}
 	return "the configured server"
+}
+
+// ScratchPool is [CreateDatabase] with a pool on the new database, for
+// Examples and programs without a testing.TB; done closes the pool and
+// drops the database.
+func ScratchPool(ctx context.Context, prefix string) (pool *pgxpool.Pool, done func(), err error) {
+	connString, drop, err := CreateDatabase(ctx, prefix)
+	if err != nil {
+		return nil, nil, err
+	}
+	pool, err = pgxpool.New(ctx, connString)
+	if err != nil {
+		return nil, nil, errors.Join(err, drop())
+	}
+	return pool, func() { pool.Close(); _ = drop() }, nil
 }
 
 func dropDatabase(name pgx.Identifier) error {
