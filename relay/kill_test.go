@@ -135,9 +135,14 @@ WHERE datname = current_database() AND application_name = 'relay-victim' AND sta
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The victim runs alone until its session is killed (with a second
+	// relay from the start it could be left fewer than three batches), then
+	// a healthy relay joins it.
 	run(t, r)
+	writers := enqueueInBackground(t, b, 3000, 50)
+	waitFor(t, "the victim's third batch", func() bool { return calls.Load() >= 3 })
 	run(t, newRelay(t, b, rec, relay.Config{BatchSize: 100}))
-	enqueueInBackground(t, b, 3000, 50).Wait()
+	writers.Wait()
 	waitFor(t, "3,000 deliveries", func() bool { return distinct(rec) == 3000 && pending(t, b) == 0 })
 	if terminated.Load() != 1 {
 		t.Fatalf("terminated %d sessions, want the victim's one", terminated.Load())
