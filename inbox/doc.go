@@ -7,7 +7,8 @@
 //
 //   - Transactional: [Store.Claim] and [Store.ClaimBatch] insert the record
 //     inside the caller's pgx.Tx, the same transaction that carries the
-//     message's side effects. The record exists if and only if those effects
+//     message's side effects ([Store.BeginClaim] begins that transaction
+//     and claims in one round trip). The record exists if and only if those effects
 //     committed, so a failed handler never marks a message as seen. Two
 //     transactions claiming one key serialise on the primary key: the second
 //     waits, then sees a duplicate if the first committed or claims the key
