@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/inbox"
+	"github.com/idemq/idemq/internal/retry"
 )
 
 // Process applies msg effectively once and reports what became of it. In
@@ -94,7 +95,7 @@ func (c *Consumer) run(ctx context.Context, msg *Message, key string, fingerprin
 		if c.cfg.Hooks.OnRetry != nil {
 			c.cfg.Hooks.OnRetry(c.scope, key, attempts, failure, delay)
 		}
-		if err := sleep(ctx, delay); err != nil {
+		if err := retry.Sleep(ctx, delay); err != nil {
 			return Result{Outcome: Retry, Key: key, Err: errors.Join(failure, err), Attempts: attempt}
 		}
 		failure = nil
@@ -317,15 +318,4 @@ func guard(what string, f func() error) (err error) {
 		}
 	}()
 	return f()
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }

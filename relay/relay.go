@@ -287,7 +287,7 @@ func (r *Relay) workerLoop(ctx, work context.Context, wake <-chan struct{}, part
 			failures++
 			d := errDelay.Delay(failures)
 			r.log.Warn("relay batch failed", "err", err, "retry_in", d)
-			sleep(ctx, d)
+			_ = retry.Sleep(ctx, d)
 			continue
 		}
 		failures = 0
@@ -392,15 +392,6 @@ func (r *Relay) listenLoop(ctx context.Context, wake func()) {
 		failures++
 		d := policy.Delay(failures)
 		r.log.Warn("relay listener lost its connection; polling meanwhile", "err", err, "retry_in", d)
-		sleep(ctx, d)
-	}
-}
-
-func sleep(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
+		_ = retry.Sleep(ctx, d)
 	}
 }

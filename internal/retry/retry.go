@@ -3,6 +3,7 @@
 package retry
 
 import (
+	"context"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -40,4 +41,17 @@ func (p Policy) Delay(attempt int) time.Duration {
 	ceiling = min(ceiling, p.Cap)
 	b := Policy{Base: ceiling, Cap: ceiling}.NewBackOff(0)
 	return b.NextBackOff()
+}
+
+// Sleep waits d or until ctx is done, whichever comes first, and returns
+// ctx.Err() in the second case.
+func Sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
 }

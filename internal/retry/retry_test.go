@@ -1,6 +1,8 @@
 package retry
 
 import (
+	"context"
+	"errors"
 	"testing"
 	"time"
 )
@@ -29,5 +31,16 @@ func TestNewBackOffGrowsAndCaps(t *testing.T) {
 		if d := b.NextBackOff(); d < 0 || d > 80*time.Millisecond {
 			t.Fatalf("retry %d: %v outside [0, cap]", i, d)
 		}
+	}
+}
+
+func TestSleepEndsWithItsContext(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := Sleep(ctx, time.Hour); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Sleep on a cancelled context = %v, want context.Canceled", err)
+	}
+	if err := Sleep(context.Background(), time.Millisecond); err != nil {
+		t.Fatalf("Sleep = %v", err)
 	}
 }

@@ -308,7 +308,7 @@ func (s *Subscriber) Run(ctx context.Context) error {
 			}
 			attempt++
 			s.log.WarnContext(ctx, "joining consumer group", slog.Any("error", err), slog.Int("attempt", attempt))
-			_ = sleep(runCtx, s.policy.Delay(attempt))
+			_ = retry.Sleep(runCtx, s.policy.Delay(attempt))
 			continue
 		}
 		attempt = 0
@@ -384,7 +384,7 @@ func (s *Subscriber) partition(runCtx, genCtx context.Context, stop context.Canc
 		if err != nil {
 			if fetchCtx.Err() == nil {
 				log.WarnContext(runCtx, "fetch", slog.Any("error", err))
-				_ = sleep(fetchCtx, s.policy.Delay(1))
+				_ = retry.Sleep(fetchCtx, s.policy.Delay(1))
 			}
 			continue
 		}
@@ -448,7 +448,7 @@ func (s *Subscriber) partition(runCtx, genCtx context.Context, stop context.Canc
 		}
 		log.WarnContext(runCtx, "message will be redelivered", slog.Int64("offset", batch[settled].Offset),
 			slog.String("key", r.Key), slog.Duration("after", delay), slog.Any("error", r.Err))
-		_ = sleep(fetchCtx, delay)
+		_ = retry.Sleep(fetchCtx, delay)
 		if err := reader.SetOffset(batch[settled].Offset); err != nil {
 			log.ErrorContext(runCtx, "seek back", slog.Any("error", err))
 			return
@@ -583,15 +583,4 @@ func (s *Subscriber) crashed() bool {
 	s.crashMu.Lock()
 	defer s.crashMu.Unlock()
 	return s.crash != nil
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
 }
