@@ -8,7 +8,6 @@ import (
 	"strconv"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/retry"
@@ -57,7 +56,8 @@ type SubscriberConfig struct {
 	// set the header (or the consumer derive its key from the payload).
 	IDHeader string
 	// FallbackOnInvalidID gives a message whose id header is present but
-	// unusable (empty, over the inbox key limit, not valid UTF-8) the
+	// unusable as a key (inbox.Store.Validate rejects it: empty, over the
+	// key limit, not valid UTF-8, with NUL) the
 	// topic/partition/offset id instead, and processes it. Defaults to
 	// false: the header is passed through unchanged and the consumer
 	// dead-letters the message with consumer.ErrInvalidMessage (published to
@@ -207,9 +207,8 @@ type Subscriber struct {
 	policy retry.Policy
 	log    *slog.Logger
 
-	maxKeyLen int
-	dlq       *kafka.Writer
-	ownsDLQ   bool
+	dlq     *kafka.Writer
+	ownsDLQ bool
 
 	crashMu sync.Mutex
 	crash   error
@@ -226,11 +225,10 @@ func NewSubscriber(c *consumer.Consumer, cfg SubscriberConfig) (*Subscriber, err
 		return nil, err
 	}
 	s := &Subscriber{
-		c:         c,
-		cfg:       cfg,
-		policy:    retry.Policy{Base: cfg.RetryBaseDelay, Cap: cfg.RetryMaxDelay},
-		log:       cfg.Logger.With(slog.String("group", cfg.GroupID), slog.String("scope", c.Scope())),
-		maxKeyLen: c.Store().Config().MaxKeyLen,
+		c:      c,
+		cfg:    cfg,
+		policy: retry.Policy{Base: cfg.RetryBaseDelay, Cap: cfg.RetryMaxDelay},
+		log:    cfg.Logger.With(slog.String("group", cfg.GroupID), slog.String("scope", c.Scope())),
 	}
 	if cfg.DeadLetterTopic != "" {
 		s.dlq = cfg.DeadLetterWriter
@@ -561,14 +559,10 @@ func (s *Subscriber) message(m kafka.Message) *consumer.Message {
 			msg.ID = string(h.Value)
 		}
 	}
-	if !found || (s.cfg.FallbackOnInvalidID && !s.validID(msg.ID)) {
+	if !found || (s.cfg.FallbackOnInvalidID && s.c.Store().Validate(msg.ID, nil) != nil) {
 		msg.ID = FallbackID(m)
 	}
 	return msg
-}
-
-func (s *Subscriber) validID(id string) bool {
-	return id != "" && len(id) <= s.maxKeyLen && utf8.ValidString(id)
 }
 
 func (s *Subscriber) setCrash(err error) {

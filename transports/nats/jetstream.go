@@ -50,7 +50,8 @@ type JetStreamConfig struct {
 	// (outside the stream's duplicate window) is not.
 	IDHeader string
 	// FallbackOnInvalidID gives a message whose id header is present but
-	// unusable (empty, over the inbox key limit, not valid UTF-8) the
+	// unusable as a key (inbox.Store.Validate rejects it: empty, over the
+	// key limit, not valid UTF-8, with NUL) the
 	// "stream/sequence" id instead, and processes it. Defaults to false:
 	// the header is passed through unchanged and the consumer dead-letters
 	// the message with consumer.ErrInvalidMessage (published to
@@ -385,7 +386,7 @@ func (s *JetStreamSubscriber) message(raw jetstream.Msg) *consumer.Message {
 	if found && len(vals) > 0 {
 		msg.ID = vals[0]
 	}
-	if !found || (s.cfg.FallbackOnInvalidID && !validID(msg.ID, s.maxKeyLen)) {
+	if !found || (s.cfg.FallbackOnInvalidID && s.c.Store().Validate(msg.ID, nil) != nil) {
 		msg.ID = JetStreamFallbackID(raw)
 	}
 	return msg
@@ -515,10 +516,6 @@ func flatten(h nats.Header) map[string]string {
 		}
 	}
 	return out
-}
-
-func validID(id string, maxLen int) bool {
-	return id != "" && len(id) <= maxLen && utf8.ValidString(id)
 }
 
 func errString(err error) string {
