@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
 )
 
@@ -35,7 +36,7 @@ func TestBatchWithFailingMessages(t *testing.T) {
 			}
 		case "m-88":
 			_, err := tx.Exec(ctx, `SELECT 1/0`) // aborts the transaction, not just the message
-			return consumer.Permanent(err)
+			return idemq.Permanent(err)
 		}
 		return nil
 	}, consumer.Config{})
@@ -141,14 +142,14 @@ func TestConcurrentOverlappingBatches(t *testing.T) {
 	}
 }
 
-// In Redeliver mode a batch's failed attempt counts like Process's: a
-// message failing on every delivery is dead-lettered on delivery
-// MaxAttempts either way.
+// In Redeliver mode a batch's failed attempt counts in the inbox like
+// Process's: a message failing on every delivery is dead-lettered on its
+// MaxAttempts-th failure either way.
 func TestRedeliverCountsTheDeliveryInBatchesToo(t *testing.T) {
 	pool := setup(t)
 	c := newConsumer(t, pool, func(context.Context, pgx.Tx, *consumer.Message) error {
 		return errors.New("always fails")
-	}, consumer.Config{Redeliver: true, MaxAttempts: 3})
+	}, consumer.Config{Redeliver: true, Retry: idemq.Retry{MaxAttempts: 3}})
 	ctx := context.Background()
 	for delivery := 1; delivery <= 3; delivery++ {
 		single := c.Process(ctx, &consumer.Message{ID: "single", Payload: []byte("p"), Delivery: delivery})
@@ -161,5 +162,35 @@ func TestRedeliverCountsTheDeliveryInBatchesToo(t *testing.T) {
 			t.Fatalf("delivery %d: Process %v (attempt %d), ProcessBatch %v (attempt %d); want %v",
 				delivery, single.Outcome, single.Attempts, batched.Outcome, batched.Attempts, want)
 		}
+	}
+}
+
+// The transport's delivery count is only a far backstop in Redeliver mode:
+// a message delivered more than RedeliverBackstop × MaxAttempts times (one
+// that kills its consumer every time) is dead-lettered without running
+// the handler again; below that it is applied.
+func TestRedeliverBackstop(t *testing.T) {
+	pool := setup(t)
+	var calls atomic.Int32
+	c := newConsumer(t, pool, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		calls.Add(1)
+		return insertOrder(ctx, tx, m)
+	}, consumer.Config{Redeliver: true, Retry: idemq.Retry{MaxAttempts: 2}})
+	ctx := context.Background()
+	limit := consumer.RedeliverBackstop * 2
+	if r := c.Process(ctx, &consumer.Message{ID: "a", Payload: []byte("p"), Delivery: limit}); r.Outcome != consumer.Applied {
+		t.Fatalf("delivery %d: %+v, want Applied", limit, r)
+	}
+	for i, process := range []func(*consumer.Message) consumer.Result{
+		func(m *consumer.Message) consumer.Result { return c.Process(ctx, m) },
+		func(m *consumer.Message) consumer.Result { return c.ProcessBatch(ctx, []*consumer.Message{m})[0] },
+	} {
+		m := &consumer.Message{ID: fmt.Sprint("b", i), Payload: []byte("p"), Delivery: limit + 1}
+		if r := process(m); r.Outcome != consumer.DeadLettered || !errors.Is(r.Err, consumer.ErrTooManyDeliveries) {
+			t.Fatalf("delivery %d: %+v, want DeadLettered with ErrTooManyDeliveries", limit+1, r)
+		}
+	}
+	if calls.Load() != 1 || orders(t, pool) != 1 {
+		t.Fatalf("%d handler calls, %d rows; want the handler run only below the backstop", calls.Load(), orders(t, pool))
 	}
 }

@@ -73,8 +73,8 @@ func elapsed(b *testing.B, msgs []*consumer.Message, workers int, apply func(*co
 // compare runs n messages through each variant, alternating between them
 // in rounds so that load changes on a shared machine hit both alike, and
 // reports each one's messages/s under its name and the ratio of the last
-// to the first.
-func compare(b *testing.B, n int, variants []string, run func(variant int, msgs []*consumer.Message) time.Duration) {
+// to the first. It returns the rates.
+func compare(b *testing.B, n int, variants []string, run func(variant int, msgs []*consumer.Message) time.Duration) []float64 {
 	const rounds = 10
 	spent := make([]time.Duration, len(variants))
 	per := max(n/rounds, 1)
@@ -91,6 +91,7 @@ func compare(b *testing.B, n int, variants []string, run func(variant int, msgs 
 		b.ReportMetric(rates[v], name+"-msg/s")
 	}
 	b.ReportMetric(rates[len(rates)-1]/rates[0], "ratio")
+	return rates
 }
 
 // BenchmarkProcess compares one transaction per message through the inbox
@@ -115,57 +116,4 @@ func BenchmarkProcess(b *testing.B) {
 			})
 		})
 	}
-}
-
-// BenchmarkProcessBatch compares ProcessBatch with 100 messages per
-// transaction against Process of the same messages one by one (ratio =
-// batch / per-message), and reports plain SQL batching of the business
-// inserts alone, BEGIN, 100 INSERTs, COMMIT, for reference.
-func BenchmarkProcessBatch(b *testing.B) {
-	pool, c := benchConsumer(b)
-	ctx := context.Background()
-	inBatches := func(msgs []*consumer.Message, apply func([]*consumer.Message) error) time.Duration {
-		start := time.Now()
-		for i := 0; i < len(msgs); i += 100 {
-			if err := apply(msgs[i:min(i+100, len(msgs))]); err != nil {
-				b.Fatal(err)
-			}
-		}
-		return time.Since(start)
-	}
-	variants := []func(msgs []*consumer.Message) time.Duration{
-		func(msgs []*consumer.Message) time.Duration {
-			return elapsed(b, msgs, 1, func(m *consumer.Message) error {
-				if r := c.Process(ctx, m); r.Outcome != consumer.Applied {
-					return fmt.Errorf("%v: %v", r.Outcome, r.Err)
-				}
-				return nil
-			})
-		},
-		func(msgs []*consumer.Message) time.Duration {
-			return inBatches(msgs, func(batch []*consumer.Message) error {
-				return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-					for _, m := range batch {
-						if err := insertOrder(ctx, tx, m); err != nil {
-							return err
-						}
-					}
-					return nil
-				})
-			})
-		},
-		func(msgs []*consumer.Message) time.Duration {
-			return inBatches(msgs, func(batch []*consumer.Message) error {
-				for _, r := range c.ProcessBatch(ctx, batch) {
-					if r.Outcome != consumer.Applied {
-						return fmt.Errorf("%v: %v", r.Outcome, r.Err)
-					}
-				}
-				return nil
-			})
-		},
-	}
-	compare(b, max(b.N, 1000), []string{"per-message", "plain-sql-batch", "batch"}, func(v int, msgs []*consumer.Message) time.Duration {
-		return variants[v](msgs)
-	})
 }

@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -16,7 +17,6 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/inbox"
-	"github.com/idemq/idemq/internal/retry"
 )
 
 // Message is one delivery from a transport.
@@ -37,7 +37,7 @@ type Message struct {
 // Handler applies a message inside tx, the transaction that also records it
 // in the inbox: its writes commit if and only if the message is recorded as
 // applied. It must not commit or roll back tx; returning an error rolls
-// back. Wrap the error with [Permanent] to dead-letter the message at once,
+// back. Wrap the error with idemq.Permanent to dead-letter the message at once,
 // or with idemq.RetryAfter to delay the retry.
 type Handler func(ctx context.Context, tx pgx.Tx, msg *Message) error
 
@@ -54,15 +54,56 @@ type LeasedHandler func(ctx context.Context, msg *Message, lease inbox.Lease) er
 type DeadLetterFunc func(ctx context.Context, tx pgx.Tx, msg *Message, cause error) error
 
 // Hooks are optional callbacks for metrics. They run synchronously: keep
-// them fast.
+// them fast. Each takes an event struct, so fields can be added later
+// without breaking a hook.
 type Hooks struct {
 	// OnResult is called once per message with its final result: the
 	// outcome counts applied, duplicates, conflicts, retries and dead
 	// letters; Duration is the latency.
-	OnResult func(scope string, r Result)
+	OnResult func(ResultEvent)
 	// OnRetry is called before each in-process retry of a failed attempt.
-	OnRetry func(scope, key string, attempt int, err error, delay time.Duration)
+	OnRetry func(RetryEvent)
 }
+
+// ResultEvent reports the result of one message to [Hooks.OnResult].
+type ResultEvent struct {
+	// Scope is the consumer's scope.
+	Scope string
+	Result
+}
+
+// RetryEvent reports a failed attempt about to be retried in process to
+// [Hooks.OnRetry].
+type RetryEvent struct {
+	// Scope is the consumer's scope; Key the message's idempotency key.
+	Scope, Key string
+	// Attempt counts the failed attempts so far, as recorded in the inbox.
+	Attempt int
+	// Err is the handler's error.
+	Err error
+	// Delay is the wait before the next attempt.
+	Delay time.Duration
+}
+
+// The defaults of [Config].
+var (
+	// RetryDefault is the retry policy of a zero Config.Retry: 5 attempts,
+	// backoff from 100 ms up to 10 s, at most 1 minute in place.
+	RetryDefault = idemq.Retry{MaxAttempts: 5, BaseDelay: 100 * time.Millisecond, MaxDelay: 10 * time.Second, MaxElapsed: time.Minute}
+)
+
+const (
+	// LeaseTTLDefault is the lease duration of a zero Config.LeaseTTL.
+	LeaseTTLDefault = 30 * time.Second
+	// LeaseTTLMin is the shortest lease accepted: the lease is extended
+	// every third of it, and shorter periods are all overhead.
+	LeaseTTLMin = 3 * time.Millisecond
+	// RedeliverBackstop is the multiple of Retry.MaxAttempts that a
+	// transport's delivery count (Message.Delivery) must exceed before a
+	// Redeliver-mode message is dead-lettered without a recorded failure:
+	// a far backstop for a message that kills its consumer every time.
+	RedeliverBackstop = 10
+)
 
 // Config configures a Consumer. The zero value is valid; zero fields mean
 // their documented defaults.
@@ -74,25 +115,27 @@ type Config struct {
 	// Fingerprint returns the digest a redelivery must match (at most 64
 	// bytes). Defaults to the SHA-256 of the payload.
 	Fingerprint func(*Message) []byte
-	// MaxAttempts bounds the attempts at a message before it becomes a dead
-	// letter. Defaults to 5.
-	MaxAttempts int
-	// MaxElapsed bounds the time spent retrying one message in process.
-	// Defaults to 1 minute.
-	MaxElapsed time.Duration
-	// BaseDelay and MaxDelay shape the exponential backoff with full jitter
-	// between attempts. Default to 100 ms and 10 s.
-	BaseDelay, MaxDelay time.Duration
+	// Retry bounds and spaces the attempts at a message: after
+	// Retry.MaxAttempts failed attempts (counted durably in the inbox,
+	// across deliveries and processes) or Retry.MaxElapsed in place, it
+	// becomes a dead letter. Only handler failures count: a crash, a lost
+	// connection, a cancelled context or a database error never does.
+	// Defaults to RetryDefault, field by field.
+	Retry idemq.Retry
 	// Redeliver hands retries to the transport: a retryable failure returns
-	// Retry at once with RetryAfter set by the backoff policy, and attempts
-	// are counted by Message.Delivery (or, in leased mode, by the inbox).
-	// For transports that redeliver with a delay (JetStream NakWithDelay).
-	// Defaults to false: retry in place, which keeps partition order.
+	// Retry at once with RetryAfter set by the backoff policy. For
+	// transports that redeliver with a delay (JetStream NakWithDelay).
+	// Attempts are still counted in the inbox, never by the transport's
+	// delivery count, which also counts deliveries to killed processes;
+	// that count only dead-letters a message delivered more than
+	// RedeliverBackstop × Retry.MaxAttempts times. Defaults to false:
+	// retry in place, which keeps partition order.
 	Redeliver bool
 	// DeadLetter, if set, is called for every dead letter and conflict.
 	DeadLetter DeadLetterFunc
 	// LeaseTTL is the lease duration in leased mode; the consumer extends
-	// the lease while the handler runs. Defaults to 30 seconds.
+	// the lease every third of it while the handler runs. At least
+	// LeaseTTLMin. Defaults to 30 seconds.
 	LeaseTTL time.Duration
 	// Owner names this process in leases. Defaults to host name, process id
 	// and a random suffix.
@@ -107,10 +150,7 @@ type Config struct {
 	Inbox inbox.Config
 }
 
-func (c Config) withDefaults() (Config, error) {
-	if c.MaxAttempts < 0 || c.MaxElapsed < 0 || c.BaseDelay < 0 || c.MaxDelay < 0 || c.LeaseTTL < 0 {
-		return c, errors.New("consumer: attempts, delays and durations must not be negative")
-	}
+func (c Config) withDefaults() Config {
 	if c.KeyFunc == nil {
 		c.KeyFunc = func(m *Message) (string, error) { return m.ID, nil }
 	}
@@ -120,30 +160,27 @@ func (c Config) withDefaults() (Config, error) {
 			return sum[:]
 		}
 	}
-	c.MaxAttempts = orDefault(c.MaxAttempts, 5)
-	c.MaxElapsed = orDefault(c.MaxElapsed, time.Minute)
-	c.BaseDelay = orDefault(c.BaseDelay, 100*time.Millisecond)
-	c.MaxDelay = orDefault(c.MaxDelay, 10*time.Second)
-	c.LeaseTTL = orDefault(c.LeaseTTL, 30*time.Second)
-	if c.BaseDelay > c.MaxDelay {
-		return c, fmt.Errorf("consumer: BaseDelay %v exceeds MaxDelay %v", c.BaseDelay, c.MaxDelay)
-	}
+	c.Retry = c.Retry.WithDefaults(RetryDefault)
+	c.LeaseTTL = cmp.Or(c.LeaseTTL, LeaseTTLDefault)
 	if c.Owner == "" {
 		c.Owner = defaultOwner()
 	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
-	return c, nil
+	c.Logger = cmp.Or(c.Logger, slog.Default())
+	return c
 }
 
-func orDefault[T comparable](v, def T) T {
-	var zero T
-	if v == zero {
-		return def
+func (c Config) validate() error {
+	if err := c.Retry.Validate(component); err != nil {
+		return err
 	}
-	return v
+	if c.LeaseTTL < LeaseTTLMin {
+		return idemq.NewConfigError(component, "LeaseTTL", "%v is below the minimum of %v", c.LeaseTTL, LeaseTTLMin)
+	}
+	return nil
 }
+
+// component names the consumer in configuration errors.
+const component = "consumer"
 
 func defaultOwner() string {
 	host, _ := os.Hostname()
@@ -159,9 +196,9 @@ type Consumer struct {
 	scope   string
 	store   *inbox.Store
 	handler Handler
+	batch   BatchHandler // set by NewBatched; handler then calls it with one message
 	leased  LeasedHandler
 	cfg     Config
-	policy  retry.Policy
 }
 
 // New returns a transactional Consumer: handler runs inside the transaction
@@ -169,7 +206,7 @@ type Consumer struct {
 // two consumers of one message each apply it once).
 func New(pool *pgxpool.Pool, scope string, handler Handler, cfg Config) (*Consumer, error) {
 	if handler == nil {
-		return nil, errors.New("consumer: nil handler")
+		return nil, idemq.NewConfigError(component, "handler", "is nil")
 	}
 	return newConsumer(pool, scope, cfg, func(c *Consumer) { c.handler = handler })
 }
@@ -179,28 +216,27 @@ func New(pool *pgxpool.Pool, scope string, handler Handler, cfg Config) (*Consum
 // when it returns nil.
 func NewLeased(pool *pgxpool.Pool, scope string, handler LeasedHandler, cfg Config) (*Consumer, error) {
 	if handler == nil {
-		return nil, errors.New("consumer: nil handler")
+		return nil, idemq.NewConfigError(component, "handler", "is nil")
 	}
 	return newConsumer(pool, scope, cfg, func(c *Consumer) { c.leased = handler })
 }
 
 func newConsumer(pool *pgxpool.Pool, scope string, cfg Config, set func(*Consumer)) (*Consumer, error) {
 	if pool == nil {
-		return nil, errors.New("consumer: nil pool")
+		return nil, idemq.NewConfigError(component, "pool", "is nil")
 	}
-	if scope == "" {
-		return nil, errors.New("consumer: empty scope")
+	if scope == "" || len(scope) > maxScope {
+		return nil, idemq.NewConfigError(component, "scope", "must be 1 to %d bytes, got %d", maxScope, len(scope))
 	}
-	cfg, err := cfg.withDefaults()
-	if err != nil {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	store, err := inbox.New(pool, cfg.Inbox)
 	if err != nil {
 		return nil, err
 	}
-	c := &Consumer{pool: pool, scope: scope, store: store, cfg: cfg,
-		policy: retry.Policy{Base: cfg.BaseDelay, Cap: cfg.MaxDelay}}
+	c := &Consumer{pool: pool, scope: scope, store: store, cfg: cfg}
 	set(c)
 	return c, nil
 }
@@ -211,13 +247,32 @@ func (c *Consumer) Migrate(ctx context.Context) error { return c.store.Migrate(c
 // Scope returns the consumer's dedupe scope.
 func (c *Consumer) Scope() string { return c.scope }
 
-// Store returns the inbox the consumer records messages in, for GC and
-// inspection.
+// Store returns the inbox the consumer records messages in, for GC,
+// inspection, and managing its dead letters and conflicts.
 func (c *Consumer) Store() *inbox.Store { return c.store }
 
-// Permanent marks a handler error as not worth retrying: the message
-// becomes a dead letter at once. It is [idemq.Permanent].
-func Permanent(err error) error { return idemq.Permanent(err) }
+// ValidKey reports whether key is usable as an idempotency key by this
+// consumer's inbox (non-empty, within Inbox.MaxKeyLen bytes, valid UTF-8
+// without NUL), so a transport can fall back to another id before the
+// message reaches [Consumer.Process].
+func (c *Consumer) ValidKey(key string) error { return c.store.Validate(key, nil) }
+
+// maxScope bounds a scope name, as the inbox's scopes table does.
+const maxScope = 200
+
+// The headers every transport sets on the copy of a message it sends to a
+// dead-letter destination.
+const (
+	// HeaderDeadLetterReason carries the error that made the message a
+	// dead letter or a conflict, cut to a bounded length.
+	HeaderDeadLetterReason = "Idemq-Dead-Letter-Reason"
+	// HeaderDeadLetterOutcome is the Outcome's text: "dead-lettered" or
+	// "conflict".
+	HeaderDeadLetterOutcome = "Idemq-Dead-Letter-Outcome"
+	// HeaderDeadLetterSource names where the message came from (a Kafka
+	// topic/partition/offset, a NATS subject and sequence).
+	HeaderDeadLetterSource = "Idemq-Dead-Letter-Source"
+)
 
 var (
 	// ErrInvalidMessage reports a message that cannot be processed at all:
@@ -227,6 +282,9 @@ var (
 	// ErrDeadLetter reports a redelivery of a message that is already a
 	// dead letter; it is not applied again.
 	ErrDeadLetter = errors.New("consumer: message is a dead letter")
+	// ErrTooManyDeliveries dead-letters a Redeliver-mode message delivered
+	// more than RedeliverBackstop × Retry.MaxAttempts times.
+	ErrTooManyDeliveries = errors.New("consumer: delivered too many times")
 	// ErrInProgress reports a message whose key a leased worker holds; the
 	// transport should redeliver it after Result.RetryAfter.
 	ErrInProgress = errors.New("consumer: message is in progress elsewhere")

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/inbox"
 	"github.com/idemq/idemq/testenv"
@@ -40,8 +41,8 @@ func insertOrder(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
 
 func newConsumer(t testing.TB, pool *pgxpool.Pool, h consumer.Handler, cfg consumer.Config) *consumer.Consumer {
 	t.Helper()
-	if cfg.BaseDelay == 0 {
-		cfg.BaseDelay, cfg.MaxDelay = time.Millisecond, 5*time.Millisecond
+	if cfg.Retry.BaseDelay == 0 {
+		cfg.Retry.BaseDelay, cfg.Retry.MaxDelay = time.Millisecond, 5*time.Millisecond
 	}
 	c, err := consumer.New(pool, "billing", h, cfg)
 	if err != nil {
@@ -135,8 +136,11 @@ func TestFailedHandlerIsRolledBackAndItsRetryAppliesOnce(t *testing.T) {
 				if r.Outcome != consumer.Retry || r.RetryAfter <= 0 && r.Err == nil {
 					t.Fatalf("first delivery = %+v, want Retry with the error", r)
 				}
-				if orders(t, pool) != 0 || count(t, pool, `SELECT count(*) FROM idemq_inbox`) != 0 {
-					t.Fatal("the failed attempt left a business row or an inbox record")
+				if orders(t, pool) != 0 {
+					t.Fatal("the failed attempt left a business row")
+				}
+				if rec, err := c.Store().Get(ctx, "billing", "order-1"); err != nil || rec.Status != inbox.FailedRetryable || rec.Failures != 1 {
+					t.Fatalf("after the failed attempt the record is %+v, %v; want FAILED_RETRYABLE with 1 failure", rec, err)
 				}
 				r = c.Process(ctx, &consumer.Message{ID: "order-1", Payload: []byte("p"), Delivery: 2})
 			}
@@ -190,16 +194,16 @@ func TestPoisonMessageIsDeadLetteredAndStaysDead(t *testing.T) {
 			return err
 		}
 		if m.ID == "permanent" {
-			return consumer.Permanent(errors.New("malformed order"))
+			return idemq.Permanent(errors.New("malformed order"))
 		}
 		panic("handler bug")
 	}, consumer.Config{
-		MaxAttempts: 3,
+		Retry: idemq.Retry{MaxAttempts: 3},
 		DeadLetter: func(ctx context.Context, tx pgx.Tx, m *consumer.Message, cause error) error {
 			_, err := tx.Exec(ctx, `INSERT INTO dead_letters VALUES ($1, $2)`, m.ID, cause.Error())
 			return err
 		},
-		Hooks: consumer.Hooks{OnRetry: func(string, string, int, error, time.Duration) { retries.Add(1) }},
+		Hooks: consumer.Hooks{OnRetry: func(consumer.RetryEvent) { retries.Add(1) }},
 	})
 	ctx := context.Background()
 
@@ -222,7 +226,7 @@ func TestPoisonMessageIsDeadLetteredAndStaysDead(t *testing.T) {
 		t.Fatalf("%d dead letters, want 2", n)
 	}
 	rec, err := c.Store().Get(ctx, "billing", "panics")
-	if err != nil || rec.Status != inbox.FailedFinal || !strings.Contains(rec.LastError, "handler bug") || rec.Attempts != 3 {
+	if err != nil || rec.Status != inbox.FailedFinal || !strings.Contains(rec.LastError, "handler bug") || rec.Failures != 3 {
 		t.Fatalf("dead-letter record = %+v, %v", rec, err)
 	}
 }
@@ -266,7 +270,8 @@ func TestBadInputGetsAClearErrorAndWritesNothing(t *testing.T) {
 }
 
 // The handler's own connection is terminated mid-transaction: nothing
-// is half-written and the redelivery applies the message once.
+// is half-written, the lost connection is not counted as a failed attempt,
+// and the redelivery applies the message once.
 func TestDatabaseDroppingTheConnectionMidTransaction(t *testing.T) {
 	pool := setup(t)
 	var killed atomic.Bool
@@ -282,8 +287,14 @@ func TestDatabaseDroppingTheConnectionMidTransaction(t *testing.T) {
 	}, consumer.Config{})
 	ctx := context.Background()
 	r := c.Process(ctx, msg("order-1", "p"))
-	if r.Outcome != consumer.Applied || r.Attempts != 2 {
-		t.Fatalf("after a dropped connection: %+v, want Applied on the retry", r)
+	if r.Outcome != consumer.Retry || r.Attempts != 0 || orders(t, pool) != 0 {
+		t.Fatalf("dropped connection: %+v, want Retry with no attempt counted and nothing written", r)
+	}
+	if _, err := c.Store().Get(ctx, "billing", "order-1"); !errors.Is(err, inbox.ErrNotFound) {
+		t.Fatalf("the dropped connection left an inbox record (a counted failure): %v", err)
+	}
+	if r := c.Process(ctx, msg("order-1", "p")); r.Outcome != consumer.Applied || r.Attempts != 1 {
+		t.Fatalf("redelivery after a dropped connection: %+v, want Applied on its first counted attempt", r)
 	}
 	for _, m := range []*consumer.Message{msg("order-1", "p"), msg("order-1", "p")} {
 		if r := c.Process(ctx, m); r.Outcome != consumer.Duplicate {
@@ -302,7 +313,7 @@ func TestHandlerCannotEndTheTransaction(t *testing.T) {
 			return err
 		}
 		return tx.Commit(ctx)
-	}, consumer.Config{MaxAttempts: 1})
+	}, consumer.Config{Retry: idemq.Retry{MaxAttempts: 1}})
 	if r := c.Process(context.Background(), msg("order-1", "p")); r.Outcome != consumer.DeadLettered || !strings.Contains(r.Err.Error(), "must not commit") {
 		t.Fatalf("handler committing: %+v", r)
 	}
@@ -327,12 +338,12 @@ func TestBusinessKeyAndLogLinesCarryScopeAndKey(t *testing.T) {
 			err := json.Unmarshal(m.Payload, &body)
 			return "order:" + body.Order, err
 		},
-		MaxAttempts: 2,
-		Logger:      slogJSON(&logs),
-		Hooks: consumer.Hooks{OnResult: func(scope string, r consumer.Result) {
+		Retry:  idemq.Retry{MaxAttempts: 2},
+		Logger: slogJSON(&logs),
+		Hooks: consumer.Hooks{OnResult: func(e consumer.ResultEvent) {
 			mu.Lock()
 			defer mu.Unlock()
-			results = append(results, r)
+			results = append(results, e.Result)
 		}},
 	})
 	ctx := context.Background()
@@ -362,5 +373,80 @@ func TestBusinessKeyAndLogLinesCarryScopeAndKey(t *testing.T) {
 		if entry["scope"] != "billing" || entry["key"] == nil {
 			t.Fatalf("log line without scope and key: %s", line)
 		}
+	}
+}
+
+// A handler that keeps its transaction past its return cannot write with
+// it: the write must not land outside the transaction, on a connection
+// that went back to the pool.
+func TestLeakedHandlerTxCannotWriteAfterCommit(t *testing.T) {
+	for _, batch := range []bool{false, true} {
+		t.Run(fmt.Sprintf("batch=%v", batch), func(t *testing.T) {
+			pool := setup(t)
+			var leaked pgx.Tx
+			c := newConsumer(t, pool, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+				leaked = tx
+				return insertOrder(ctx, tx, m)
+			}, consumer.Config{})
+			ctx := context.Background()
+			var r consumer.Result
+			if batch {
+				r = c.ProcessBatch(ctx, []*consumer.Message{msg("order-1", "p")})[0]
+			} else {
+				r = c.Process(ctx, msg("order-1", "p"))
+			}
+			if r.Outcome != consumer.Applied {
+				t.Fatalf("result %+v", r)
+			}
+			if _, err := leaked.Exec(ctx, `INSERT INTO orders (id, payload) VALUES ('late', 'p')`); !errors.Is(err, pgx.ErrTxClosed) {
+				t.Fatalf("write through the leaked tx: %v, want ErrTxClosed", err)
+			}
+			if n := orders(t, pool); n != 1 {
+				t.Fatalf("%d business rows, want 1", n)
+			}
+		})
+	}
+}
+
+// A serialization failure or a deadlock is the database's, not the
+// message's: the attempt is not counted and nothing is written, in
+// per-message and batch mode, and the next delivery applies the message.
+func TestDatabaseRefusingTheTransactionIsNotAFailedAttempt(t *testing.T) {
+	for _, batch := range []bool{false, true} {
+		t.Run(fmt.Sprintf("batch=%v", batch), func(t *testing.T) {
+			pool := setup(t)
+			var refused atomic.Int32
+			c := newConsumer(t, pool, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+				if err := insertOrder(ctx, tx, m); err != nil {
+					return err
+				}
+				if m.ID == "contended" && refused.Add(1) <= 3 {
+					_, err := tx.Exec(ctx, `DO $$ BEGIN RAISE EXCEPTION 'could not serialize access' USING ERRCODE = '40001'; END $$`)
+					return err
+				}
+				return nil
+			}, consumer.Config{Retry: idemq.Retry{MaxAttempts: 1}})
+			ctx := context.Background()
+			process := func(m *consumer.Message) consumer.Result {
+				if batch {
+					return c.ProcessBatch(ctx, []*consumer.Message{msg("other", "p"), m})[1]
+				}
+				return c.Process(ctx, m)
+			}
+			for range 3 {
+				if r := process(msg("contended", "p")); r.Outcome != consumer.Retry || r.Attempts != 0 {
+					t.Fatalf("serialization failure: %+v, want Retry with no attempt counted", r)
+				}
+				if _, err := c.Store().Get(ctx, "billing", "contended"); !errors.Is(err, inbox.ErrNotFound) {
+					t.Fatalf("the refused attempt left a record: %v", err)
+				}
+			}
+			if r := process(msg("contended", "p")); r.Outcome != consumer.Applied || r.Attempts != 1 {
+				t.Fatalf("next delivery: %+v, want Applied on attempt 1", r)
+			}
+			if n := count(t, pool, `SELECT count(*) FROM orders WHERE id = 'contended'`); n != 1 {
+				t.Fatalf("applied %d times, want once", n)
+			}
+		})
 	}
 }

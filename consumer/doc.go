@@ -25,20 +25,39 @@
 //
 // # Errors and retries
 //
-// Handler errors are retryable unless wrapped with [Permanent]; a handler
-// may wrap an error with idemq.RetryAfter to set the earliest retry. A
-// failed attempt rolls back everything it wrote (a failed handler never
-// marks a message as seen) and is retried with exponential backoff and full
-// jitter, in place by default (which keeps a partition's order) or by the
-// transport in [Config.Redeliver] mode, until [Config.MaxAttempts] or
-// [Config.MaxElapsed]; then the message is a dead letter.
+// Handler errors are retryable unless wrapped with idemq.Permanent; a
+// handler may wrap an error with idemq.RetryAfter to set the earliest
+// retry. A failed attempt rolls back everything it wrote (a failed handler
+// never marks a message as seen), is counted in the inbox in a short
+// transaction of its own (the record is FAILED_RETRYABLE until an attempt
+// succeeds), and is retried with exponential backoff and full jitter, in
+// place by default (which keeps a partition's order) or by the transport in
+// [Config.Redeliver] mode, until Retry.MaxAttempts failed attempts or
+// Retry.MaxElapsed ([Config.Retry]); then the message is a dead letter.
+//
+// Only handler failures count. A crash, a lost connection, a cancelled
+// context or a database error is never a failed attempt: the message is
+// Retry with nothing committed and nothing counted, so a consumer killed
+// again and again never dead-letters a message whose handler never failed.
+// A transport's own delivery count is only a far backstop
+// ([RedeliverBackstop]).
 //
 // # Batches
 //
 // [Consumer.ProcessBatch] applies many messages in one transaction: one
-// statement claims every key, each handler runs under a savepoint, one
-// commit settles them all. This is the throughput mode for transports that
-// fetch in batches.
+// statement claims every key, the handlers run under one savepoint, one
+// commit settles them all; if a handler fails, the batch is applied again
+// with a savepoint per message, so the failure rolls back only its own
+// message. This is the throughput mode for transports that fetch in
+// batches (their Batch options).
+//
+// A consumer made by [NewBatched] takes a [BatchHandler], called once per
+// batch with every message new to the inbox (duplicates and conflicts
+// filtered out), so its writes can be one statement (INSERT ... SELECT FROM
+// unnest, or CopyFrom) instead of a round trip per message: that is what a
+// per-message handler can never reach. If it fails, the messages are
+// applied one by one, each in a call of its own, with the outcomes of
+// per-message handlers.
 //
 // # Leased mode
 //

@@ -8,23 +8,26 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/inbox"
-	"github.com/idemq/idemq/internal/retry"
+	"github.com/idemq/idemq/internal/lifecycle"
+	"github.com/idemq/idemq/internal/pgtx"
 )
 
 // Process applies msg effectively once and reports what became of it. In
 // transactional mode the handler and the inbox record share one
 // transaction; in leased mode the handler runs under a lease on the key.
-// A failed attempt is retried in place with exponential backoff and full
-// jitter (or handed back as Retry in Redeliver mode) until MaxAttempts or
-// MaxElapsed, then the message becomes a dead letter.
+// A failed attempt is counted in the inbox and retried in place with
+// exponential backoff and full jitter (or handed back as Retry in
+// Redeliver mode) until Retry.MaxAttempts failed attempts or
+// Retry.MaxElapsed, then the message becomes a dead letter.
 //
 // Process never panics on bad input and never leaves anything
 // half-written: a nil message, a nil payload or an unusable key is
 // DeadLettered with ErrInvalidMessage; a cancelled context or a database
-// error is Retry, with nothing committed.
+// error is Retry, with nothing committed and no attempt counted.
 func (c *Consumer) Process(ctx context.Context, msg *Message) Result {
 	start := time.Now()
 	key, fingerprint, err := c.identify(msg)
@@ -34,7 +37,7 @@ func (c *Consumer) Process(ctx context.Context, msg *Message) Result {
 	if err := c.store.RegisterScope(ctx, c.scope); err != nil {
 		return c.finish(ctx, start, retryLater(key, err))
 	}
-	return c.finish(ctx, start, c.run(ctx, msg, key, fingerprint, 0, nil))
+	return c.finish(ctx, start, c.run(ctx, msg, key, fingerprint, nil))
 }
 
 // identify derives the key and fingerprint of msg and validates them.
@@ -62,50 +65,48 @@ func (c *Consumer) identify(msg *Message) (key string, fingerprint []byte, err e
 	return key, fingerprint, nil
 }
 
-// run attempts msg until it settles. attempt counts the attempts already
-// made in this delivery; failure, if not nil, is the error of the last one.
-func (c *Consumer) run(ctx context.Context, msg *Message, key string, fingerprint []byte, attempt int, failure error) Result {
+// failure is a failed attempt, already counted in the inbox.
+type failure struct {
+	err error
+	// failures is the inbox's count of failed attempts, this one included.
+	failures int
+}
+
+// run attempts msg until it settles. failed, if not nil, is the failure of
+// an attempt already made (by ProcessBatch).
+func (c *Consumer) run(ctx context.Context, msg *Message, key string, fingerprint []byte, failed *failure) Result {
 	first := time.Now()
-	if c.cfg.Redeliver && msg.Delivery > 1 {
-		attempt += msg.Delivery - 1 // each earlier delivery was an attempt
-	}
 	for {
-		var r Result
-		if failure == nil {
-			attempt++
-			r, failure = c.try(ctx, msg, key, fingerprint)
-			if failure == nil {
-				r.Attempts = max(r.Attempts, attempt)
+		if failed == nil {
+			var r Result
+			if r, failed = c.try(ctx, msg, key, fingerprint); failed == nil {
 				return r
 			}
 		}
-		if ctx.Err() != nil {
-			return Result{Outcome: Retry, Key: key, Err: errors.Join(failure, ctx.Err()), Attempts: attempt}
-		}
-		attempts := max(attempt, r.Attempts)
-		delay := c.delay(attempts, failure)
-		if idemq.IsPermanent(failure) || attempts >= c.cfg.MaxAttempts || time.Since(first)+delay > c.cfg.MaxElapsed {
-			return c.deadLetter(ctx, msg, key, fingerprint, attempts, failure)
+		n := failed.failures
+		hint, _ := idemq.RetryAfterHint(failed.err)
+		delay := c.cfg.Retry.Delay(n, hint)
+		if idemq.IsPermanent(failed.err) || n >= c.cfg.Retry.MaxAttempts || time.Since(first)+delay > c.cfg.Retry.MaxElapsed {
+			return c.deadLetter(ctx, msg, key, fingerprint, n, failed.err)
 		}
 		if c.cfg.Redeliver {
-			return Result{Outcome: Retry, Key: key, Err: failure, RetryAfter: delay, Attempts: attempts}
+			return Result{Outcome: Retry, Key: key, Err: failed.err, RetryAfter: delay, Attempts: n}
 		}
-		c.logger(key).LogAttrs(ctx, slog.LevelWarn, "retrying message", slog.Int("attempt", attempts),
-			slog.Duration("delay", delay), slog.Any("error", failure))
+		c.logger(key).LogAttrs(ctx, slog.LevelWarn, "retrying message", slog.Int("attempt", n),
+			slog.Duration("delay", delay), slog.Any("error", failed.err))
 		if c.cfg.Hooks.OnRetry != nil {
-			c.cfg.Hooks.OnRetry(c.scope, key, attempts, failure, delay)
+			c.cfg.Hooks.OnRetry(RetryEvent{Scope: c.scope, Key: key, Attempt: n, Err: failed.err, Delay: delay})
 		}
-		if err := retry.Sleep(ctx, delay); err != nil {
-			return Result{Outcome: Retry, Key: key, Err: errors.Join(failure, err), Attempts: attempt}
+		if err := lifecycle.Sleep(ctx, delay); err != nil {
+			return Result{Outcome: Retry, Key: key, Err: errors.Join(failed.err, err), Attempts: n}
 		}
-		failure = nil
+		failed = nil
 	}
 }
 
-// try makes one attempt. It returns the handler's error, with r.Attempts
-// set to the inbox's count in leased mode, or else a settled or Retry
-// result.
-func (c *Consumer) try(ctx context.Context, msg *Message, key string, fingerprint []byte) (r Result, handlerErr error) {
+// try makes one attempt. It returns a settled or Retry result, or the
+// handler's failure after counting it in the inbox.
+func (c *Consumer) try(ctx context.Context, msg *Message, key string, fingerprint []byte) (Result, *failure) {
 	if c.leased != nil {
 		return c.tryLeased(ctx, msg, key, fingerprint)
 	}
@@ -122,27 +123,100 @@ func (c *Consumer) try(ctx context.Context, msg *Message, key string, fingerprin
 	if !claim.New {
 		return existingResult(key, claim.Existing), nil
 	}
-	if err := guard("handler", func() error { return c.handler(ctx, handlerTx{tx}, msg) }); err != nil {
-		return Result{}, err
+	handlerErr := c.overDelivered(msg)
+	if handlerErr == nil {
+		handlerErr = guard("handler", func() error { return c.handler(ctx, pgtx.Handler(tx), msg) })
+	}
+	if handlerErr != nil {
+		// The rollback comes first: the failure is counted in a
+		// transaction of its own, so it survives the rollback.
+		rollbackErr := tx.Rollback(ctx)
+		if err := notAFailure(ctx, tx.Conn(), errors.Join(handlerErr, rollbackErr)); err != nil {
+			return retryLater(key, err), nil
+		}
+		return c.recordFailure(ctx, key, fingerprint, handlerErr)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return retryLater(key, fmt.Errorf("consumer: commit: %w", err)), nil
 	}
-	return Result{Outcome: Applied, Key: key}, nil
+	return Result{Outcome: Applied, Key: key, Attempts: claim.Failures + 1}, nil
 }
 
-func (c *Consumer) tryLeased(ctx context.Context, msg *Message, key string, fingerprint []byte) (Result, error) {
+// overDelivered returns a permanent error for a Redeliver-mode message
+// that the transport delivered far more often than attempts allow: the far
+// backstop for a message that kills its consumer every time.
+func (c *Consumer) overDelivered(msg *Message) error {
+	if !c.cfg.Redeliver || msg.Delivery <= RedeliverBackstop*c.cfg.Retry.MaxAttempts {
+		return nil
+	}
+	return idemq.Permanent(fmt.Errorf("%w: %d deliveries", ErrTooManyDeliveries, msg.Delivery))
+}
+
+// notAFailure returns an error when a failed attempt says nothing about the
+// message: the context was cancelled, the connection was lost (which also
+// fails the handler's statements), or the database refused the
+// transaction for a reason of its own (see transient). Such an attempt is
+// not counted.
+func notAFailure(ctx context.Context, conn *pgx.Conn, err error) error {
+	switch {
+	case ctx.Err() != nil:
+		return errors.Join(err, ctx.Err())
+	case conn == nil || conn.IsClosed():
+		return fmt.Errorf("consumer: connection lost: %w", err)
+	case transient(err):
+		return fmt.Errorf("consumer: database error: %w", err)
+	}
+	return nil
+}
+
+// transient reports a database error that says nothing about the message,
+// unless the handler marked it permanent: a serialization failure or a
+// deadlock (class 40), a lost connection (class 08), a server shutting
+// down or cancelling statements (class 57), or a server out of resources
+// (class 53). The same message succeeds when tried again.
+//
+// pgerrcode57Timeout (query_canceled, also raised by statement_timeout) is
+// the exception in class 57: a handler whose statement always times out
+// fails for real.
+const pgerrcode57Timeout = "57014"
+
+func transient(err error) bool {
+	var pg *pgconn.PgError
+	if idemq.IsPermanent(err) || !errors.As(err, &pg) || len(pg.Code) < 2 {
+		return false
+	}
+	switch pg.Code[:2] {
+	case "40", "08", "53":
+		return true
+	case "57":
+		return pg.Code != pgerrcode57Timeout // a statement timeout is the handler's own
+	}
+	return false
+}
+
+// recordFailure counts a failed attempt in the inbox, after its
+// transaction rolled back. If that fails the attempt is not counted and
+// the message is Retry: a database error is never held against it.
+func (c *Consumer) recordFailure(ctx context.Context, key string, fingerprint []byte, handlerErr error) (Result, *failure) {
+	rec, err := c.store.RecordFailure(ctx, c.scope, key, fingerprint, handlerErr)
+	if err != nil {
+		return retryLater(key, errors.Join(handlerErr, fmt.Errorf("consumer: count failed attempt: %w", err))), nil
+	}
+	if rec.Status != inbox.FailedRetryable {
+		return existingResult(key, &rec), nil // another attempt settled it meanwhile
+	}
+	return Result{}, &failure{err: handlerErr, failures: rec.Failures}
+}
+
+func (c *Consumer) tryLeased(ctx context.Context, msg *Message, key string, fingerprint []byte) (Result, *failure) {
 	claim, err := c.store.Acquire(ctx, c.scope, key, fingerprint, c.cfg.Owner, c.cfg.LeaseTTL)
 	if conflict := (*inbox.ConflictError)(nil); errors.As(err, &conflict) {
-		var r Result
-		err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
-			r = c.conflict(ctx, tx, msg, key, conflict)
-			return nil
-		})
+		tx, err := c.pool.Begin(ctx)
 		if err != nil {
 			return retryLater(key, err), nil
 		}
-		return r, nil
+		defer tx.Rollback(ctx) //nolint:errcheck // after Commit a no-op
+		return c.conflict(ctx, tx, msg, key, conflict), nil
 	}
 	if err != nil {
 		return retryLater(key, err), nil
@@ -151,24 +225,30 @@ func (c *Consumer) tryLeased(ctx context.Context, msg *Message, key string, fing
 		return existingResult(key, claim.Existing), nil
 	}
 	lease := claim.Lease
-	attempts := int(lease.Token)
-	handlerErr := c.underLease(ctx, lease, func(ctx context.Context) error {
-		return guard("handler", func() error { return c.leased(ctx, msg, lease) })
-	})
+	handlerErr := c.overDelivered(msg)
+	if handlerErr == nil {
+		handlerErr = c.underLease(ctx, lease, func(ctx context.Context) error {
+			return guard("handler", func() error { return c.leased(ctx, msg, lease) })
+		})
+	}
 	if handlerErr != nil {
-		// Release the key to the next attempt; if this fails the lease
-		// simply runs out.
-		if err := c.store.Fail(ctx, lease, handlerErr, false); err != nil && !errors.Is(err, inbox.ErrLeaseLost) {
-			c.logger(key).LogAttrs(ctx, slog.LevelWarn, "releasing lease", slog.Any("error", err))
+		if ctx.Err() != nil || errors.Is(handlerErr, inbox.ErrLeaseLost) {
+			// Not a failure of the message: the lease runs out and the
+			// next attempt takes over without counting this one.
+			return retryLater(key, errors.Join(handlerErr, ctx.Err())), nil
 		}
-		return Result{Attempts: attempts}, handlerErr
+		// Count the failure and release the key to the next attempt.
+		if err := c.store.Fail(ctx, lease, handlerErr); err != nil {
+			return retryLater(key, errors.Join(handlerErr, fmt.Errorf("consumer: count failed attempt: %w", err))), nil
+		}
+		return Result{}, &failure{err: handlerErr, failures: claim.Failures + 1}
 	}
 	if err := c.store.Complete(ctx, lease, nil); err != nil {
 		// ErrLeaseLost: another worker took over; redelivery finds out
 		// whether it succeeded.
-		return Result{Outcome: Retry, Key: key, Err: err, Attempts: attempts}, nil
+		return Result{Outcome: Retry, Key: key, Err: err, Attempts: claim.Failures + 1}, nil
 	}
-	return Result{Outcome: Applied, Key: key, Attempts: attempts}, nil
+	return Result{Outcome: Applied, Key: key, Attempts: claim.Failures + 1}, nil
 }
 
 // underLease runs fn while extending the lease every third of its
@@ -203,27 +283,39 @@ func (c *Consumer) underLease(ctx context.Context, lease inbox.Lease, fn func(co
 	return err
 }
 
-// conflict reports a fingerprint mismatch and hands it to the dead-letter
-// hook inside tx.
+// conflict records a fingerprint mismatch in the inbox, hands it to the
+// dead-letter hook and commits tx.
 func (c *Consumer) conflict(ctx context.Context, tx pgx.Tx, msg *Message, key string, conflict *inbox.ConflictError) Result {
-	if c.cfg.DeadLetter != nil {
-		err := c.cfg.DeadLetter(ctx, tx, msg, conflict)
-		if err == nil {
-			err = tx.Commit(ctx)
-		}
-		if err != nil {
-			return retryLater(key, fmt.Errorf("consumer: dead-letter hook for a conflict: %w", err))
-		}
+	err := c.recordConflict(ctx, tx, msg, conflict)
+	if err == nil {
+		err = tx.Commit(ctx)
+	}
+	if err != nil {
+		return retryLater(key, err)
 	}
 	return Result{Outcome: Conflict, Key: key, Err: conflict}
 }
 
-// deadLetter records msg as FAILED_FINAL with its cause and calls the
-// dead-letter hook, in one transaction.
+// recordConflict records a conflict in tx, so it can be listed, released
+// and purged (inbox.Store.Conflicts), and calls the dead-letter hook.
+func (c *Consumer) recordConflict(ctx context.Context, tx pgx.Tx, msg *Message, conflict *inbox.ConflictError) error {
+	if err := c.store.RecordConflictTx(ctx, tx, c.scope, conflict.Key, conflict.Fingerprint); err != nil {
+		return err
+	}
+	if c.cfg.DeadLetter != nil {
+		if err := c.cfg.DeadLetter(ctx, tx, msg, conflict); err != nil {
+			return fmt.Errorf("consumer: dead-letter hook for a conflict: %w", err)
+		}
+	}
+	return nil
+}
+
+// deadLetter records msg as FAILED_FINAL with its cause and the number of
+// failed attempts, and calls the dead-letter hook, in one transaction.
 func (c *Consumer) deadLetter(ctx context.Context, msg *Message, key string, fingerprint []byte, attempts int, cause error) Result {
 	var found *inbox.Record
 	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
-		claim, err := c.store.DeadLetter(ctx, tx, c.scope, key, fingerprint, attempts, cause)
+		claim, err := c.store.DeadLetterTx(ctx, tx, c.scope, key, fingerprint, attempts, cause)
 		if err != nil {
 			return err
 		}
@@ -272,16 +364,6 @@ func retryLater(key string, err error) Result {
 	return Result{Outcome: Retry, Key: key, Err: err}
 }
 
-// delay is the backoff before the next attempt, at least any retry-after
-// hint of err.
-func (c *Consumer) delay(attempt int, err error) time.Duration {
-	d := c.policy.Delay(attempt)
-	if hint, ok := idemq.RetryAfterHint(err); ok && hint > d {
-		d = hint
-	}
-	return d
-}
-
 // finish stamps the duration, logs the outcome and calls the hooks.
 func (c *Consumer) finish(ctx context.Context, start time.Time, r Result) Result {
 	r.Duration = time.Since(start)
@@ -300,7 +382,7 @@ func (c *Consumer) finish(ctx context.Context, start time.Time, r Result) Result
 		c.logger(r.Key).LogAttrs(ctx, level, "message "+r.Outcome.String(), attrs...)
 	}
 	if c.cfg.Hooks.OnResult != nil {
-		c.cfg.Hooks.OnResult(c.scope, r)
+		c.cfg.Hooks.OnResult(ResultEvent{Scope: c.scope, Result: r})
 	}
 	return r
 }

@@ -15,7 +15,8 @@ const (
 	// Duplicate: the key was applied before; nothing was done.
 	Duplicate
 	// Conflict: the key was seen before with another payload fingerprint;
-	// nothing was done. Err is an *inbox.ConflictError.
+	// the message was not applied, only recorded as a conflict in the
+	// inbox (see inbox.Store.Conflicts). Err is an *inbox.ConflictError.
 	Conflict
 	// Retry: nothing was committed and the message should be redelivered
 	// after RetryAfter (a retryable failure in Redeliver mode, a cancelled
@@ -52,8 +53,10 @@ type Result struct {
 	// RetryAfter is how long a transport should wait before redelivering a
 	// Retry.
 	RetryAfter time.Duration
-	// Attempts counts the handler runs for the message in this call (in
-	// leased mode: the record's attempts).
+	// Attempts counts the attempts at the message as the inbox records
+	// them, across deliveries and processes: its failed attempts, plus the
+	// one that succeeded for Applied. A crash, a lost connection or a
+	// cancelled context is not an attempt.
 	Attempts int
 	// Duration is the time the call spent on the message.
 	Duration time.Duration

@@ -5,19 +5,22 @@
 // the message id or a business key. The record is written in one of two
 // ways:
 //
-//   - Transactional: [Store.Claim] and [Store.ClaimBatch] insert the record
-//     inside the caller's pgx.Tx, the same transaction that carries the
-//     message's side effects ([Store.BeginClaim] begins that transaction
-//     and claims in one round trip). The record exists if and only if those effects
-//     committed, so a failed handler never marks a message as seen. Two
-//     transactions claiming one key serialise on the primary key: the second
-//     waits, then sees a duplicate if the first committed or claims the key
-//     if it rolled back.
+//   - Transactional: [Store.ClaimTx] and [Store.ClaimBatchTx] write the
+//     record SUCCEEDED inside the caller's pgx.Tx, the same transaction
+//     that carries the message's side effects ([Store.BeginClaim] begins
+//     that transaction and claims in one round trip). The claim exists if
+//     and only if those effects committed, so a failed handler never marks
+//     a message as seen; [Store.RecordFailure] then counts the failed
+//     attempt (FAILED_RETRYABLE) in a transaction of its own, and the next
+//     claim takes that record over. Two transactions claiming one key
+//     serialise on the primary key (or, for a failed key, on its row
+//     lock): the second waits, then sees a duplicate if the first
+//     committed or claims the key if it rolled back.
 //
 //   - Leased, for side effects outside Postgres: [Store.Acquire] marks the
 //     record IN_PROGRESS for an owner until a deadline and hands out a
-//     fencing token that grows with every claim and takeover. [Store.Complete]
-//     and [Store.Fail] are compare-and-set on that token, so a worker
+//     fencing token that grows with every claim and takeover. [Store.Complete],
+//     [Store.Fail] and [Store.FailFinal] are compare-and-set on that token, so a worker
 //     whose lease expired and was taken over can never overwrite the result
 //     of its successor; pass the token downstream so the far side can reject
 //     a stale writer too.
@@ -26,6 +29,26 @@
 // fingerprint is a [ConflictError], never applied and never silently
 // skipped. Records expire after [Config.Retention]; [Store.GC] deletes
 // expired ones in bounded batches.
+//
+// Dead letters (FAILED_FINAL records) and conflicts are managed as the
+// outbox's dead letters are: [Store.DeadLetters] and [Store.Conflicts] list
+// them by [DeadFilter] (scope, key, age); [Store.Release] and
+// [Store.ReleaseConflicts] let the next delivery apply the message;
+// [Store.Purge] and [Store.PurgeConflicts] forget them; [Store.Stats]
+// counts records by status, and conflicts.
+//
+// Crashed consumers: a process killed while one of its statements runs
+// (waiting on a lock, say) leaves a backend that holds its uncommitted
+// claims until that statement ends, and the key's next owner waits behind
+// it. The transactions [Store.BeginClaim] and [Store.BeginClaimBatch] begin
+// therefore set client_connection_check_interval ([Config.ConnectionCheckInterval],
+// 2 seconds by default), so the server ends such a backend within seconds.
+// This needs Postgres 14 or later on Linux; on older servers set
+// [ConnectionCheckDisabled].
+//
+// Methods follow River's rule: a name ending in Tx runs in the caller's
+// pgx.Tx and commits or rolls back with it; the same name without Tx runs
+// on the Store's own handle given to [New].
 //
 // Storage: keys that are canonical UUIDs are stored natively; other keys as
 // a SHA-256-derived UUID plus their text. A record with a random UUID key

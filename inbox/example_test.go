@@ -31,16 +31,16 @@ func exampleStore(ctx context.Context) (*pgxpool.Pool, *inbox.Store, func()) {
 	return pool, store, done
 }
 
-// Claim records a key inside the business transaction; a second delivery
+// ClaimTx records a key inside the business transaction; a second delivery
 // finds it, and a reused key with another payload is a conflict.
-func ExampleStore_Claim() {
+func ExampleStore_ClaimTx() {
 	ctx := context.Background()
 	pool, store, done := exampleStore(ctx)
 	defer done()
 
 	deliver := func(payload string) {
 		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			claim, err := store.Claim(ctx, tx, "shipping", "order-7", []byte(payload))
+			claim, err := store.ClaimTx(ctx, tx, "shipping", "order-7", []byte(payload))
 			var conflict *inbox.ConflictError
 			switch {
 			case errors.As(err, &conflict):
@@ -92,4 +92,43 @@ func ExampleStore_Acquire() {
 	// Output:
 	// send the email with idempotency key welcome-42 and fencing token 1
 	// redelivery: new=false, stored result "queued as 250 OK"
+}
+
+// A message that failed for good is a dead letter: list it, and once the
+// cause is fixed release it, so that its next delivery is applied.
+func ExampleStore_DeadLetters() {
+	ctx := context.Background()
+	pool, store, done := exampleStore(ctx)
+	defer done()
+
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		_, err := store.DeadLetterTx(ctx, tx, "billing", "order-9", nil, 5, errors.New("unknown currency"))
+		return err
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	dead, err := store.DeadLetters(ctx, inbox.DeadFilter{Scope: "billing"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, d := range dead {
+		fmt.Printf("%s/%s after %d failures: %s\n", d.Scope, d.Key, d.Failures, d.LastError)
+	}
+
+	released, err := store.Release(ctx, inbox.DeadFilter{Scope: "billing", Key: "order-9"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		claim, err := store.ClaimTx(ctx, tx, "billing", "order-9", nil)
+		fmt.Println("released:", released, "next delivery is new:", claim.New)
+		return err
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	// Output:
+	// billing/order-9 after 5 failures: unknown currency
+	// released: 1 next delivery is new: true
 }

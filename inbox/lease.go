@@ -8,70 +8,104 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemq/idemq/internal/pgtx"
 )
 
 // Acquire claims key for owner for the duration ttl, for side effects
 // outside Postgres. It takes the key when it is new, when the last attempt
 // failed retryably, or when the holder's lease ran out (a takeover); each
-// claim hands out a larger fencing token in Claim.Lease.
+// claim hands out a larger fencing token in the result's Lease, and
+// Failures says how many earlier attempts failed (a takeover of an expired
+// lease is not a failure).
 //
-// Otherwise Claim.Existing is the stored record: Succeeded (a duplicate,
+// Otherwise Existing is the stored record: Succeeded (a duplicate,
 // with its stored result), InProgress under a live lease (someone else is
 // working on it until Existing.LeaseUntil), or FailedFinal (a dead letter).
 // A different fingerprint is a *ConflictError.
-func (s *Store) Acquire(ctx context.Context, scope, key string, fingerprint []byte, owner string, ttl time.Duration) (Claim, error) {
+func (s *Store) Acquire(ctx context.Context, scope, key string, fingerprint []byte, owner string, ttl time.Duration) (AcquireResult, error) {
 	if ttl <= 0 {
-		return Claim{}, fmt.Errorf("inbox: lease duration must be positive, got %v", ttl)
+		return AcquireResult{}, fmt.Errorf("inbox: lease duration must be positive, got %v", ttl)
 	}
 	k, err := s.resolve(ctx, scope, key, fingerprint)
 	if err != nil {
-		return Claim{}, err
+		return AcquireResult{}, err
 	}
 	for range 2 {
 		lease := Lease{Scope: scope, Key: key, Owner: owner}
-		err := s.db.QueryRow(ctx, s.sql.acquire, k.scopeID, k.id, k.fingerprint, k.text, s.cfg.Retention, owner, ttl).
-			Scan(&lease.Token, &lease.Until)
+		var failures int32
+		err := s.db.QueryRow(ctx, s.sql.acquire, append(k.args(s.cfg.Retention), owner, ttl)...).
+			Scan(&lease.Token, &lease.Until, &failures)
 		if err == nil {
-			return Claim{New: true, Lease: lease}, nil
+			return AcquireResult{ClaimResult: ClaimResult{New: true, Failures: int(failures)}, Lease: lease}, nil
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
-			return Claim{}, fmt.Errorf("inbox: acquire %q: %w", key, err)
+			return AcquireResult{}, fmt.Errorf("inbox: acquire %q: %w", key, err)
 		}
-		c, found, err := s.stored(ctx, s.db, k)
-		if found || err != nil {
-			return c, err
+		rec, found, err := s.stored(ctx, s.db, k)
+		if err != nil {
+			return AcquireResult{}, err
+		}
+		if found {
+			r := AcquireResult{ClaimResult: ClaimResult{Existing: &rec}}
+			if string(rec.Fingerprint) != string(k.fingerprint) {
+				return r, &ConflictError{Key: key, Fingerprint: k.fingerprint, Stored: rec}
+			}
+			return r, nil
 		}
 		// Deleted by GC in between: claim it afresh.
 	}
-	return Claim{}, fmt.Errorf("inbox: acquire %q: record vanished twice", key)
+	return AcquireResult{}, fmt.Errorf("inbox: acquire %q: record vanished twice", key)
 }
 
 // Complete finalizes a lease as SUCCEEDED with an optional result to replay
 // to later duplicates. It fails with ErrLeaseLost when the lease was taken
 // over or already finalized; the successor's outcome then stands.
 func (s *Store) Complete(ctx context.Context, lease Lease, result []byte) error {
-	return s.CompleteTx(ctx, s.db, lease, result)
+	return s.finalize(ctx, s.db, lease, s.sql.complete, result, s.cfg.Retention)
 }
 
 // CompleteTx is [Store.Complete] inside the caller's transaction, so that
-// the finalize commits with the caller's own writes.
-func (s *Store) CompleteTx(ctx context.Context, tx DB, lease Lease, result []byte) error {
+// the finalize commits with the caller's own writes; if tx rolls back, the
+// lease stays as it was and runs out.
+func (s *Store) CompleteTx(ctx context.Context, tx pgx.Tx, lease Lease, result []byte) error {
+	if pgtx.IsNil(tx) {
+		return errNilTx
+	}
 	return s.finalize(ctx, tx, lease, s.sql.complete, result, s.cfg.Retention)
 }
 
-// Fail finalizes a lease after a failed attempt: FAILED_RETRYABLE releases
-// the key to the next Acquire at once, FAILED_FINAL (final) makes it a dead
-// letter. cause is kept as the record's last error. It fails with
-// ErrLeaseLost like [Store.Complete].
-func (s *Store) Fail(ctx context.Context, lease Lease, cause error, final bool) error {
-	status, text := FailedRetryable, "failed"
-	if final {
-		status = FailedFinal
+// Fail finalizes a lease after a failed attempt as FAILED_RETRYABLE: the
+// key goes to the next Acquire at once, with one more failure counted and
+// cause kept as the record's last error. It fails with ErrLeaseLost like
+// [Store.Complete].
+func (s *Store) Fail(ctx context.Context, lease Lease, cause error) error {
+	return s.finalize(ctx, s.db, lease, s.sql.fail, FailedRetryable, errText(cause), s.cfg.Retention)
+}
+
+// FailTx is [Store.Fail] inside the caller's transaction; if tx rolls
+// back, the lease stays as it was and runs out.
+func (s *Store) FailTx(ctx context.Context, tx pgx.Tx, lease Lease, cause error) error {
+	if pgtx.IsNil(tx) {
+		return errNilTx
 	}
-	if cause != nil {
-		text = cause.Error()
+	return s.finalize(ctx, tx, lease, s.sql.fail, FailedRetryable, errText(cause), s.cfg.Retention)
+}
+
+// FailFinal finalizes a lease after a failed attempt as FAILED_FINAL: the
+// message is a dead letter, kept with cause. It fails with ErrLeaseLost
+// like [Store.Complete].
+func (s *Store) FailFinal(ctx context.Context, lease Lease, cause error) error {
+	return s.finalize(ctx, s.db, lease, s.sql.fail, FailedFinal, errText(cause), s.cfg.Retention)
+}
+
+// FailFinalTx is [Store.FailFinal] inside the caller's transaction; if tx
+// rolls back, the lease stays as it was and runs out.
+func (s *Store) FailFinalTx(ctx context.Context, tx pgx.Tx, lease Lease, cause error) error {
+	if pgtx.IsNil(tx) {
+		return errNilTx
 	}
-	return s.finalize(ctx, s.db, lease, s.sql.fail, status, text, s.cfg.Retention)
+	return s.finalize(ctx, tx, lease, s.sql.fail, FailedFinal, errText(cause), s.cfg.Retention)
 }
 
 // Extend moves the lease's deadline to ttl from now, for work that runs

@@ -43,7 +43,7 @@ func TestLeaseTakeoverFencesTheStaleWorker(t *testing.T) {
 	if err := b.store.Complete(ctx, a.Lease, []byte("sent by A")); !errors.Is(err, inbox.ErrLeaseLost) {
 		t.Fatalf("A's late Complete = %v, want ErrLeaseLost", err)
 	}
-	if err := b.store.Fail(ctx, a.Lease, errors.New("late"), true); !errors.Is(err, inbox.ErrLeaseLost) {
+	if err := b.store.FailFinal(ctx, a.Lease, errors.New("late")); !errors.Is(err, inbox.ErrLeaseLost) {
 		t.Fatalf("A's late Fail = %v, want ErrLeaseLost", err)
 	}
 	rec, err := b.store.Get(ctx, "mailer", "email-1")
@@ -63,14 +63,14 @@ func TestLeaseFailReleasesOrDeadLetters(t *testing.T) {
 	if err != nil || !first.New {
 		t.Fatal(first, err)
 	}
-	if err := b.store.Fail(ctx, first.Lease, errors.New("smtp 451"), false); err != nil {
+	if err := b.store.Fail(ctx, first.Lease, errors.New("smtp 451")); err != nil {
 		t.Fatal(err)
 	}
 	retry, err := b.store.Acquire(ctx, "mailer", "k", fp("p"), "w", time.Minute)
 	if err != nil || !retry.New || retry.Lease.Token != 2 {
 		t.Fatalf("acquire after a retryable failure = %+v, %v; want attempt 2", retry, err)
 	}
-	if err := b.store.Fail(ctx, retry.Lease, errors.New("smtp 550"), true); err != nil {
+	if err := b.store.FailFinal(ctx, retry.Lease, errors.New("smtp 550")); err != nil {
 		t.Fatal(err)
 	}
 	dead, err := b.store.Acquire(ctx, "mailer", "k", fp("p"), "w", time.Minute)

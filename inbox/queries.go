@@ -2,59 +2,141 @@ package inbox
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/idemq/idemq/internal/pgutil"
 )
 
 // queries holds every statement of the Store, rendered once for its table.
 type queries struct {
-	registerScope, claim, deadLetter, claimBatch, unclaim, get, getBatch, gc string
+	registerScope, claim, takeOver, takeOverBatch, recordFailure, failClaim  string
+	deadLetter, claimBatch, get, getBatch, gc                                string
 	acquire, complete, fail, extend                                          string
+	listDead, releaseDead, purgeDead, stats, gcConflicts                     string
+	recordConflict, listConflicts, releaseConflicts, purgeConflicts, unclaim string
 }
 
 // recordColumns are the stored columns a Record is read from, in the order
 // of storedRecord.dest.
-const recordColumns = `r.created_at, r.updated_at, r.expires_at, r.attempts, r.status,
+const recordColumns = `r.created_at, r.updated_at, r.expires_at, r.attempts, r.failures, r.status,
 	r.fingerprint, r.owner, r.lease_until, r.result, r.last_error`
 
 func newQueries(t pgutil.Table) queries {
-	table, scopes := t.String(), t.Ident("_scopes")
-	render := func(sql string) string { return fmt.Sprintf(sql, table, recordColumns, scopes) }
+	render := strings.NewReplacer(
+		"{{table}}", t.String(),
+		"{{scopes}}", t.Ident("_scopes"),
+		"{{conflicts}}", t.Ident("_conflicts"),
+		"{{columns}}", recordColumns,
+		"{{in_progress}}", fmt.Sprint(int16(InProgress)),
+		"{{succeeded}}", fmt.Sprint(int16(Succeeded)),
+		"{{failed_retryable}}", fmt.Sprint(int16(FailedRetryable)),
+		"{{failed_final}}", fmt.Sprint(int16(FailedFinal)),
+	).Replace
 	return queries{
 		registerScope: render(`
 WITH registered AS (
-	INSERT INTO %[3]s (name) VALUES ($1) ON CONFLICT (name) DO NOTHING RETURNING id
+	INSERT INTO {{scopes}} (name) VALUES ($1) ON CONFLICT (name) DO NOTHING RETURNING id
 )
-SELECT id FROM registered UNION ALL SELECT id FROM %[3]s WHERE name = $1 LIMIT 1`),
+SELECT id FROM registered UNION ALL SELECT id FROM {{scopes}} WHERE name = $1 LIMIT 1`),
 
-		claim: render(insertRecord(Succeeded, "DO NOTHING")),
+		// $1 scope, $2 key id, $3 fingerprint, $4 key text, $5 retention.
+		claim: render(`
+INSERT INTO {{table}} (expires_at, key_id, scope_id, status, fingerprint, key_text)
+VALUES (now() + $5::interval, $2, $1, {{succeeded}}, $3, $4)
+ON CONFLICT DO NOTHING`),
 
-		// A dead letter also takes over a record a leased attempt released.
-		deadLetter: render(insertRecord(FailedFinal, `(scope_id, key_id) DO UPDATE
-	SET status = excluded.status, attempts = greatest(r.attempts, excluded.attempts), last_error = excluded.last_error,
-		updated_at = now(), expires_at = excluded.expires_at
-	WHERE r.status = 3 AND r.fingerprint = excluded.fingerprint`)),
+		// A claim takes over a record whose last attempt failed. The update
+		// locks the row, so concurrent claims of the key serialise here as
+		// new ones do on the primary key: the second waits, then finds the
+		// first's SUCCEEDED record or, after a rollback, takes over itself.
+		// $1 scope, $2 key id, $3 fingerprint, $4 retention.
+		takeOver: render(`
+UPDATE {{table}} r SET status = {{succeeded}}, attempts = r.attempts + 1, last_error = NULL,
+	updated_at = now(), expires_at = now() + $4::interval
+WHERE r.scope_id = $1 AND r.key_id = $2 AND r.status = {{failed_retryable}} AND r.fingerprint = $3
+RETURNING r.failures`),
+
+		// takeOver for many keys, locked in key order like claimBatch.
+		// $1 scope, $2 key ids, $3 fingerprints, $4 retention.
+		takeOverBatch: render(`
+UPDATE {{table}} r SET status = {{succeeded}}, attempts = r.attempts + 1, last_error = NULL,
+	updated_at = now(), expires_at = now() + $4::interval
+FROM (
+	SELECT t.scope_id, t.key_id FROM {{table}} t
+	JOIN unnest($2::uuid[], $3::bytea[]) AS i(key_id, fingerprint) USING (key_id)
+	WHERE t.scope_id = $1 AND t.status = {{failed_retryable}} AND t.fingerprint = i.fingerprint
+	ORDER BY t.key_id
+	FOR UPDATE OF t
+) locked
+WHERE r.scope_id = locked.scope_id AND r.key_id = locked.key_id
+RETURNING r.key_id, r.failures`),
+
+		// A failed attempt, after its transaction rolled back: the record is
+		// created FAILED_RETRYABLE or counts one more failure. A record that
+		// another attempt completed or dead-lettered meanwhile is kept.
+		// $1 scope, $2 key id, $3 fingerprint, $4 key text, $5 retention,
+		// $6 error.
+		recordFailure: render(`
+INSERT INTO {{table}} AS r (expires_at, key_id, scope_id, status, fingerprint, key_text, failures, last_error)
+VALUES (now() + $5::interval, $2, $1, {{failed_retryable}}, $3, $4, 1, $6)
+ON CONFLICT (scope_id, key_id) DO UPDATE
+SET attempts = r.attempts + 1, failures = r.failures + 1, last_error = excluded.last_error,
+	updated_at = now(), expires_at = excluded.expires_at
+WHERE r.status = {{failed_retryable}} AND r.fingerprint = excluded.fingerprint
+RETURNING {{columns}}`),
+
+		// A failed attempt of a key claimed in the same transaction (a batch
+		// rewound the handler to its savepoint; the claim stands).
+		// $1 scope, $2 key id, $3 error.
+		failClaim: render(`
+UPDATE {{table}} r SET status = {{failed_retryable}}, failures = r.failures + 1, last_error = $3, updated_at = now()
+WHERE r.scope_id = $1 AND r.key_id = $2 AND r.status = {{succeeded}}
+RETURNING {{columns}}`),
+
+		// Undoes a claim made in the same transaction without counting a
+		// failure: a new record goes, a taken-over one is FAILED_RETRYABLE
+		// again with its failures. $1 scope, $2 key id.
+		unclaim: render(`
+WITH gone AS (
+	DELETE FROM {{table}} r
+	WHERE r.scope_id = $1 AND r.key_id = $2 AND r.status = {{succeeded}} AND r.failures = 0
+	RETURNING 1
+), back AS (
+	UPDATE {{table}} r SET status = {{failed_retryable}}, updated_at = now()
+	WHERE r.scope_id = $1 AND r.key_id = $2 AND r.status = {{succeeded}} AND r.failures > 0
+	RETURNING 1
+)
+SELECT (SELECT count(*) FROM gone) + (SELECT count(*) FROM back)`),
+
+		// A dead letter also takes over a record whose attempts failed.
+		// $1 scope, $2 key id, $3 fingerprint, $4 key text, $5 retention,
+		// $6 failures, $7 error.
+		deadLetter: render(`
+INSERT INTO {{table}} AS r (expires_at, key_id, scope_id, status, fingerprint, key_text, failures, last_error)
+VALUES (now() + $5::interval, $2, $1, {{failed_final}}, $3, $4, $6, $7)
+ON CONFLICT (scope_id, key_id) DO UPDATE
+SET status = excluded.status, failures = greatest(r.failures, excluded.failures), last_error = excluded.last_error,
+	updated_at = now(), expires_at = excluded.expires_at
+WHERE r.status = {{failed_retryable}} AND r.fingerprint = excluded.fingerprint`),
 
 		// Keys are inserted in key order so that concurrent batches lock
 		// them in the same order and cannot deadlock.
 		claimBatch: render(`
-INSERT INTO %[1]s (expires_at, key_id, scope_id, status, fingerprint, key_text)
-SELECT now() + $5::interval, key_id, $1, 2, fingerprint, key_text
+INSERT INTO {{table}} (expires_at, key_id, scope_id, status, fingerprint, key_text)
+SELECT now() + $5::interval, key_id, $1, {{succeeded}}, fingerprint, key_text
 FROM unnest($2::uuid[], $3::bytea[], $4::text[]) AS i(key_id, fingerprint, key_text)
 ORDER BY key_id
 ON CONFLICT DO NOTHING
 RETURNING key_id`),
 
-		unclaim: render(`DELETE FROM %[1]s WHERE scope_id = $1 AND key_id = ANY($2)`),
+		get: render(`SELECT {{columns}} FROM {{table}} r WHERE r.scope_id = $1 AND r.key_id = $2`),
 
-		get: render(`SELECT %[2]s FROM %[1]s r WHERE r.scope_id = $1 AND r.key_id = $2`),
-
-		getBatch: render(`SELECT r.key_id, %[2]s FROM %[1]s r WHERE r.scope_id = $1 AND r.key_id = ANY($2)`),
+		getBatch: render(`SELECT r.key_id, {{columns}} FROM {{table}} r WHERE r.scope_id = $1 AND r.key_id = ANY($2)`),
 
 		gc: render(`
-DELETE FROM %[1]s t USING (
-	SELECT scope_id, key_id FROM %[1]s
-	WHERE expires_at < now() AND NOT (status = 1 AND lease_until > now())
+DELETE FROM {{table}} t USING (
+	SELECT scope_id, key_id FROM {{table}}
+	WHERE expires_at < now() AND NOT (status = {{in_progress}} AND lease_until > now())
 	ORDER BY expires_at
 	LIMIT $1
 	FOR UPDATE SKIP LOCKED
@@ -63,45 +145,137 @@ WHERE t.scope_id = expired.scope_id AND t.key_id = expired.key_id`),
 
 		// A new key is claimed; an existing one only when a previous
 		// attempt failed retryably or its lease ran out, and only with the
-		// same fingerprint. Every takeover bumps attempts, the fencing token.
+		// same fingerprint. Every takeover bumps attempts, the fencing token;
+		// failures counts only attempts that failed.
 		// $1 scope, $2 key id, $3 fingerprint, $4 key text, $5 retention,
 		// $6 owner, $7 lease duration.
 		acquire: render(`
-INSERT INTO %[1]s AS r (expires_at, key_id, scope_id, status, fingerprint, key_text, owner, lease_until)
-VALUES (now() + $5::interval, $2, $1, 1, $3, $4, $6, now() + $7::interval)
+INSERT INTO {{table}} AS r (expires_at, key_id, scope_id, status, fingerprint, key_text, owner, lease_until)
+VALUES (now() + $5::interval, $2, $1, {{in_progress}}, $3, $4, $6, now() + $7::interval)
 ON CONFLICT (scope_id, key_id) DO UPDATE
-SET attempts = r.attempts + 1, status = 1, owner = excluded.owner,
+SET attempts = r.attempts + 1, status = {{in_progress}}, owner = excluded.owner,
 	lease_until = excluded.lease_until, updated_at = now(), expires_at = excluded.expires_at
 WHERE r.fingerprint = excluded.fingerprint
-	AND (r.status = 3 OR (r.status = 1 AND r.lease_until < now()))
-RETURNING r.attempts, r.lease_until`),
+	AND (r.status = {{failed_retryable}} OR (r.status = {{in_progress}} AND r.lease_until < now()))
+RETURNING r.attempts, r.lease_until, r.failures`),
 
 		// Finalizers are compare-and-set on the fencing token.
 		// $1 scope, $2 key id, $3 token, then their own arguments.
 		complete: render(`
-UPDATE %[1]s SET status = 2, result = $4, owner = NULL, lease_until = NULL, last_error = NULL,
+UPDATE {{table}} SET status = {{succeeded}}, result = $4, owner = NULL, lease_until = NULL, last_error = NULL,
 	updated_at = now(), expires_at = now() + $5::interval
-WHERE scope_id = $1 AND key_id = $2 AND attempts = $3 AND status = 1`),
+WHERE scope_id = $1 AND key_id = $2 AND attempts = $3 AND status = {{in_progress}}`),
 
 		fail: render(`
-UPDATE %[1]s SET status = $4, last_error = $5, owner = NULL, lease_until = NULL,
+UPDATE {{table}} SET status = $4, failures = failures + 1, last_error = $5, owner = NULL, lease_until = NULL,
 	updated_at = now(), expires_at = now() + $6::interval
-WHERE scope_id = $1 AND key_id = $2 AND attempts = $3 AND status = 1`),
+WHERE scope_id = $1 AND key_id = $2 AND attempts = $3 AND status = {{in_progress}}`),
 
 		extend: render(`
-UPDATE %[1]s SET lease_until = now() + $4::interval, updated_at = now()
-WHERE scope_id = $1 AND key_id = $2 AND attempts = $3 AND status = 1
+UPDATE {{table}} SET lease_until = now() + $4::interval, updated_at = now()
+WHERE scope_id = $1 AND key_id = $2 AND attempts = $3 AND status = {{in_progress}}
 RETURNING lease_until`),
+
+		// Dead letters selected by a DeadFilter (see deadWhere), oldest
+		// first.
+		listDead: render(`
+SELECT s.name, r.key_id, r.key_text, {{columns}} FROM {{table}} r JOIN {{scopes}} s ON s.id = r.scope_id
+WHERE ` + deadWhere + `
+ORDER BY r.updated_at, r.key_id
+LIMIT $5`),
+
+		// A released dead letter is FAILED_RETRYABLE with no failures: the
+		// next delivery takes it over and applies the message afresh.
+		releaseDead: render(`
+UPDATE {{table}} t SET status = {{failed_retryable}}, failures = 0, updated_at = now()
+FROM (` + deadSelect + `) d
+WHERE t.scope_id = d.scope_id AND t.key_id = d.key_id`),
+
+		purgeDead: render(`
+DELETE FROM {{table}} t USING (` + deadSelect + `) d
+WHERE t.scope_id = d.scope_id AND t.key_id = d.key_id`),
+
+		stats: render(`SELECT status, count(*), min(updated_at) FROM {{table}} GROUP BY status
+UNION ALL SELECT 0, count(*), min(updated_at) FROM {{conflicts}}`),
+
+		// $1 scope, $2 key id, $3 fingerprint, $4 key text, $5 retention.
+		recordConflict: render(`
+INSERT INTO {{conflicts}} AS c (expires_at, key_id, scope_id, fingerprint, key_text)
+VALUES (now() + $5::interval, $2, $1, $3, $4)
+ON CONFLICT (scope_id, key_id, fingerprint) DO UPDATE
+SET seen = c.seen + 1, updated_at = now(), expires_at = excluded.expires_at`),
+
+		gcConflicts: render(`
+DELETE FROM {{conflicts}} t USING (
+	SELECT scope_id, key_id, fingerprint FROM {{conflicts}}
+	WHERE expires_at < now()
+	ORDER BY expires_at
+	LIMIT $1
+	FOR UPDATE SKIP LOCKED
+) expired
+WHERE t.scope_id = expired.scope_id AND t.key_id = expired.key_id AND t.fingerprint = expired.fingerprint`),
+
+		// Conflicts selected by a DeadFilter (see conflictWhere).
+		listConflicts: render(`
+SELECT s.name, r.key_id, r.key_text, r.fingerprint, r.seen, r.created_at, r.updated_at
+FROM {{conflicts}} r JOIN {{scopes}} s ON s.id = r.scope_id
+WHERE ` + conflictWhere + `
+ORDER BY r.updated_at, r.key_id
+LIMIT $5`),
+
+		// A released conflict replaces its key's record with a failed
+		// attempt of the conflicting payload, no failure counted: the next
+		// delivery of that message is applied. Of several conflicts of one
+		// key the latest is released.
+		releaseConflicts: render(`
+WITH released AS (
+	DELETE FROM {{conflicts}} c USING (
+		SELECT DISTINCT ON (r.scope_id, r.key_id) r.scope_id, r.key_id, r.fingerprint
+		FROM {{conflicts}} r JOIN {{scopes}} s ON s.id = r.scope_id
+		LEFT JOIN {{table}} k ON k.scope_id = r.scope_id AND k.key_id = r.key_id
+		WHERE ` + conflictWhere + ` AND k.status IS DISTINCT FROM {{in_progress}}
+		ORDER BY r.scope_id, r.key_id, r.updated_at DESC
+		LIMIT $5
+	) d
+	WHERE c.scope_id = d.scope_id AND c.key_id = d.key_id AND c.fingerprint = d.fingerprint
+	RETURNING c.scope_id, c.key_id, c.fingerprint
+), replaced AS (
+	UPDATE {{table}} t SET status = {{failed_retryable}}, fingerprint = released.fingerprint, failures = 0,
+		result = NULL, last_error = NULL, updated_at = now()
+	FROM released
+	WHERE t.scope_id = released.scope_id AND t.key_id = released.key_id
+)
+SELECT count(*) FROM released`),
+
+		purgeConflicts: render(`
+DELETE FROM {{conflicts}} c USING (
+	SELECT r.scope_id, r.key_id, r.fingerprint FROM {{conflicts}} r JOIN {{scopes}} s ON s.id = r.scope_id
+	WHERE ` + conflictWhere + `
+	ORDER BY r.updated_at, r.key_id
+	LIMIT $5
+	FOR UPDATE OF r
+) d
+WHERE c.scope_id = d.scope_id AND c.key_id = d.key_id AND c.fingerprint = d.fingerprint`),
 	}
 }
 
-// insertRecord renders the insert of a record with status; the stored
-// record is read only when it did not take effect, the duplicate path.
-// $1 scope, $2 key id, $3 fingerprint, $4 key text, $5 retention,
-// $6 attempts, $7 last error.
-func insertRecord(status Status, onConflict string) string {
-	return `
-INSERT INTO %[1]s AS r (expires_at, key_id, scope_id, status, fingerprint, key_text, attempts, last_error)
-VALUES (now() + $5::interval, $2, $1, ` + fmt.Sprint(int16(status)) + `, $3, $4, $6, $7)
-ON CONFLICT ` + onConflict
-}
+// deadWhere selects dead letters by a DeadFilter: static SQL whose
+// parameters are NULL when a filter field is unset. $1 scope, $2 key id,
+// $3 failed before, $4 failed at or after.
+const deadWhere = `r.status = {{failed_final}}
+	AND ($1::text IS NULL OR s.name = $1) AND ($2::uuid IS NULL OR r.key_id = $2)
+	AND ($3::timestamptz IS NULL OR r.updated_at < $3) AND ($4::timestamptz IS NULL OR r.updated_at >= $4)`
+
+// conflictWhere is deadWhere for the conflicts table, by when a conflict
+// was last seen.
+const conflictWhere = `($1::text IS NULL OR s.name = $1) AND ($2::uuid IS NULL OR r.key_id = $2)
+	AND ($3::timestamptz IS NULL OR r.updated_at < $3) AND ($4::timestamptz IS NULL OR r.updated_at >= $4)`
+
+// deadSelect locks the dead letters that release and purge change, oldest
+// first, up to the limit $5 (NULL for all).
+const deadSelect = `
+	SELECT r.scope_id, r.key_id FROM {{table}} r JOIN {{scopes}} s ON s.id = r.scope_id
+	WHERE ` + deadWhere + `
+	ORDER BY r.updated_at, r.key_id
+	LIMIT $5
+	FOR UPDATE OF r`

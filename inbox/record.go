@@ -20,7 +20,8 @@ const (
 	InProgress Status = 1
 	// Succeeded: the message was applied; redeliveries are duplicates.
 	Succeeded Status = 2
-	// FailedRetryable: a leased attempt failed; the next Acquire takes over.
+	// FailedRetryable: an attempt failed; the next claim or Acquire takes
+	// over.
 	FailedRetryable Status = 3
 	// FailedFinal: the message is a dead letter, kept with its last error.
 	FailedFinal Status = 4
@@ -49,10 +50,13 @@ type Record struct {
 	// Owner and LeaseUntil are set while a leased worker holds the key.
 	Owner      string
 	LeaseUntil time.Time
-	// Attempts counts the claims of the key: 1 for a transactional record,
-	// one more for every leased claim and takeover. It is the fencing token
-	// of the current lease.
-	Attempts  int
+	// Attempts counts the claims of the key: every claim, takeover and
+	// failed attempt adds one. It is the fencing token of the current
+	// lease.
+	Attempts int
+	// Failures counts the attempts whose handler failed. Crashes, lost
+	// connections and cancelled contexts are not failures and never count.
+	Failures  int
 	Result    []byte
 	LastError string
 	CreatedAt time.Time
@@ -66,17 +70,29 @@ type Item struct {
 	Fingerprint []byte
 }
 
-// Claim is the outcome of claiming a key.
-type Claim struct {
+// ClaimResult is the outcome of [Store.ClaimTx], [Store.BeginClaim] and
+// [Store.DeadLetterTx].
+type ClaimResult struct {
 	// New reports that the caller now owns the key and must apply the
 	// message. Otherwise Existing holds the stored record.
 	New      bool
 	Existing *Record
-	// Lease is set when Acquire returned New.
-	Lease Lease
-	// Err is a per-key error of ClaimBatch: a *ConflictError or an
-	// ErrInvalidKey. Claim and Acquire return it as their error instead.
+	// Failures counts the failed attempts before this claim (New only).
+	Failures int
+}
+
+// BatchClaim is the outcome of one item of [Store.ClaimBatchTx].
+type BatchClaim struct {
+	ClaimResult
+	// Err is the item's own error: a *ConflictError or an ErrInvalidKey.
 	Err error
+}
+
+// AcquireResult is the outcome of [Store.Acquire].
+type AcquireResult struct {
+	ClaimResult
+	// Lease is the caller's hold on the key when New.
+	Lease Lease
 }
 
 // Lease is a leased worker's hold on a key.

@@ -1,17 +1,23 @@
 package inbox
 
 import (
+	"cmp"
 	"context"
 	"embed"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/internal/errtext"
+	"github.com/idemq/idemq/internal/pgtx"
 	"github.com/idemq/idemq/internal/pgutil"
 )
 
@@ -19,8 +25,30 @@ import (
 var migrations embed.FS
 
 // DB is the database handle a Store runs its own statements on (scope
-// lookups, leases, GC): a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
-type DB = pgutil.DB
+// registration, leases, GC, dead letters): a *pgxpool.Pool, a *pgx.Conn or
+// a pgx.Tx all satisfy it. A pool is the usual choice: [Store.BeginClaim]
+// then sends its BEGIN with the claim.
+type DB interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// The defaults of [Config].
+const (
+	SchemaDefault    = "public"
+	TableDefault     = "idemq_inbox"
+	MaxKeyLenDefault = 1024
+	RetentionDefault = 7 * 24 * time.Hour
+
+	ConnectionCheckIntervalDefault = 2 * time.Second
+)
+
+// ConnectionCheckDisabled as Config.ConnectionCheckInterval leaves the
+// server's client_connection_check_interval alone (Postgres before 14 has
+// none).
+const ConnectionCheckDisabled time.Duration = -1
 
 // Config configures a Store. The zero value is valid.
 type Config struct {
@@ -34,25 +62,38 @@ type Config struct {
 	// Retention is how long a record is kept after its last change;
 	// redeliveries later than that are applied again. Defaults to 7 days.
 	Retention time.Duration
+	// ConnectionCheckInterval is set as client_connection_check_interval
+	// (SET LOCAL) in the transactions that BeginClaim and BeginClaimBatch
+	// begin, unless the handle's connection config sets it already. Then a
+	// consumer killed while its statement waits (on a lock, say) loses its
+	// backend, and so its uncommitted claims, within about this interval
+	// instead of whenever that statement ends: the next owner of the key
+	// is not held up. It needs Postgres 14 or later on Linux; set
+	// ConnectionCheckDisabled for older servers. Defaults to 2 seconds.
+	ConnectionCheckInterval time.Duration
 }
 
-func (c Config) withDefaults() (Config, error) {
-	if c.Schema == "" {
-		c.Schema = "public"
+func (c Config) withDefaults() Config {
+	c.Schema = cmp.Or(c.Schema, SchemaDefault)
+	c.Table = cmp.Or(c.Table, TableDefault)
+	c.MaxKeyLen = cmp.Or(c.MaxKeyLen, MaxKeyLenDefault)
+	c.Retention = cmp.Or(c.Retention, RetentionDefault)
+	c.ConnectionCheckInterval = cmp.Or(c.ConnectionCheckInterval, ConnectionCheckIntervalDefault)
+	return c
+}
+
+func (c Config) validate() error {
+	switch {
+	case c.MaxKeyLen < 0:
+		return idemq.NewConfigError("inbox", "MaxKeyLen", "%d is negative", c.MaxKeyLen)
+	case c.Retention < 0:
+		return idemq.NewConfigError("inbox", "Retention", "%v is negative", c.Retention)
+	case c.ConnectionCheckInterval < 0 && c.ConnectionCheckInterval != ConnectionCheckDisabled:
+		return idemq.NewConfigError("inbox", "ConnectionCheckInterval", "%v is negative; use ConnectionCheckDisabled to turn it off", c.ConnectionCheckInterval)
+	case c.ConnectionCheckInterval > 0 && c.ConnectionCheckInterval < time.Millisecond:
+		return idemq.NewConfigError("inbox", "ConnectionCheckInterval", "%v is below the server's unit of 1ms", c.ConnectionCheckInterval)
 	}
-	if c.Table == "" {
-		c.Table = "idemq_inbox"
-	}
-	if c.MaxKeyLen == 0 {
-		c.MaxKeyLen = 1024
-	}
-	if c.Retention == 0 {
-		c.Retention = 7 * 24 * time.Hour
-	}
-	if c.MaxKeyLen < 0 || c.Retention < 0 {
-		return c, errors.New("inbox: MaxKeyLen and Retention must not be negative")
-	}
-	return c, nil
+	return nil
 }
 
 // Store is the inbox of one database. It is safe for concurrent use.
@@ -62,22 +103,62 @@ type Store struct {
 	table pgutil.Table
 	sql   queries
 
+	// connCheck is the client_connection_check_interval to set in the
+	// transactions the Store begins, "" for none.
+	connCheck string
+
 	mu     sync.RWMutex
 	scopes map[string]int32
 }
 
 // New returns a Store on db; call [Store.Migrate] once before use.
 func New(db DB, cfg Config) (*Store, error) {
-	cfg, err := cfg.withDefaults()
-	if err != nil {
+	if pgtx.IsNil(db) {
+		return nil, idemq.NewConfigError("inbox", "db", "is nil; pass a *pgxpool.Pool")
+	}
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	table, err := pgutil.NewTable(cfg.Schema, cfg.Table)
 	if err != nil {
-		return nil, err
+		return nil, idemq.NewConfigError("inbox", "Table", "%v", err)
 	}
-	return &Store{db: db, cfg: cfg, table: table, sql: newQueries(table), scopes: map[string]int32{}}, nil
+	return &Store{db: db, cfg: cfg, table: table, sql: newQueries(table), connCheck: connCheck(db, cfg), scopes: map[string]int32{}}, nil
 }
+
+// connCheck returns the client_connection_check_interval a Store sets, in
+// milliseconds, or "" when it is disabled or db's connections set their
+// own.
+func connCheck(db DB, cfg Config) string {
+	if cfg.ConnectionCheckInterval == ConnectionCheckDisabled {
+		return ""
+	}
+	var params map[string]string
+	switch db := db.(type) {
+	case *pgxpool.Pool:
+		params = db.Config().ConnConfig.RuntimeParams
+	case *pgx.Conn:
+		params = db.Config().RuntimeParams
+	}
+	if _, set := params["client_connection_check_interval"]; set {
+		return ""
+	}
+	return strconv.FormatInt(cfg.ConnectionCheckInterval.Milliseconds(), 10)
+}
+
+// begin begins a transaction on the Store's handle with b's statements, in
+// one round trip, after setting the connection check.
+func (s *Store) begin(ctx context.Context, b *pgx.Batch) (pgx.Tx, error) {
+	if s.connCheck != "" {
+		b.QueuedQueries = append([]*pgx.QueuedQuery{{SQL: setConnCheck, Arguments: []any{s.connCheck}}}, b.QueuedQueries...)
+	}
+	return pgtx.BeginBatch(ctx, s.db, b)
+}
+
+// setConnCheck is SET LOCAL client_connection_check_interval with a
+// parameter.
+const setConnCheck = `SELECT set_config('client_connection_check_interval', $1, true)`
 
 // Migrate creates or upgrades the inbox tables. It is idempotent and safe
 // to run from several processes at once.
@@ -129,72 +210,235 @@ func (s *Store) scopeID(ctx context.Context, scope string) (int32, error) {
 	return 0, fmt.Errorf("inbox: register scope %q: not visible after insert", scope)
 }
 
-// Claim records key in tx as applied (SUCCEEDED). The record commits or
+// errNilTx reports a nil transaction passed to a Tx method.
+var errNilTx = errors.New("inbox: nil transaction")
+
+// ClaimTx records key in tx as applied (SUCCEEDED). The record commits or
 // rolls back with tx, so it exists exactly when the message's side effects
-// in tx do.
+// in tx do: if tx rolls back, the key is unclaimed again.
 //
-// New reports that the key was unclaimed and the caller must apply the
-// message in tx. Otherwise Existing is the stored record (a duplicate) and,
-// when its fingerprint differs, the error is a *ConflictError. If another
-// transaction holds an uncommitted claim of the key, Claim waits for it:
-// then it sees a duplicate if that transaction commits and claims the key
-// if it rolls back.
-func (s *Store) Claim(ctx context.Context, tx pgx.Tx, scope, key string, fingerprint []byte) (Claim, error) {
+// New reports that the caller must apply the message in tx: the key was
+// unclaimed, or its earlier attempts failed (Failures counts them).
+// Otherwise Existing is the stored record (a duplicate, a dead letter or a
+// leased key) and, when its fingerprint differs, the error is a
+// *ConflictError. If another transaction holds an uncommitted claim of the
+// key, ClaimTx waits for it: then it sees a duplicate if that transaction
+// commits and claims the key if it rolls back.
+func (s *Store) ClaimTx(ctx context.Context, tx pgx.Tx, scope, key string, fingerprint []byte) (ClaimResult, error) {
+	if pgtx.IsNil(tx) {
+		return ClaimResult{}, errNilTx
+	}
 	k, err := s.resolve(ctx, scope, key, fingerprint)
 	if err != nil {
-		return Claim{}, err
+		return ClaimResult{}, err
 	}
-	return s.insert(ctx, tx, s.sql.claim, k, 1, nil)
+	return s.claim(ctx, tx, k)
 }
 
 // BeginClaim begins a transaction on the Store's handle and claims key in
-// it as [Store.Claim] does, in one round trip: the BEGIN travels with the
+// it as [Store.ClaimTx] does, in one round trip: the BEGIN travels with the
 // claim. It is the fast path for callers that start a transaction per
 // message. Unless the error is other than nil or a *ConflictError, the
 // caller owns tx and must commit or roll it back.
-func (s *Store) BeginClaim(ctx context.Context, scope, key string, fingerprint []byte) (pgx.Tx, Claim, error) {
+func (s *Store) BeginClaim(ctx context.Context, scope, key string, fingerprint []byte) (pgx.Tx, ClaimResult, error) {
 	k, err := s.resolve(ctx, scope, key, fingerprint)
 	if err != nil {
-		return nil, Claim{}, err
+		return nil, ClaimResult{}, err
 	}
 	var inserted bool
 	b := &pgx.Batch{}
-	b.Queue(s.sql.claim, k.args(s.cfg.Retention, 1, nil)...).Exec(func(tag pgconn.CommandTag) error {
+	b.Queue(s.sql.claim, k.args(s.cfg.Retention)...).Exec(func(tag pgconn.CommandTag) error {
 		inserted = tag.RowsAffected() == 1
 		return nil
 	})
-	tx, err := pgutil.BeginBatch(ctx, s.db, b)
+	tx, err := s.begin(ctx, b)
 	if err != nil {
-		return nil, Claim{}, fmt.Errorf("inbox: claim %q: %w", key, err)
+		return nil, ClaimResult{}, fmt.Errorf("inbox: claim %q: %w", key, err)
 	}
 	if inserted {
-		return tx, Claim{New: true}, nil
+		return tx, ClaimResult{New: true}, nil
 	}
-	c, found, err := s.stored(ctx, tx, k)
-	if err == nil && !found {
-		c, err = s.insert(ctx, tx, s.sql.claim, k, 1, nil)
-	}
+	c, err := s.claimExisting(ctx, tx, k)
 	if conflict := (*ConflictError)(nil); err != nil && !errors.As(err, &conflict) {
-		return nil, Claim{}, errors.Join(err, tx.Rollback(ctx))
+		return nil, ClaimResult{}, errors.Join(err, tx.Rollback(ctx))
 	}
 	return tx, c, err
 }
 
-// DeadLetter records key in tx as FAILED_FINAL with cause and the number of
-// attempts made, so that redeliveries are recognised and not applied. It
-// takes over a record whose leased attempt failed retryably; any other
-// stored record is kept and reported as by [Store.Claim].
-func (s *Store) DeadLetter(ctx context.Context, tx pgx.Tx, scope, key string, fingerprint []byte, attempts int, cause error) (Claim, error) {
-	text := "dead letter"
-	if cause != nil {
-		text = cause.Error()
+// claim inserts the record of a new key, or takes over a failed one.
+func (s *Store) claim(ctx context.Context, tx pgx.Tx, k keyArgs) (ClaimResult, error) {
+	tag, err := tx.Exec(ctx, s.sql.claim, k.args(s.cfg.Retention)...)
+	if err != nil {
+		return ClaimResult{}, fmt.Errorf("inbox: claim %q: %w", k.key, err)
+	}
+	if tag.RowsAffected() == 1 {
+		return ClaimResult{New: true}, nil
+	}
+	return s.claimExisting(ctx, tx, k)
+}
+
+// claimExisting is the duplicate path of a claim whose insert found a
+// record: it reads the record and takes it over if its attempts failed.
+// A record deleted meanwhile (by GC) is claimed afresh.
+func (s *Store) claimExisting(ctx context.Context, tx pgx.Tx, k keyArgs) (ClaimResult, error) {
+	for range 3 {
+		rec, found, err := s.stored(ctx, tx, k)
+		switch {
+		case err != nil:
+			return ClaimResult{}, err
+		case !found:
+			tag, err := tx.Exec(ctx, s.sql.claim, k.args(s.cfg.Retention)...)
+			if err != nil {
+				return ClaimResult{}, fmt.Errorf("inbox: claim %q: %w", k.key, err)
+			}
+			if tag.RowsAffected() == 1 {
+				return ClaimResult{New: true}, nil
+			}
+			continue
+		case string(rec.Fingerprint) != string(k.fingerprint):
+			return ClaimResult{Existing: &rec}, &ConflictError{Key: k.key, Fingerprint: k.fingerprint, Stored: rec}
+		case rec.Status != FailedRetryable:
+			return ClaimResult{Existing: &rec}, nil
+		}
+		var failures int32
+		err = tx.QueryRow(ctx, s.sql.takeOver, k.scopeID, k.id, k.fingerprint, s.cfg.Retention).Scan(&failures)
+		if err == nil {
+			return ClaimResult{New: true, Failures: int(failures)}, nil
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return ClaimResult{}, fmt.Errorf("inbox: claim %q: %w", k.key, err)
+		}
+		// Another claim completed or changed the record first: read it again.
+	}
+	return ClaimResult{}, fmt.Errorf("inbox: claim %q: the record kept changing", k.key)
+}
+
+// RecordFailure counts a failed attempt at key on the Store's own handle,
+// after the attempt's transaction rolled back: the record becomes (or
+// stays) FAILED_RETRYABLE with cause as its last error and one more
+// failure, so the count survives crashes and redeliveries. It returns the
+// record as it stands: a record that another attempt completed or
+// dead-lettered meanwhile is returned unchanged, and a different
+// fingerprint is a *ConflictError.
+//
+// Call it only for real failures of the message's handler: a crash, a
+// lost connection or a cancelled context is not a failure.
+func (s *Store) RecordFailure(ctx context.Context, scope, key string, fingerprint []byte, cause error) (Record, error) {
+	k, err := s.resolve(ctx, scope, key, fingerprint)
+	if err != nil {
+		return Record{}, err
+	}
+	for range 3 {
+		var rec storedRecord
+		err := s.db.QueryRow(ctx, s.sql.recordFailure, append(k.args(s.cfg.Retention), errText(cause))...).Scan(rec.dest()...)
+		if err == nil {
+			return rec.record(scope, key), nil
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return Record{}, fmt.Errorf("inbox: record failure of %q: %w", key, err)
+		}
+		found, ok, err := s.stored(ctx, s.db, k)
+		if err != nil {
+			return Record{}, err
+		}
+		if ok {
+			if string(found.Fingerprint) != string(k.fingerprint) {
+				return found, &ConflictError{Key: key, Fingerprint: k.fingerprint, Stored: found}
+			}
+			return found, nil
+		}
+	}
+	return Record{}, fmt.Errorf("inbox: record failure of %q: the record kept changing", key)
+}
+
+// FailClaimTx counts a failed attempt at a key that tx claimed (New from
+// [Store.ClaimTx] or [Store.ClaimBatchTx]) when tx goes on and commits
+// without the message's effects, as a batch does after rewinding the
+// handler to its savepoint: the record becomes FAILED_RETRYABLE with cause
+// and one more failure. If tx rolls back, so does the count and the claim.
+func (s *Store) FailClaimTx(ctx context.Context, tx pgx.Tx, scope, key string, cause error) (Record, error) {
+	if pgtx.IsNil(tx) {
+		return Record{}, errNilTx
+	}
+	k, err := s.resolve(ctx, scope, key, nil)
+	if err != nil {
+		return Record{}, err
+	}
+	var rec storedRecord
+	err = tx.QueryRow(ctx, s.sql.failClaim, k.scopeID, k.id, errText(cause)).Scan(rec.dest()...)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Record{}, fmt.Errorf("inbox: fail claim %q: the key is not claimed in this transaction", key)
+	}
+	if err != nil {
+		return Record{}, fmt.Errorf("inbox: fail claim %q: %w", key, err)
+	}
+	return rec.record(scope, key), nil
+}
+
+// UnclaimTx undoes the claim of key that tx made (New from [Store.ClaimTx]
+// or [Store.ClaimBatchTx]) without counting a failure, for an attempt that
+// says nothing about the message (a deadlock, a serialization failure)
+// when tx goes on and commits: the key is as it was before the claim. If
+// tx rolls back, so does the claim anyway.
+func (s *Store) UnclaimTx(ctx context.Context, tx pgx.Tx, scope, key string) error {
+	if pgtx.IsNil(tx) {
+		return errNilTx
+	}
+	k, err := s.resolve(ctx, scope, key, nil)
+	if err != nil {
+		return err
+	}
+	var n int64
+	if err := tx.QueryRow(ctx, s.sql.unclaim, k.scopeID, k.id).Scan(&n); err != nil {
+		return fmt.Errorf("inbox: unclaim %q: %w", key, err)
+	}
+	if n == 0 {
+		return fmt.Errorf("inbox: unclaim %q: the key is not claimed in this transaction", key)
+	}
+	return nil
+}
+
+// DeadLetterTx records key in tx as FAILED_FINAL with cause and the number
+// of failed attempts, so that redeliveries are recognised and not applied.
+// It takes over a record whose attempts failed; any other stored record is
+// kept and reported as by [Store.ClaimTx]. If tx rolls back, so does the
+// dead letter.
+func (s *Store) DeadLetterTx(ctx context.Context, tx pgx.Tx, scope, key string, fingerprint []byte, failures int, cause error) (ClaimResult, error) {
+	if pgtx.IsNil(tx) {
+		return ClaimResult{}, errNilTx
 	}
 	k, err := s.resolve(ctx, scope, key, fingerprint)
 	if err != nil {
-		return Claim{}, err
+		return ClaimResult{}, err
 	}
-	return s.insert(ctx, tx, s.sql.deadLetter, k, attempts, &text)
+	text := errText(cause)
+	if text == "" {
+		text = "dead letter"
+	}
+	for range 2 {
+		tag, err := tx.Exec(ctx, s.sql.deadLetter, append(k.args(s.cfg.Retention), failures, text)...)
+		if err != nil {
+			return ClaimResult{}, fmt.Errorf("inbox: dead-letter %q: %w", key, err)
+		}
+		if tag.RowsAffected() == 1 {
+			return ClaimResult{New: true}, nil
+		}
+		rec, found, err := s.stored(ctx, tx, k)
+		if err != nil {
+			return ClaimResult{}, err
+		}
+		if found {
+			if string(rec.Fingerprint) != string(k.fingerprint) {
+				return ClaimResult{Existing: &rec}, &ConflictError{Key: key, Fingerprint: k.fingerprint, Stored: rec}
+			}
+			return ClaimResult{Existing: &rec}, nil
+		}
+	}
+	return ClaimResult{}, fmt.Errorf("inbox: dead-letter %q: record vanished twice", key)
 }
+
+// errText is the stored text of a failure's cause.
+func errText(cause error) string { return errtext.Of(cause) }
 
 // keyArgs is a validated key with everything its statements need.
 type keyArgs struct {
@@ -217,66 +461,42 @@ func (s *Store) resolve(ctx context.Context, scope, key string, fingerprint []by
 	return keyArgs{scope: scope, key: key, scopeID: scopeID, id: id, text: text, fingerprint: nonNil(fingerprint)}, nil
 }
 
-// args are the arguments of the insertRecord statements.
-func (k keyArgs) args(retention time.Duration, attempts int, lastError *string) []any {
-	return []any{k.scopeID, k.id, k.fingerprint, k.text, retention, attempts, lastError}
+// args are the first arguments of the statements that insert a record:
+// scope, key id, fingerprint, key text, retention.
+func (k keyArgs) args(retention time.Duration) []any {
+	return []any{k.scopeID, k.id, k.fingerprint, k.text, retention}
 }
 
-// insert runs an insertRecord statement in tx and reports the claim.
-func (s *Store) insert(ctx context.Context, tx pgx.Tx, sql string, k keyArgs, attempts int, lastError *string) (Claim, error) {
-	for range 2 {
-		tag, err := tx.Exec(ctx, sql, k.args(s.cfg.Retention, attempts, lastError)...)
-		if err != nil {
-			return Claim{}, fmt.Errorf("inbox: claim %q: %w", k.key, err)
-		}
-		if tag.RowsAffected() == 1 {
-			return Claim{New: true}, nil
-		}
-		c, found, err := s.stored(ctx, tx, k)
-		if found || err != nil {
-			return c, err
-		}
-		// Deleted by GC in between: claim it afresh.
-	}
-	return Claim{}, fmt.Errorf("inbox: claim %q: record vanished twice", k.key)
-}
-
-// stored reads the record an insert found, the duplicate path. In a READ
+// stored reads the record a claim found, the duplicate path. In a READ
 // COMMITTED transaction this new statement sees the record even if it
 // committed concurrently, after the insert's snapshot (the insert waited
 // for it, then skipped).
-func (s *Store) stored(ctx context.Context, db DB, k keyArgs) (c Claim, found bool, err error) {
+func (s *Store) stored(ctx context.Context, db DB, k keyArgs) (Record, bool, error) {
 	var rec storedRecord
-	err = db.QueryRow(ctx, s.sql.get, k.scopeID, k.id).Scan(rec.dest()...)
+	err := db.QueryRow(ctx, s.sql.get, k.scopeID, k.id).Scan(rec.dest()...)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return Claim{}, false, nil
+		return Record{}, false, nil
 	}
 	if err != nil {
-		return Claim{}, false, fmt.Errorf("inbox: read record %q: %w", k.key, err)
+		return Record{}, false, fmt.Errorf("inbox: read record %q: %w", k.key, err)
 	}
-	c, err = existing(k.scope, k.key, k.fingerprint, rec.record(k.scope, k.key))
-	return c, true, err
+	return rec.record(k.scope, k.key), true, nil
 }
 
-// existing reports a claim that found a stored record.
-func existing(scope, key string, fingerprint []byte, r Record) (Claim, error) {
-	c := Claim{Existing: &r}
-	if string(r.Fingerprint) != string(fingerprint) {
-		c.Err = &ConflictError{Key: key, Fingerprint: fingerprint, Stored: r}
+// ClaimBatchTx claims every item in tx, like [Store.ClaimTx] for each, with
+// one statement for the new keys. Keys must be distinct. The result has one
+// BatchClaim per item, in order; an invalid key or a conflict is reported
+// in that BatchClaim's Err, not as the error, which is reserved for
+// failures of the whole batch. If tx rolls back, so do all the claims.
+func (s *Store) ClaimBatchTx(ctx context.Context, tx pgx.Tx, scope string, items []Item) ([]BatchClaim, error) {
+	if pgtx.IsNil(tx) {
+		return nil, errNilTx
 	}
-	return c, c.Err
-}
-
-// ClaimBatch claims every item in tx with one statement, like [Store.Claim]
-// for each. Keys must be distinct. The result has one Claim per item, in
-// order; an invalid key or a conflict is reported in that Claim's Err, not
-// as the error, which is reserved for failures of the whole batch.
-func (s *Store) ClaimBatch(ctx context.Context, tx pgx.Tx, scope string, items []Item) ([]Claim, error) {
 	scopeID, err := s.scopeID(ctx, scope)
 	if err != nil {
 		return nil, err
 	}
-	claims := make([]Claim, len(items))
+	claims := make([]BatchClaim, len(items))
 	index := make(map[uuid.UUID]int, len(items))
 	ids := make([]uuid.UUID, 0, len(items))
 	fingerprints := make([][]byte, 0, len(items))
@@ -299,38 +519,49 @@ func (s *Store) ClaimBatch(ctx context.Context, tx pgx.Tx, scope string, items [
 		return claims, nil
 	}
 
-	// The duplicate path, read only for keys the insert skipped; a key GC
-	// deleted in between is claimed again.
-	for range 2 {
+	// The duplicate path, read only for keys the insert skipped; failed
+	// keys are taken over, and a key GC deleted in between is claimed
+	// again.
+	for range 3 {
 		skipped, err := s.claimMissing(ctx, tx, scopeID, ids, fingerprints, texts, index, claims)
 		if err != nil || len(skipped) == 0 {
 			return claims, err
 		}
-		rows, err := tx.Query(ctx, s.sql.getBatch, scopeID, skipped)
-		if err != nil {
-			return nil, fmt.Errorf("inbox: read batch records: %w", err)
+		if err := s.readBatch(ctx, tx, scope, scopeID, skipped, items, index, claims); err != nil {
+			return nil, err
 		}
-		var id uuid.UUID
-		var rec storedRecord
-		_, err = pgx.ForEachRow(rows, append([]any{&id}, rec.dest()...), func() error {
-			i := index[id]
-			claims[i], _ = existing(scope, items[i].Key, nonNil(items[i].Fingerprint), rec.record(scope, items[i].Key))
-			return nil
-		})
-		if err != nil {
-			return nil, fmt.Errorf("inbox: read batch records: %w", err)
+		if err := s.takeOverBatch(ctx, tx, scopeID, skipped, index, claims); err != nil {
+			return nil, err
 		}
 		ids, fingerprints, texts = unresolved(claims, index, ids, fingerprints, texts)
 		if len(ids) == 0 {
 			return claims, nil
 		}
 	}
-	return nil, errors.New("inbox: claim batch: records vanished twice")
+	return nil, errors.New("inbox: claim batch: the records kept changing")
+}
+
+// BeginClaimBatch begins a transaction on the Store's handle and claims
+// the items in it as [Store.ClaimBatchTx] does. Unless the error is not
+// nil, the caller owns tx and must commit or roll it back.
+func (s *Store) BeginClaimBatch(ctx context.Context, scope string, items []Item) (pgx.Tx, []BatchClaim, error) {
+	if _, err := s.scopeID(ctx, scope); err != nil {
+		return nil, nil, err
+	}
+	tx, err := s.begin(ctx, &pgx.Batch{})
+	if err != nil {
+		return nil, nil, fmt.Errorf("inbox: claim batch: %w", err)
+	}
+	claims, err := s.ClaimBatchTx(ctx, tx, scope, items)
+	if err != nil {
+		return nil, nil, errors.Join(err, tx.Rollback(ctx))
+	}
+	return tx, claims, nil
 }
 
 // claimMissing inserts the keys and marks the claimed ones New; it returns
 // the ids it skipped because they have a record.
-func (s *Store) claimMissing(ctx context.Context, tx pgx.Tx, scopeID int32, ids []uuid.UUID, fingerprints [][]byte, texts []*string, index map[uuid.UUID]int, claims []Claim) ([]uuid.UUID, error) {
+func (s *Store) claimMissing(ctx context.Context, tx pgx.Tx, scopeID int32, ids []uuid.UUID, fingerprints [][]byte, texts []*string, index map[uuid.UUID]int, claims []BatchClaim) ([]uuid.UUID, error) {
 	rows, err := tx.Query(ctx, s.sql.claimBatch, scopeID, ids, fingerprints, texts, s.cfg.Retention)
 	if err != nil {
 		return nil, fmt.Errorf("inbox: claim batch: %w", err)
@@ -354,37 +585,76 @@ func (s *Store) claimMissing(ctx context.Context, tx pgx.Tx, scopeID int32, ids 
 	return skipped, nil
 }
 
+// readBatch reads the records of the skipped keys into their claims.
+func (s *Store) readBatch(ctx context.Context, tx pgx.Tx, scope string, scopeID int32, skipped []uuid.UUID, items []Item, index map[uuid.UUID]int, claims []BatchClaim) error {
+	rows, err := tx.Query(ctx, s.sql.getBatch, scopeID, skipped)
+	if err != nil {
+		return fmt.Errorf("inbox: read batch records: %w", err)
+	}
+	var id uuid.UUID
+	var rec storedRecord
+	_, err = pgx.ForEachRow(rows, append([]any{&id}, rec.dest()...), func() error {
+		i := index[id]
+		r := rec.record(scope, items[i].Key)
+		claims[i] = BatchClaim{ClaimResult: ClaimResult{Existing: &r}}
+		if fp := nonNil(items[i].Fingerprint); string(r.Fingerprint) != string(fp) {
+			claims[i].Err = &ConflictError{Key: items[i].Key, Fingerprint: fp, Stored: r}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("inbox: read batch records: %w", err)
+	}
+	return nil
+}
+
+// takeOverBatch claims the skipped keys whose attempts failed. One that
+// changed since it was read is left unresolved, to be read again.
+func (s *Store) takeOverBatch(ctx context.Context, tx pgx.Tx, scopeID int32, skipped []uuid.UUID, index map[uuid.UUID]int, claims []BatchClaim) error {
+	var ids []uuid.UUID
+	var fingerprints [][]byte
+	for _, id := range skipped {
+		if c := claims[index[id]]; c.Err == nil && c.Existing != nil && c.Existing.Status == FailedRetryable {
+			ids = append(ids, id)
+			fingerprints = append(fingerprints, c.Existing.Fingerprint)
+		}
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	rows, err := tx.Query(ctx, s.sql.takeOverBatch, scopeID, ids, fingerprints, s.cfg.Retention)
+	if err != nil {
+		return fmt.Errorf("inbox: claim batch: %w", err)
+	}
+	var id uuid.UUID
+	var failures int32
+	taken := make(map[uuid.UUID]bool, len(ids))
+	_, err = pgx.ForEachRow(rows, []any{&id, &failures}, func() error {
+		taken[id] = true
+		claims[index[id]] = BatchClaim{ClaimResult: ClaimResult{New: true, Failures: int(failures)}}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("inbox: claim batch: %w", err)
+	}
+	for _, id := range ids {
+		if !taken[id] {
+			claims[index[id]] = BatchClaim{} // changed meanwhile: read it again
+		}
+	}
+	return nil
+}
+
 // unresolved keeps the keys of a batch that neither were claimed nor found.
-func unresolved(claims []Claim, index map[uuid.UUID]int, ids []uuid.UUID, fingerprints [][]byte, texts []*string) ([]uuid.UUID, [][]byte, []*string) {
+func unresolved(claims []BatchClaim, index map[uuid.UUID]int, ids []uuid.UUID, fingerprints [][]byte, texts []*string) ([]uuid.UUID, [][]byte, []*string) {
 	n := 0
 	for k, id := range ids {
-		if c := claims[index[id]]; !c.New && c.Existing == nil {
+		if c := claims[index[id]]; !c.New && c.Existing == nil && c.Err == nil {
 			ids[n], fingerprints[n], texts[n] = id, fingerprints[k], texts[k]
 			n++
 		}
 	}
 	return ids[:n], fingerprints[:n], texts[:n]
-}
-
-// Unclaim removes the records that ClaimBatch created in tx for keys whose
-// messages were not applied after all (their handler failed), so that a
-// redelivery applies them. It must only be given keys claimed New in tx.
-func (s *Store) Unclaim(ctx context.Context, tx pgx.Tx, scope string, keys []string) error {
-	if len(keys) == 0 {
-		return nil
-	}
-	scopeID, err := s.scopeID(ctx, scope)
-	if err != nil {
-		return err
-	}
-	ids := make([]uuid.UUID, len(keys))
-	for i, key := range keys {
-		ids[i], _ = keyID(key)
-	}
-	if _, err := tx.Exec(ctx, s.sql.unclaim, scopeID, ids); err != nil {
-		return fmt.Errorf("inbox: unclaim: %w", err)
-	}
-	return nil
 }
 
 func nonNil(b []byte) []byte {
@@ -400,55 +670,55 @@ func (s *Store) Get(ctx context.Context, scope, key string) (Record, error) {
 	if err != nil {
 		return Record{}, err
 	}
-	var rec storedRecord
-	err = s.db.QueryRow(ctx, s.sql.get, k.scopeID, k.id).Scan(rec.dest()...)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return Record{}, ErrNotFound
+	rec, found, err := s.stored(ctx, s.db, k)
+	if err == nil && !found {
+		err = ErrNotFound
 	}
-	if err != nil {
-		return Record{}, fmt.Errorf("inbox: get %q: %w", key, err)
-	}
-	return rec.record(scope, key), nil
+	return rec, err
 }
 
-// GC deletes records whose retention ran out, batchSize at a time (each
-// batch its own short statement, through the expires_at index), until none
-// is left, and returns how many it deleted. Records under a live lease are
+// GC deletes records and recorded conflicts whose retention ran out,
+// batchSize at a time (each batch its own short statement, through an
+// expires_at index), until none is left, and returns how many it deleted. Records under a live lease are
 // kept. batchSize <= 0 means 1000.
 func (s *Store) GC(ctx context.Context, batchSize int) (int64, error) {
 	if batchSize <= 0 {
 		batchSize = 1000
 	}
 	var total int64
-	for {
-		tag, err := s.db.Exec(ctx, s.sql.gc, batchSize)
-		if err != nil {
-			return total, fmt.Errorf("inbox: gc: %w", err)
-		}
-		total += tag.RowsAffected()
-		if tag.RowsAffected() < int64(batchSize) {
-			return total, nil
+	for _, sql := range []string{s.sql.gc, s.sql.gcConflicts} {
+		for {
+			tag, err := s.db.Exec(ctx, sql, batchSize)
+			if err != nil {
+				return total, fmt.Errorf("inbox: gc: %w", err)
+			}
+			total += tag.RowsAffected()
+			if tag.RowsAffected() < int64(batchSize) {
+				break
+			}
 		}
 	}
+	return total, nil
 }
 
 // storedRecord scans a record; its nullable columns go through pointers.
 type storedRecord struct {
 	Record
 	attempts         int32
+	failures         int32
 	owner, lastError *string
 	leaseUntil       *time.Time
 }
 
 // dest lists scan targets in the order of recordColumns.
 func (r *storedRecord) dest() []any {
-	return []any{&r.CreatedAt, &r.UpdatedAt, &r.ExpiresAt, &r.attempts, &r.Status,
+	return []any{&r.CreatedAt, &r.UpdatedAt, &r.ExpiresAt, &r.attempts, &r.failures, &r.Status,
 		&r.Fingerprint, &r.owner, &r.leaseUntil, &r.Result, &r.lastError}
 }
 
 func (r *storedRecord) record(scope, key string) Record {
 	rec := r.Record
-	rec.Scope, rec.Key, rec.Attempts = scope, key, int(r.attempts)
+	rec.Scope, rec.Key, rec.Attempts, rec.Failures = scope, key, int(r.attempts), int(r.failures)
 	rec.Owner, rec.LeaseUntil, rec.LastError = deref(r.owner), deref(r.leaseUntil), deref(r.lastError)
 	return rec
 }

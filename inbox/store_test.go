@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/inbox"
 	"github.com/idemq/idemq/testenv"
 )
@@ -42,7 +43,7 @@ func fp(s string) []byte {
 }
 
 // claimIn runs Claim in its own transaction and commits or rolls back.
-func claimIn(t *testing.T, b bundle, key, payload string, commit bool) (inbox.Claim, error) {
+func claimIn(t *testing.T, b bundle, key, payload string, commit bool) (inbox.ClaimResult, error) {
 	t.Helper()
 	ctx := context.Background()
 	tx, err := b.pool.Begin(ctx)
@@ -50,7 +51,7 @@ func claimIn(t *testing.T, b bundle, key, payload string, commit bool) (inbox.Cl
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	c, err := b.store.Claim(ctx, tx, "orders", key, fp(payload))
+	c, err := b.store.ClaimTx(ctx, tx, "orders", key, fp(payload))
 	if commit {
 		if cerr := tx.Commit(ctx); cerr != nil {
 			t.Fatal(cerr)
@@ -78,18 +79,30 @@ func TestMigrateIsIdempotentAndConcurrent(t *testing.T) {
 		`SELECT count(*) FROM idemq.idemq_migrations WHERE owner = 'inbox:idemq.events_inbox'`).Scan(&versions); err != nil {
 		t.Fatal(err)
 	}
-	if versions != 1 {
-		t.Fatalf("migration log has %d versions, want 1", versions)
+	if versions != 3 {
+		t.Fatalf("migration log has %d versions, want 3", versions)
 	}
 }
 
-func TestNewRejectsInvalidIdentifiers(t *testing.T) {
+func TestNewRejectsInvalidConfig(t *testing.T) {
+	// A pool that never connects: New must judge the config alone.
+	pool, err := pgxpool.New(context.Background(), "postgres://127.0.0.1:1/none")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
 	for _, cfg := range []inbox.Config{
 		{Table: "Inbox"}, {Table: "in box"}, {Table: `x"; DROP TABLE y; --`}, {Schema: "1st"},
-		{Table: strings.Repeat("t", 49)}, {MaxKeyLen: -1},
+		{Table: strings.Repeat("t", 49)}, {MaxKeyLen: -1}, {Retention: -time.Second},
 	} {
-		if _, err := inbox.New(nil, cfg); err == nil {
-			t.Errorf("New(%+v) accepted an invalid config", cfg)
+		if _, err := inbox.New(pool, cfg); !errors.Is(err, idemq.ErrConfig) {
+			t.Errorf("New(%+v) = %v, want an ErrConfig", cfg, err)
+		}
+	}
+	var nilPool *pgxpool.Pool
+	for _, db := range []inbox.DB{nil, nilPool} {
+		if _, err := inbox.New(db, inbox.Config{}); !errors.Is(err, idemq.ErrConfig) {
+			t.Errorf("New(%#v) = %v, want an ErrConfig", db, err)
 		}
 	}
 }
@@ -129,40 +142,58 @@ func TestRolledBackClaimLeavesNothing(t *testing.T) {
 
 // A second transaction claiming a key held by an uncommitted first one waits
 // and then follows the first one's fate.
+// Two claims of one key serialise, for a new key on the primary key and
+// for a key whose attempt failed on the row lock of the takeover: the
+// second waits, then sees a duplicate if the first commits and claims the
+// key if it rolls back.
 func TestConcurrentClaimFollowsTheFirstTransaction(t *testing.T) {
-	for _, commit := range []bool{true, false} {
-		t.Run(fmt.Sprintf("first commits=%v", commit), func(t *testing.T) {
-			b := setup(t, inbox.Config{})
-			ctx := context.Background()
-			first, err := b.pool.Begin(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if c, err := b.store.Claim(ctx, first, "orders", "k", fp("p")); err != nil || !c.New {
-				t.Fatalf("first claim = %+v, %v", c, err)
-			}
-			second := make(chan inbox.Claim)
-			go func() {
-				c, err := claimIn(t, b, "k", "p", true)
-				if err != nil {
-					t.Error(err)
-				}
-				second <- c
-			}()
-			waitForLockWait(t, b.pool)
-			if commit {
-				err = first.Commit(ctx)
-			} else {
-				err = first.Rollback(ctx)
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			c := <-second
-			if c.New == commit {
-				t.Fatalf("second claim New = %v after the first %s", c.New, map[bool]string{true: "committed", false: "rolled back"}[commit])
-			}
-		})
+	for _, failedBefore := range []bool{false, true} {
+		for _, commit := range []bool{true, false} {
+			t.Run(fmt.Sprintf("failed before=%v/first commits=%v", failedBefore, commit), func(t *testing.T) {
+				concurrentClaims(t, failedBefore, commit)
+			})
+		}
+	}
+}
+
+func concurrentClaims(t *testing.T, failedBefore, commit bool) {
+	b := setup(t, inbox.Config{})
+	ctx := context.Background()
+	if failedBefore {
+		if rec, err := b.store.RecordFailure(ctx, "orders", "k", fp("p"), errors.New("x")); err != nil || rec.Failures != 1 {
+			t.Fatalf("record failure: %+v, %v", rec, err)
+		}
+	}
+	first, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c, err := b.store.ClaimTx(ctx, first, "orders", "k", fp("p")); err != nil || !c.New {
+		t.Fatalf("first claim = %+v, %v", c, err)
+	}
+	second := make(chan inbox.ClaimResult)
+	go func() {
+		c, err := claimIn(t, b, "k", "p", true)
+		if err != nil {
+			t.Error(err)
+		}
+		second <- c
+	}()
+	waitForLockWait(t, b.pool)
+	if commit {
+		err = first.Commit(ctx)
+	} else {
+		err = first.Rollback(ctx)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := <-second
+	if c.New == commit {
+		t.Fatalf("second claim New = %v after the first %s", c.New, map[bool]string{true: "committed", false: "rolled back"}[commit])
+	}
+	if rec, err := b.store.Get(ctx, "orders", "k"); err != nil || rec.Status != inbox.Succeeded {
+		t.Fatalf("record after both: %+v, %v; want SUCCEEDED", rec, err)
 	}
 }
 
@@ -234,7 +265,7 @@ func TestScopesAreIndependent(t *testing.T) {
 	ctx := context.Background()
 	for _, scope := range []string{"billing", "shipping"} {
 		err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
-			c, err := b.store.Claim(ctx, tx, scope, "order-1", fp("p"))
+			c, err := b.store.ClaimTx(ctx, tx, scope, "order-1", fp("p"))
 			if err == nil && !c.New {
 				err = fmt.Errorf("scope %s saw another scope's record", scope)
 			}
@@ -262,11 +293,11 @@ func TestBadInputIsRejectedBeforeAnyWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	if _, err := b.store.Claim(ctx, tx, "orders", "k", make([]byte, 65)); err == nil {
+	if _, err := b.store.ClaimTx(ctx, tx, "orders", "k", make([]byte, 65)); err == nil {
 		t.Error("a 65-byte fingerprint was accepted")
 	}
 	// The transaction is untouched and still usable.
-	if c, err := b.store.Claim(ctx, tx, "orders", "k", fp("p")); err != nil || !c.New {
+	if c, err := b.store.ClaimTx(ctx, tx, "orders", "k", fp("p")); err != nil || !c.New {
 		t.Fatalf("claim after rejected input = %+v, %v", c, err)
 	}
 	var n int
@@ -291,10 +322,10 @@ func TestClaimBatch(t *testing.T) {
 		{Key: "reused", Fingerprint: fp("second")},
 		{Key: uuid.NewString(), Fingerprint: nil},
 	}
-	var claims []inbox.Claim
+	var claims []inbox.BatchClaim
 	err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
 		var err error
-		claims, err = b.store.ClaimBatch(ctx, tx, "orders", items)
+		claims, err = b.store.ClaimBatchTx(ctx, tx, "orders", items)
 		return err
 	})
 	if err != nil {
@@ -315,7 +346,7 @@ func TestClaimBatch(t *testing.T) {
 	}
 
 	err = pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
-		_, err := b.store.ClaimBatch(ctx, tx, "orders", []inbox.Item{{Key: "a"}, {Key: "a"}})
+		_, err := b.store.ClaimBatchTx(ctx, tx, "orders", []inbox.Item{{Key: "a"}, {Key: "a"}})
 		return err
 	})
 	if err == nil {
@@ -327,14 +358,14 @@ func TestDeadLetterIsRecognisedLater(t *testing.T) {
 	b := setup(t, inbox.Config{})
 	ctx := context.Background()
 	err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
-		_, err := b.store.DeadLetter(ctx, tx, "orders", "poison", fp("p"), 5, errors.New("boom"))
+		_, err := b.store.DeadLetterTx(ctx, tx, "orders", "poison", fp("p"), 5, errors.New("boom"))
 		return err
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	c, err := claimIn(t, b, "poison", "p", true)
-	if err != nil || c.New || c.Existing.Status != inbox.FailedFinal || c.Existing.LastError != "boom" || c.Existing.Attempts != 5 {
+	if err != nil || c.New || c.Existing.Status != inbox.FailedFinal || c.Existing.LastError != "boom" || c.Existing.Failures != 5 {
 		t.Fatalf("claim of a dead letter = %+v, %v", c, err)
 	}
 }
@@ -377,7 +408,7 @@ func TestGCRemovesOnlyExpiredRecords(t *testing.T) {
 func TestBeginClaimClaimsWithTheBegin(t *testing.T) {
 	b := setup(t, inbox.Config{})
 	ctx := context.Background()
-	begin := func(payload string, commit bool) (inbox.Claim, error) {
+	begin := func(payload string, commit bool) (inbox.ClaimResult, error) {
 		tx, c, err := b.store.BeginClaim(ctx, "orders", "k", fp(payload))
 		if tx != nil {
 			if commit {
@@ -404,5 +435,94 @@ func TestBeginClaimClaimsWithTheBegin(t *testing.T) {
 	}
 	if _, _, err := b.store.BeginClaim(ctx, "orders", "", nil); !errors.Is(err, inbox.ErrInvalidKey) {
 		t.Fatalf("empty key: %v", err)
+	}
+}
+
+// The transactions BeginClaim and BeginClaimBatch begin carry the
+// connection check, unless the pool's connections set their own.
+func TestClaimTransactionsSetTheConnectionCheck(t *testing.T) {
+	b := setup(t, inbox.Config{})
+	ctx := context.Background()
+	show := func(store *inbox.Store) (single, batch string) {
+		tx, _, err := store.BeginClaim(ctx, "orders", uuid.NewString(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx)
+		if err := tx.QueryRow(ctx, `SHOW client_connection_check_interval`).Scan(&single); err != nil {
+			t.Fatal(err)
+		}
+		btx, _, err := store.BeginClaimBatch(ctx, "orders", []inbox.Item{{Key: uuid.NewString()}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer btx.Rollback(ctx)
+		if err := btx.QueryRow(ctx, `SHOW client_connection_check_interval`).Scan(&batch); err != nil {
+			t.Fatal(err)
+		}
+		return single, batch
+	}
+	if single, batch := show(b.store); single != "2s" || batch != "2s" {
+		t.Errorf("default: %q and %q, want 2s", single, batch)
+	}
+	off, err := inbox.New(b.pool, inbox.Config{ConnectionCheckInterval: inbox.ConnectionCheckDisabled})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if single, batch := show(off); single != "0" || batch != "0" {
+		t.Errorf("disabled: %q and %q, want the server's 0", single, batch)
+	}
+	cfg := b.pool.Config()
+	cfg.ConnConfig.RuntimeParams["client_connection_check_interval"] = "5s"
+	own, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer own.Close()
+	store, err := inbox.New(own, inbox.Config{ConnectionCheckInterval: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if single, batch := show(store); single != "5s" || batch != "5s" {
+		t.Errorf("pool's own setting: %q and %q, want its 5s kept", single, batch)
+	}
+	if _, err := inbox.New(b.pool, inbox.Config{ConnectionCheckInterval: -time.Second}); !errors.Is(err, idemq.ErrConfig) {
+		t.Errorf("negative interval: %v, want ErrConfig", err)
+	}
+}
+
+// A nil transaction is an error from every Tx method, never a panic.
+func TestNilTxIsAnError(t *testing.T) {
+	b := setup(t, inbox.Config{})
+	ctx := context.Background()
+	var tx pgx.Tx
+	lease := inbox.Lease{Scope: "orders", Key: "k", Token: 1}
+	calls := map[string]func() error{
+		"ClaimTx": func() error { _, err := b.store.ClaimTx(ctx, tx, "orders", "k", nil); return err },
+		"ClaimBatchTx": func() error {
+			_, err := b.store.ClaimBatchTx(ctx, tx, "orders", []inbox.Item{{Key: "k"}})
+			return err
+		},
+		"DeadLetterTx": func() error {
+			_, err := b.store.DeadLetterTx(ctx, tx, "orders", "k", nil, 1, errors.New("x"))
+			return err
+		},
+		"FailClaimTx":      func() error { _, err := b.store.FailClaimTx(ctx, tx, "orders", "k", errors.New("x")); return err },
+		"CompleteTx":       func() error { return b.store.CompleteTx(ctx, tx, lease, nil) },
+		"FailTx":           func() error { return b.store.FailTx(ctx, tx, lease, errors.New("x")) },
+		"FailFinalTx":      func() error { return b.store.FailFinalTx(ctx, tx, lease, errors.New("x")) },
+		"RecordConflictTx": func() error { return b.store.RecordConflictTx(ctx, tx, "orders", "k", nil) },
+		"PurgeTx":          func() error { _, err := b.store.PurgeTx(ctx, tx, inbox.DeadFilter{}); return err },
+		"PurgeConflictsTx": func() error { _, err := b.store.PurgeConflictsTx(ctx, tx, inbox.DeadFilter{}); return err },
+		"UnclaimTx":        func() error { return b.store.UnclaimTx(ctx, tx, "orders", "k") },
+		"ReleaseConflictsTx": func() error {
+			_, err := b.store.ReleaseConflictsTx(ctx, tx, inbox.DeadFilter{})
+			return err
+		},
+	}
+	for name, call := range calls {
+		if err := call(); err == nil {
+			t.Errorf("%s with a nil tx succeeded", name)
+		}
 	}
 }

@@ -2,28 +2,29 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/idemq/idemq/internal/outboxsql"
 )
 
 // DeadLetter is a message the relay gave up on: it failed permanently or
 // too many times. It keeps the message's id, so a replayed message is still
 // deduplicated downstream against any earlier delivery.
 type DeadLetter struct {
-	ID          uuid.UUID
-	Destination string
-	Key         string
-	Payload     []byte
-	Headers     map[string]string
+	Message
 	// Attempts counts the failed publishes.
 	Attempts int
 	// LastError is the error of the last attempt.
 	LastError string
+	// CreatedAt is when the message was enqueued.
 	CreatedAt time.Time
-	FailedAt  time.Time
+	// FailedAt is when it became a dead letter.
+	FailedAt time.Time
 }
 
 // DeadFilter selects dead letters. Zero fields match everything; set fields
@@ -48,15 +49,8 @@ type DeadFilter struct {
 	Limit int
 }
 
-// deadWhere is the filter shared by list, replay and purge: static SQL
-// whose parameters are NULL when a filter field is unset.
-const deadWhere = `($1::uuid[] IS NULL OR id = ANY($1))
-  AND ($2::text IS NULL OR destination = $2)
-  AND ($3::text IS NULL OR starts_with(destination, $3))
-  AND ($4::text IS NULL OR key = $4)
-  AND ($5::timestamptz IS NULL OR failed_at < $5)
-  AND ($6::timestamptz IS NULL OR failed_at >= $6)`
-
+// args are the parameters of the dead-letter filter and limit
+// (outboxsql.Queries.ListDead and LockDead).
 func (f DeadFilter) args(defaultLimit int) []any {
 	opt := func(s string) any {
 		if s == "" {
@@ -84,19 +78,24 @@ func (f DeadFilter) args(defaultLimit int) []any {
 }
 
 // DeadLetters lists the dead letters that match f, oldest enqueued first.
-func (o *Outbox) DeadLetters(ctx context.Context, db DB, f DeadFilter) ([]DeadLetter, error) {
+func (o *Outbox) DeadLetters(ctx context.Context, f DeadFilter) ([]DeadLetter, error) {
 	if f.Limit < 0 {
 		return nil, fmt.Errorf("outbox: negative limit %d", f.Limit)
 	}
-	rows, err := db.Query(ctx, `SELECT id, destination, coalesce(key, ''), payload, headers, attempts, last_error, created_at, failed_at
-FROM `+o.DeadTable()+` WHERE `+deadWhere+` ORDER BY seq LIMIT $7`, f.args(100)...)
+	rows, err := o.db.Query(ctx, o.q.ListDead, f.args(100)...)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: list dead letters: %w", err)
 	}
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (DeadLetter, error) {
 		var d DeadLetter
-		err := row.Scan(&d.ID, &d.Destination, &d.Key, &d.Payload, &d.Headers, &d.Attempts, &d.LastError, &d.CreatedAt, &d.FailedAt)
-		return d, err
+		var headers []byte
+		if err := row.Scan(&d.ID, &d.Destination, &d.Key, &d.Payload, &headers, &d.Attempts, &d.LastError, &d.CreatedAt, &d.FailedAt); err != nil {
+			return d, err
+		}
+		// Headers that do not decode stay nil: the dead letter is still
+		// listed, and its LastError says why it died.
+		d.Headers, _ = outboxsql.DecodeHeaders(headers)
+		return d, nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("outbox: list dead letters: %w", err)
@@ -109,97 +108,115 @@ FROM `+o.DeadTable()+` WHERE `+deadWhere+` ORDER BY seq LIMIT $7`, f.args(100)..
 // any later message of the key still pending). Followers a relay parked
 // behind them (relay option ParkFollowers) are released once their key has
 // no dead letter left. Replay returns the number of messages moved.
-func (o *Outbox) Replay(ctx context.Context, db DB, f DeadFilter) (int64, error) {
-	return o.moveDead(ctx, db, f, true)
+func (o *Outbox) Replay(ctx context.Context, f DeadFilter) (int64, error) {
+	return inTx(ctx, o.db, func(tx pgx.Tx) (int64, error) { return o.ReplayTx(ctx, tx, f) })
+}
+
+// ReplayTx is [Outbox.Replay] in the caller's tx: the messages are back in
+// the outbox if and only if tx commits.
+func (o *Outbox) ReplayTx(ctx context.Context, tx pgx.Tx, f DeadFilter) (int64, error) {
+	n, err := o.settleDead(ctx, tx, f, o.q.Replay)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: replay dead letters: %w", err)
+	}
+	return n, nil
 }
 
 // Purge deletes the dead letters that match f and returns how many it
 // deleted. Followers parked behind them are released once their key has no
 // dead letter left.
-func (o *Outbox) Purge(ctx context.Context, db DB, f DeadFilter) (int64, error) {
-	return o.moveDead(ctx, db, f, false)
+func (o *Outbox) Purge(ctx context.Context, f DeadFilter) (int64, error) {
+	return inTx(ctx, o.db, func(tx pgx.Tx) (int64, error) { return o.PurgeTx(ctx, tx, f) })
 }
 
-func (o *Outbox) moveDead(ctx context.Context, db DB, f DeadFilter, replay bool) (int64, error) {
-	what := "purge"
-	if replay {
-		what = "replay"
-	}
-	if f.Limit < 0 {
-		return 0, fmt.Errorf("outbox: %s: negative limit %d", what, f.Limit)
-	}
-	var n int64
-	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		// Lock the selected dead letters, then the keys they belong to (in
-		// one order, so two replays never deadlock), then move them under a
-		// fresh snapshot: a relay holding rows of such a key finishes first.
-		rows, err := tx.Query(ctx, `SELECT seq, key FROM `+o.DeadTable()+` WHERE `+deadWhere+`
-ORDER BY seq LIMIT $7 FOR UPDATE`, f.args(0)...)
-		if err != nil {
-			return err
-		}
-		var seqs []int64
-		var keys []string
-		seen := map[string]bool{}
-		for rows.Next() {
-			var seq int64
-			var key *string
-			if err := rows.Scan(&seq, &key); err != nil {
-				return err
-			}
-			seqs = append(seqs, seq)
-			if key != nil && !seen[*key] {
-				seen[*key] = true
-				keys = append(keys, *key)
-			}
-		}
-		if err := rows.Err(); err != nil {
-			return err
-		}
-		if len(seqs) == 0 {
-			return nil
-		}
-		if len(keys) > 0 {
-			if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1, h)
-FROM (SELECT DISTINCT hashtext(k) AS h FROM unnest($2::text[]) AS k ORDER BY 1) AS l`, o.lockClass, keys); err != nil {
-				return err
-			}
-		}
-		if replay {
-			tag, err := tx.Exec(ctx, `WITH moved AS (
-  DELETE FROM `+o.DeadTable()+` WHERE seq = ANY($1)
-  RETURNING seq, id, created_at, destination, payload, key, headers, last_error)
-INSERT INTO `+o.Table()+` (seq, id, created_at, available_at, attempts, destination, payload, key, headers, last_error)
-SELECT seq, id, created_at, now(), 0, destination, payload, key, headers, last_error FROM moved`, seqs)
-			if err != nil {
-				return err
-			}
-			n = tag.RowsAffected()
-		} else {
-			tag, err := tx.Exec(ctx, `DELETE FROM `+o.DeadTable()+` WHERE seq = ANY($1)`, seqs)
-			if err != nil {
-				return err
-			}
-			n = tag.RowsAffected()
-		}
-		if len(keys) > 0 {
-			if _, err := tx.Exec(ctx, `UPDATE `+o.Table()+` AS o SET available_at = now()
-WHERE o.key = ANY($1) AND o.available_at = 'infinity'
-  AND NOT EXISTS (SELECT 1 FROM `+o.DeadTable()+` AS d WHERE d.key = o.key)`, keys); err != nil {
-				return err
-			}
-		}
-		if o.notify {
-			if _, err := tx.Exec(ctx, `SELECT pg_notify($1, '')`, o.channel); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+// PurgeTx is [Outbox.Purge] in the caller's tx: the dead letters are gone
+// if and only if tx commits.
+func (o *Outbox) PurgeTx(ctx context.Context, tx pgx.Tx, f DeadFilter) (int64, error) {
+	n, err := o.settleDead(ctx, tx, f, o.q.Purge)
 	if err != nil {
-		return 0, fmt.Errorf("outbox: %s dead letters: %w", what, err)
+		return 0, fmt.Errorf("outbox: purge dead letters: %w", err)
 	}
 	return n, nil
+}
+
+// settleDead runs stmt (Replay or Purge) on the dead letters that match f,
+// under the locks of their keys, then releases the followers parked behind
+// them.
+func (o *Outbox) settleDead(ctx context.Context, tx pgx.Tx, f DeadFilter, stmt string) (int64, error) {
+	if tx == nil {
+		return 0, errors.New("nil tx")
+	}
+	seqs, keys, err := o.lockDead(ctx, tx, f)
+	if err != nil || len(seqs) == 0 {
+		return 0, err
+	}
+	tag, err := tx.Exec(ctx, stmt, seqs)
+	if err != nil {
+		return 0, err
+	}
+	return tag.RowsAffected(), o.unpark(ctx, tx, keys)
+}
+
+// lockDead locks the dead letters that match f, then the keys they belong
+// to (see outboxsql: a relay holding rows of such a key finishes first),
+// and returns their seqs and distinct keys. What follows runs under a fresh
+// snapshot, after those locks.
+func (o *Outbox) lockDead(ctx context.Context, tx pgx.Tx, f DeadFilter) (seqs []int64, keys []string, err error) {
+	if f.Limit < 0 {
+		return nil, nil, fmt.Errorf("negative limit %d", f.Limit)
+	}
+	rows, err := tx.Query(ctx, o.q.LockDead, f.args(0)...)
+	if err != nil {
+		return nil, nil, err
+	}
+	seen := map[string]bool{}
+	for rows.Next() {
+		var seq int64
+		var key *string
+		if err := rows.Scan(&seq, &key); err != nil {
+			return nil, nil, err
+		}
+		seqs = append(seqs, seq)
+		if key != nil && !seen[*key] {
+			seen[*key] = true
+			keys = append(keys, *key)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, nil, err
+	}
+	if len(keys) > 0 {
+		if _, err := tx.Exec(ctx, o.q.LockKeys, o.q.LockClass, keys); err != nil {
+			return nil, nil, err
+		}
+	}
+	return seqs, keys, nil
+}
+
+// unpark releases the followers parked behind keys that have no dead letter
+// left and wakes the relays.
+func (o *Outbox) unpark(ctx context.Context, tx pgx.Tx, keys []string) error {
+	if len(keys) > 0 {
+		if _, err := tx.Exec(ctx, o.q.Unpark, keys); err != nil {
+			return err
+		}
+	}
+	if !o.cfg.DisableNotify {
+		if _, err := tx.Exec(ctx, o.q.Notify, o.cfg.Channel); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// inTx runs fn in a transaction on db.
+func inTx(ctx context.Context, db DB, fn func(pgx.Tx) (int64, error)) (int64, error) {
+	var n int64
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) (err error) {
+		n, err = fn(tx)
+		return err
+	})
+	return n, err
 }
 
 // Stats is a snapshot of the outbox.
@@ -216,12 +233,10 @@ type Stats struct {
 
 // Stats counts pending messages and dead letters. It scans the tables, so
 // call it every few seconds at most, not per message.
-func (o *Outbox) Stats(ctx context.Context, db DB) (Stats, error) {
+func (o *Outbox) Stats(ctx context.Context) (Stats, error) {
 	var s Stats
 	var oldest *float64
-	err := db.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+o.Table()+`),
-  (SELECT extract(epoch FROM clock_timestamp() - min(created_at))::float8 FROM `+o.Table()+`),
-  (SELECT count(*) FROM `+o.DeadTable()+`)`).Scan(&s.Pending, &oldest, &s.Dead)
+	err := o.db.QueryRow(ctx, o.q.Stats).Scan(&s.Pending, &oldest, &s.Dead)
 	if err != nil {
 		return Stats{}, fmt.Errorf("outbox: stats: %w", err)
 	}

@@ -4,7 +4,10 @@
 //
 // # Enqueue
 //
-// [Outbox.Enqueue] inserts messages inside the caller's pgx.Tx, with one
+// An [Outbox] owns the handle given to [New] (a pool, usually), which
+// [Outbox.Migrate], [Outbox.Enqueue] and the dead-letter calls use; the
+// calls ending in Tx run in the caller's transaction instead, River's rule.
+// [Outbox.EnqueueTx] inserts messages inside the caller's pgx.Tx, with one
 // round trip per call (a multi-row INSERT from arrays, or COPY for large
 // calls) and a NOTIFY that wakes the relays when the transaction commits
 // (at most one per [Config.NotifyInterval] across transactions: a NOTIFY
@@ -13,6 +16,21 @@
 // leaves the transaction untouched. Each message gets a UUIDv7 id unless
 // the caller set one; the id travels downstream as the message id, so the
 // receiving inbox drops the duplicates a relay crash creates.
+//
+// # Notifications
+//
+// A NOTIFY makes its transaction's commit take a cluster-wide lock until
+// the commit is flushed, so notifying writers lose group commit: 16
+// concurrent writers notifying in every transaction commit about a third
+// as many transactions per second (see the relay benchmarks). An Outbox
+// therefore sends at most one NOTIFY per [Config.NotifyInterval], and
+// relays poll at that interval for a while after each wake-up, which finds
+// the rows of the transactions that skipped theirs. The one case that
+// waits for the relay's poll interval: the transaction that did notify
+// rolled back and no other transaction notified after it. The default
+// channel is derived from the schema and table; where that is longer than
+// Postgres' 63 bytes it is shortened with a hash, the same way in every
+// process.
 //
 // # Order
 //
@@ -39,8 +57,8 @@
 // dead) each claim reads through them. The migration therefore sets
 // per-table autovacuum parameters (vacuum after every 10,000 dead rows
 // instead of after 20% of the table, unthrottled); since autovacuum may be
-// off or slow on a server, the relay also vacuums the table itself every
-// 100,000 claimed rows (relay.Config.VacuumEvery); and the relay scans
+// off or slow on a server, the relay can vacuum the table itself
+// (relay.Config.VacuumEvery, off by default); and the relay scans
 // from where its last batch began while it is busy, going back to the
 // start of the table only periodically. A long-running transaction anywhere in the
 // database holds back the horizon: no dead row deleted after it began can

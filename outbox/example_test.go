@@ -11,9 +11,9 @@ import (
 	"github.com/idemq/idemq/testenv"
 )
 
-// Enqueue writes the business row and the message in one transaction: the
+// EnqueueTx writes the business row and the message in one transaction: the
 // message exists if and only if the order does.
-func ExampleOutbox_Enqueue() {
+func ExampleOutbox_EnqueueTx() {
 	ctx := context.Background()
 	pool, drop, err := testenv.ScratchPool(ctx, "idemq_example")
 	if err != nil {
@@ -21,11 +21,11 @@ func ExampleOutbox_Enqueue() {
 	}
 	defer drop()
 
-	ob, err := outbox.New(outbox.Config{})
+	ob, err := outbox.New(pool, outbox.Config{})
 	if err != nil {
 		log.Fatal(err)
 	}
-	if err := ob.Migrate(ctx, pool); err != nil {
+	if err := ob.Migrate(ctx); err != nil {
 		log.Fatal(err)
 	}
 	if _, err := pool.Exec(ctx, `CREATE TABLE orders (id text PRIMARY KEY, total int)`); err != nil {
@@ -36,7 +36,7 @@ func ExampleOutbox_Enqueue() {
 		if _, err := tx.Exec(ctx, `INSERT INTO orders VALUES ('o-1', 42)`); err != nil {
 			return err
 		}
-		return ob.Enqueue(ctx, tx, outbox.Message{
+		return ob.EnqueueTx(ctx, tx, outbox.Message{
 			Destination: "orders.created",
 			Key:         "o-1", // messages of one order are published in order
 			Payload:     []byte(`{"id":"o-1","total":42}`),
@@ -47,7 +47,7 @@ func ExampleOutbox_Enqueue() {
 		log.Fatal(err)
 	}
 
-	st, err := ob.Stats(ctx, pool)
+	st, err := ob.Stats(ctx)
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"embed"
 	"encoding/json"
@@ -15,6 +16,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/internal/outboxsql"
 	"github.com/idemq/idemq/internal/pgutil"
 )
 
@@ -23,7 +26,7 @@ var migrations embed.FS
 
 // Limits on the parts of a [Message] that are not configurable: they keep
 // every row insertable (a btree entry holds at most about 2.7 kB) so that
-// an oversized field is a clear error from [Outbox.Enqueue] instead of a
+// an oversized field is a clear error from [Outbox.EnqueueTx] instead of a
 // failed statement that aborts the caller's transaction.
 const (
 	// MaxDestinationLen is the longest destination in bytes.
@@ -40,13 +43,13 @@ const (
 const copyThreshold = 256
 
 // ErrInvalidMessage is matched (with errors.Is) by every error that
-// [Outbox.Enqueue] returns for a message it refused before writing
+// [Outbox.EnqueueTx] returns for a message it refused before writing
 // anything. The concrete error is an [*InvalidMessageError].
 var ErrInvalidMessage = errors.New("outbox: invalid message")
 
 // ErrPayloadTooLarge is matched, in addition to [ErrInvalidMessage], when a
 // payload exceeds [Config.MaxPayload].
-var ErrPayloadTooLarge = errors.New("payload too large")
+var ErrPayloadTooLarge = errors.New("outbox: payload too large")
 
 // InvalidMessageError says which message of an Enqueue call was refused
 // and why.
@@ -69,7 +72,8 @@ func (e *InvalidMessageError) Is(target error) bool {
 	return target == ErrInvalidMessage || (e.err != nil && target == e.err)
 }
 
-// Message is one message to enqueue.
+// Message is one outbox message: what Enqueue writes, what the relay
+// publishes (relay.Message) and what a [DeadLetter] keeps.
 type Message struct {
 	// ID becomes the message id downstream (Idempotency-Key, Nats-Msg-Id).
 	// The zero UUID means: generate a UUIDv7.
@@ -91,145 +95,151 @@ type Message struct {
 	Headers map[string]string
 }
 
+// Defaults of [Config].
+const (
+	SchemaDefault         = "public"
+	TableDefault          = "idemq_outbox"
+	MaxPayloadDefault     = 1 << 20
+	NotifyIntervalDefault = 5 * time.Millisecond
+)
+
 // Config configures an [Outbox]. The zero value is usable.
 type Config struct {
 	// Schema holds the tables. Defaults to "public".
 	Schema string
-	// Table is the outbox table; dead letters live in Table+"_dead".
-	// Defaults to "idemq_outbox". Names are lower case letters, digits and
-	// underscores, at most 48 bytes.
+	// Table is the outbox table; dead letters live in Table+"_dead". Lower
+	// case letters, digits and underscores, at most 48 bytes. Defaults to
+	// "idemq_outbox".
 	Table string
-	// MaxPayload is the largest payload in bytes Enqueue accepts.
-	// Defaults to 1 MiB.
+	// MaxPayload is the largest payload in bytes Enqueue accepts. Defaults
+	// to 1 MiB.
 	MaxPayload int
-	// Channel is the LISTEN/NOTIFY channel that wakes relays. Defaults to
-	// the table name, prefixed with "<schema>." outside the public schema.
+	// Channel is the LISTEN/NOTIFY channel that wakes relays, at most 63
+	// bytes. Defaults to the table name, prefixed with "<schema>." outside
+	// the public schema, shortened with a hash where that exceeds 63 bytes.
 	Channel string
 	// DisableNotify stops Enqueue from sending NOTIFY; relays then find new
 	// rows by polling only.
 	DisableNotify bool
-	// NotifyInterval coalesces notifications across transactions: an
-	// Enqueue sends NOTIFY only if no Enqueue of this Outbox sent one in the
-	// last NotifyInterval. A NOTIFY makes its transaction's commit take a
-	// cluster-wide lock until the commit is flushed, so notifying writers
-	// lose group commit: 16 concurrent writers notifying every transaction
-	// commit about a third as many transactions per second (see the relay
-	// benchmarks). Relays poll every NotifyInterval for a while after each
-	// wake-up, which finds the rows of the transactions that skipped their
-	// NOTIFY. The one case that waits for the relay's PollInterval: the
-	// transaction that did notify rolled back and no other transaction
-	// notified after it. Defaults to 5 ms; a negative value notifies in
-	// every transaction.
+	// NotifyInterval is the least time between two NOTIFYs of this Outbox
+	// (see the package documentation). Negative notifies in every
+	// transaction. Defaults to 5 ms.
 	NotifyInterval time.Duration
+}
+
+func (c Config) withDefaults() Config {
+	c.Schema = cmp.Or(c.Schema, SchemaDefault)
+	c.Table = cmp.Or(c.Table, TableDefault)
+	c.MaxPayload = cmp.Or(c.MaxPayload, MaxPayloadDefault)
+	c.Channel = cmp.Or(c.Channel, defaultChannel(c.Schema, c.Table))
+	c.NotifyInterval = cmp.Or(c.NotifyInterval, NotifyIntervalDefault)
+	return c
+}
+
+func (c Config) validate() error {
+	switch {
+	case c.MaxPayload < 0:
+		return idemq.NewConfigError("outbox", "MaxPayload", "%d is negative", c.MaxPayload)
+	case len(c.Channel) > maxChannelLen || strings.IndexByte(c.Channel, 0) >= 0 || !utf8.ValidString(c.Channel):
+		return idemq.NewConfigError("outbox", "Channel", "%q: want at most %d bytes of UTF-8 without NUL", c.Channel, maxChannelLen)
+	}
+	return nil
+}
+
+// maxChannelLen is Postgres' identifier limit, which NOTIFY channels obey.
+const maxChannelLen = 63
+
+// defaultChannel is "<table>" in the public schema and "<schema>.<table>"
+// elsewhere; a name over 63 bytes keeps its first 54 bytes and ends with
+// "_" and 8 hex digits of a hash of the whole name, so that it stays
+// distinct and every process derives the same one.
+func defaultChannel(schema, table string) string {
+	name := table
+	if schema != SchemaDefault {
+		name = schema + "." + table
+	}
+	if len(name) <= maxChannelLen {
+		return name
+	}
+	h := fnv.New32a()
+	h.Write([]byte(name))
+	return fmt.Sprintf("%s_%08x", name[:maxChannelLen-9], h.Sum32())
 }
 
 // Outbox writes messages inside the caller's transaction and manages the
 // dead letters. It is safe for concurrent use.
 type Outbox struct {
+	db         DB
+	cfg        Config
 	table      pgutil.Table
-	maxPayload int
-	channel    string
-	notify     bool
-	lockClass  int32
-	every      time.Duration
+	q          outboxsql.Queries
 	lastNotify atomic.Int64 // unix nanoseconds of the last NOTIFY sent
-
-	insertSQL string
 }
 
-// New validates cfg and returns an Outbox. It does not touch the database;
-// call [Outbox.Migrate] once to create the tables.
-func New(cfg Config) (*Outbox, error) {
-	if cfg.Schema == "" {
-		cfg.Schema = "public"
+// New validates cfg and returns an Outbox on db (a *pgxpool.Pool usually),
+// which [Outbox.Enqueue], the dead-letter calls and [Outbox.Migrate] use.
+// It does not touch the database; call Migrate once to create the tables.
+func New(db DB, cfg Config) (*Outbox, error) {
+	if db == nil {
+		return nil, idemq.NewConfigError("outbox", "db", "is nil: New needs a pool or a connection")
 	}
-	if cfg.Table == "" {
-		cfg.Table = "idemq_outbox"
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
 	}
 	t, err := pgutil.NewTable(cfg.Schema, cfg.Table)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: %w", err)
 	}
-	if cfg.MaxPayload < 0 {
-		return nil, fmt.Errorf("outbox: MaxPayload %d is negative", cfg.MaxPayload)
-	}
-	if cfg.MaxPayload == 0 {
-		cfg.MaxPayload = 1 << 20
-	}
-	if cfg.Channel == "" {
-		cfg.Channel = cfg.Table
-		if cfg.Schema != "public" {
-			cfg.Channel = cfg.Schema + "." + cfg.Table
-		}
-	}
-	if len(cfg.Channel) > 63 || strings.IndexByte(cfg.Channel, 0) >= 0 || !utf8.ValidString(cfg.Channel) {
-		return nil, fmt.Errorf("outbox: invalid channel %q: want at most 63 bytes of UTF-8 without NUL", cfg.Channel)
-	}
-	if cfg.NotifyInterval == 0 {
-		cfg.NotifyInterval = 5 * time.Millisecond
-	}
-	h := fnv.New32a()
-	h.Write([]byte("idemq-outbox:" + cfg.Schema + "." + cfg.Table))
-	return &Outbox{
-		table:      t,
-		maxPayload: cfg.MaxPayload,
-		channel:    cfg.Channel,
-		notify:     !cfg.DisableNotify,
-		lockClass:  int32(h.Sum32()),
-		every:      max(cfg.NotifyInterval, 0),
-		insertSQL: `INSERT INTO ` + t.String() + ` (id, destination, key, payload, headers)
-SELECT m.id, m.destination, m.key, m.payload, m.headers::jsonb
-FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bytea[], $5::text[])
-     WITH ORDINALITY AS m(id, destination, key, payload, headers, n)
-ORDER BY m.n`,
-	}, nil
+	return &Outbox{db: db, cfg: cfg, table: t, q: outboxsql.New(t)}, nil
 }
 
 // Migrate creates or upgrades the outbox and dead-letter tables. It is
-// safe to run from several processes at once.
-func (o *Outbox) Migrate(ctx context.Context, db DB) error {
-	return pgutil.Migrate(ctx, db, migrations, "migrations", "outbox", o.table)
+// safe to run from several processes, and beside the migrations of other
+// idemq stores, at once.
+func (o *Outbox) Migrate(ctx context.Context) error {
+	return pgutil.Migrate(ctx, o.db, migrations, "migrations", "outbox", o.table)
+}
+
+// PendingMigrations returns the names of the migrations Migrate would
+// apply, in order; none once the tables are up to date.
+func (o *Outbox) PendingMigrations(ctx context.Context) ([]string, error) {
+	return pgutil.Pending(ctx, o.db, migrations, "migrations", "outbox", o.table)
 }
 
 // DB is what the outbox needs from a database handle: a *pgxpool.Pool, a
 // *pgx.Conn and a pgx.Tx all satisfy it.
 type DB = pgutil.DB
 
-// Table returns the quoted, schema-qualified outbox table, for the relay
-// and for tools.
-func (o *Outbox) Table() string { return o.table.String() }
-
-// DeadTable returns the quoted, schema-qualified dead-letter table.
-func (o *Outbox) DeadTable() string { return o.table.Ident("_dead") }
-
-// Channel returns the LISTEN/NOTIFY channel relays listen on.
-func (o *Outbox) Channel() string { return o.channel }
-
-// NotifyInterval returns the interval within which Enqueue sends at most
-// one NOTIFY (see [Config.NotifyInterval]); 0 when every transaction
-// notifies. Relays poll at this interval for a while after a wake-up.
-func (o *Outbox) NotifyInterval() time.Duration { return o.every }
+// Config returns the configuration in effect, defaults filled in: the
+// relay reads the tables, channel and notify interval from it.
+func (o *Outbox) Config() Config { return o.cfg }
 
 // shouldNotify reports whether this Enqueue sends NOTIFY.
 func (o *Outbox) shouldNotify() bool {
-	if !o.notify {
+	if o.cfg.DisableNotify {
 		return false
 	}
-	if o.every == 0 {
+	if o.cfg.NotifyInterval <= 0 {
 		return true
 	}
 	now := time.Now().UnixNano()
 	last := o.lastNotify.Load()
-	return now-last >= int64(o.every) && o.lastNotify.CompareAndSwap(last, now)
+	return now-last >= int64(o.cfg.NotifyInterval) && o.lastNotify.CompareAndSwap(last, now)
 }
 
-// LockClass returns the first key of the transaction-scoped advisory locks
-// (class, hashtext(key)) that serialise everyone who claims or moves rows
-// of one ordering key. Relays and the dead-letter calls take them.
-func (o *Outbox) LockClass() int32 { return o.lockClass }
+// Enqueue writes msgs in a transaction of its own on the Outbox's handle,
+// for messages that go with no business write; see [Outbox.EnqueueTx].
+func (o *Outbox) Enqueue(ctx context.Context, msgs ...Message) error {
+	if len(msgs) == 0 {
+		return nil
+	}
+	return pgx.BeginFunc(ctx, o.db, func(tx pgx.Tx) error { return o.EnqueueTx(ctx, tx, msgs...) })
+}
 
-// Enqueue inserts msgs into the outbox inside tx, so that they are
-// published if and only if tx commits, and wakes the relays with one
+// EnqueueTx inserts msgs into the outbox inside the caller's tx, so that
+// they are published if and only if tx commits (a rollback discards
+// them), and wakes the relays with one
 // NOTIFY (delivered at commit; Postgres folds the identical notifications
 // of one transaction into one).
 //
@@ -237,32 +247,40 @@ func (o *Outbox) LockClass() int32 { return o.lockClass }
 // within a call, in the order of msgs. Large calls are written with COPY.
 //
 // Every message is validated before anything is written: on an
-// [ErrInvalidMessage] error tx is untouched and may still commit. Enqueue
-// with no messages does nothing.
-func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, msgs ...Message) error {
+// [ErrInvalidMessage] error tx is untouched and may still commit. EnqueueTx
+// with no messages does nothing; a nil tx is an error.
+//
+// The trace context of ctx, if any, is stored in each message's headers
+// (traceparent, tracestate) through the global OpenTelemetry propagator,
+// unless the message already carries those headers.
+func (o *Outbox) EnqueueTx(ctx context.Context, tx pgx.Tx, msgs ...Message) error {
 	if len(msgs) == 0 {
 		return nil
 	}
+	if tx == nil {
+		return errors.New("outbox: EnqueueTx: nil tx")
+	}
+	msgs = withTraceContext(ctx, msgs)
 	rows, err := o.prepare(msgs)
 	if err != nil {
 		return err
 	}
 	if len(msgs) >= copyThreshold {
 		if _, err := tx.CopyFrom(ctx, pgx.Identifier{o.table.Schema, o.table.Name},
-			[]string{"id", "destination", "key", "payload", "headers"}, pgx.CopyFromSlice(len(rows.ids), rows.copyRow)); err != nil {
+			outboxsql.Columns, pgx.CopyFromSlice(len(rows.ids), rows.copyRow)); err != nil {
 			return fmt.Errorf("outbox: enqueue: %w", err)
 		}
 		if o.shouldNotify() {
-			if _, err := tx.Exec(ctx, `SELECT pg_notify($1, '')`, o.channel); err != nil {
+			if _, err := tx.Exec(ctx, o.q.Notify, o.cfg.Channel); err != nil {
 				return fmt.Errorf("outbox: notify: %w", err)
 			}
 		}
 		return nil
 	}
 	b := &pgx.Batch{}
-	b.Queue(o.insertSQL, rows.ids, rows.destinations, rows.keys, rows.payloads, rows.headers)
+	b.Queue(o.q.Insert, rows.ids, rows.destinations, rows.keys, rows.payloads, rows.headers)
 	if o.shouldNotify() {
-		b.Queue(`SELECT pg_notify($1, '')`, o.channel)
+		b.Queue(o.q.Notify, o.cfg.Channel)
 	}
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("outbox: enqueue: %w", err)
@@ -314,8 +332,8 @@ func (o *Outbox) prepare(msgs []Message) (*columns, error) {
 			return nil, bad("key", fmt.Sprintf("%d bytes, limit %d", len(m.Key), MaxKeyLen), nil)
 		case !cleanText(m.Key):
 			return nil, bad("key", "not UTF-8 or contains NUL", nil)
-		case len(m.Payload) > o.maxPayload:
-			return nil, bad("payload", fmt.Sprintf("%d bytes, limit %d", len(m.Payload), o.maxPayload), ErrPayloadTooLarge)
+		case len(m.Payload) > o.cfg.MaxPayload:
+			return nil, bad("payload", fmt.Sprintf("%d bytes, limit %d", len(m.Payload), o.cfg.MaxPayload), ErrPayloadTooLarge)
 		}
 		if len(m.Headers) > 0 {
 			for name, value := range m.Headers {

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/testenv"
 )
@@ -28,11 +29,11 @@ func setup(t *testing.T, cfg outbox.Config) bundle {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testenv.Postgres(t)
-	ob, err := outbox.New(cfg)
+	ob, err := outbox.New(pool, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := ob.Migrate(ctx, pool); err != nil {
+	if err := ob.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
 	return bundle{ctx: ctx, pool: pool, ob: ob}
@@ -50,7 +51,7 @@ type row struct {
 
 func rows(t *testing.T, b bundle) []row {
 	t.Helper()
-	r, err := b.pool.Query(b.ctx, `SELECT seq, id, destination, key, payload, headers, attempts FROM `+b.ob.Table()+` ORDER BY seq`)
+	r, err := b.pool.Query(b.ctx, `SELECT seq, id, destination, key, payload, headers, attempts FROM `+b.table()+` ORDER BY seq`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,6 +63,7 @@ func rows(t *testing.T, b bundle) []row {
 }
 
 func TestNewValidatesConfig(t *testing.T) {
+	pool := testenv.Postgres(t)
 	for _, cfg := range []outbox.Config{
 		{Table: "Bad-Name"},
 		{Schema: "1x"},
@@ -69,9 +71,12 @@ func TestNewValidatesConfig(t *testing.T) {
 		{MaxPayload: -1},
 		{Channel: strings.Repeat("c", 64)},
 	} {
-		if _, err := outbox.New(cfg); err == nil {
+		if _, err := outbox.New(pool, cfg); err == nil {
 			t.Errorf("New(%+v) accepted an invalid config", cfg)
 		}
+	}
+	if _, err := outbox.New(nil, outbox.Config{}); !errors.Is(err, idemq.ErrConfig) {
+		t.Errorf("New(nil db): %v, want ErrConfig", err)
 	}
 }
 
@@ -83,7 +88,7 @@ func TestMigrateIsIdempotentAndConcurrent(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs <- b.ob.Migrate(b.ctx, b.pool)
+			errs <- b.ob.Migrate(b.ctx)
 		}()
 	}
 	wg.Wait()
@@ -93,11 +98,11 @@ func TestMigrateIsIdempotentAndConcurrent(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if b.ob.Table() != `"app"."events_outbox"` || b.ob.DeadTable() != `"app"."events_outbox_dead"` {
-		t.Fatalf("tables %s %s", b.ob.Table(), b.ob.DeadTable())
+	if b.table() != `"app"."events_outbox"` || b.deadTable() != `"app"."events_outbox_dead"` {
+		t.Fatalf("tables %s %s", b.table(), b.deadTable())
 	}
-	if b.ob.Channel() != "app.events_outbox" {
-		t.Fatalf("channel %q", b.ob.Channel())
+	if b.ob.Config().Channel != "app.events_outbox" {
+		t.Fatalf("channel %q", b.ob.Config().Channel)
 	}
 }
 
@@ -105,7 +110,7 @@ func TestEnqueueCommitAndRollback(t *testing.T) {
 	b := setup(t, outbox.Config{})
 	myID := uuid.Must(uuid.NewV7())
 	err := pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
-		return b.ob.Enqueue(b.ctx, tx,
+		return b.ob.EnqueueTx(b.ctx, tx,
 			outbox.Message{Destination: "orders", Key: "o-1", Payload: []byte("a"), Headers: map[string]string{"traceparent": "00-abc-def-01"}},
 			outbox.Message{ID: myID, Destination: "orders", Payload: nil},
 		)
@@ -117,7 +122,7 @@ func TestEnqueueCommitAndRollback(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := b.ob.Enqueue(b.ctx, tx, outbox.Message{Destination: "orders", Payload: []byte("rolled back")}); err != nil {
+	if err := b.ob.EnqueueTx(b.ctx, tx, outbox.Message{Destination: "orders", Payload: []byte("rolled back")}); err != nil {
 		t.Fatal(err)
 	}
 	if err := tx.Rollback(b.ctx); err != nil {
@@ -146,7 +151,7 @@ func TestEnqueueLargeBatchUsesCopyAndKeepsOrder(t *testing.T) {
 				msgs[i].Headers = map[string]string{"n": fmt.Sprint(i)}
 			}
 		}
-		if err := pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error { return b.ob.Enqueue(b.ctx, tx, msgs...) }); err != nil {
+		if err := pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error { return b.ob.EnqueueTx(b.ctx, tx, msgs...) }); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -190,7 +195,7 @@ func TestEnqueueRejectsBadInputAndLeavesTxUsable(t *testing.T) {
 	}
 	defer tx.Rollback(b.ctx)
 	for _, c := range cases {
-		err := b.ob.Enqueue(b.ctx, tx, ok, c.msg)
+		err := b.ob.EnqueueTx(b.ctx, tx, ok, c.msg)
 		var ime *outbox.InvalidMessageError
 		if !errors.Is(err, outbox.ErrInvalidMessage) || !errors.As(err, &ime) || ime.Index != 1 || ime.Field != c.field {
 			t.Errorf("%s: err = %v, want an InvalidMessageError for message 1, field %s", c.name, err, c.field)
@@ -200,7 +205,7 @@ func TestEnqueueRejectsBadInputAndLeavesTxUsable(t *testing.T) {
 		}
 	}
 	// The transaction was never touched: it still works and commits.
-	if err := b.ob.Enqueue(b.ctx, tx, ok); err != nil {
+	if err := b.ob.EnqueueTx(b.ctx, tx, ok); err != nil {
 		t.Fatal(err)
 	}
 	if err := tx.Commit(b.ctx); err != nil {
@@ -218,12 +223,12 @@ func TestEnqueueNotifiesOncePerTransaction(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Release()
-	if _, err := conn.Exec(b.ctx, `LISTEN `+pgx.Identifier{b.ob.Channel()}.Sanitize()); err != nil {
+	if _, err := conn.Exec(b.ctx, `LISTEN `+pgx.Identifier{b.ob.Config().Channel}.Sanitize()); err != nil {
 		t.Fatal(err)
 	}
 	err = pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
 		for range 3 {
-			if err := b.ob.Enqueue(b.ctx, tx, outbox.Message{Destination: "d"}); err != nil {
+			if err := b.ob.EnqueueTx(b.ctx, tx, outbox.Message{Destination: "d"}); err != nil {
 				return err
 			}
 		}
@@ -238,7 +243,7 @@ func TestEnqueueNotifiesOncePerTransaction(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n.Channel != b.ob.Channel() {
+	if n.Channel != b.ob.Config().Channel {
 		t.Fatalf("notification on %q", n.Channel)
 	}
 	// No second notification for the same transaction.
@@ -256,10 +261,10 @@ func TestDisableNotify(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Release()
-	if _, err := conn.Exec(b.ctx, `LISTEN `+pgx.Identifier{b.ob.Channel()}.Sanitize()); err != nil {
+	if _, err := conn.Exec(b.ctx, `LISTEN `+pgx.Identifier{b.ob.Config().Channel}.Sanitize()); err != nil {
 		t.Fatal(err)
 	}
-	if err := pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error { return b.ob.Enqueue(b.ctx, tx, outbox.Message{Destination: "d"}) }); err != nil {
+	if err := pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error { return b.ob.EnqueueTx(b.ctx, tx, outbox.Message{Destination: "d"}) }); err != nil {
 		t.Fatal(err)
 	}
 	short, cancel := context.WithTimeout(b.ctx, 200*time.Millisecond)
@@ -272,8 +277,8 @@ func TestDisableNotify(t *testing.T) {
 // kill moves outbox rows to the dead letters the way the relay does.
 func kill(t *testing.T, b bundle, cause string, payloads ...string) {
 	t.Helper()
-	_, err := b.pool.Exec(b.ctx, `WITH d AS (DELETE FROM `+b.ob.Table()+` WHERE convert_from(payload, 'UTF8') = ANY($1) RETURNING *)
-INSERT INTO `+b.ob.DeadTable()+` (seq, id, created_at, attempts, destination, payload, key, headers, last_error)
+	_, err := b.pool.Exec(b.ctx, `WITH d AS (DELETE FROM `+b.table()+` WHERE convert_from(payload, 'UTF8') = ANY($1) RETURNING *)
+INSERT INTO `+b.deadTable()+` (seq, id, created_at, attempts, destination, payload, key, headers, last_error)
 SELECT seq, id, created_at, 3, destination, payload, key, headers, $2 FROM d`, payloads, cause)
 	if err != nil {
 		t.Fatal(err)
@@ -283,7 +288,7 @@ SELECT seq, id, created_at, 3, destination, payload, key, headers, $2 FROM d`, p
 func TestDeadLettersListReplayPurge(t *testing.T) {
 	b := setup(t, outbox.Config{})
 	err := pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
-		return b.ob.Enqueue(b.ctx, tx,
+		return b.ob.EnqueueTx(b.ctx, tx,
 			outbox.Message{Destination: "orders.created", Key: "k1", Payload: []byte("a")},
 			outbox.Message{Destination: "orders.paid", Key: "k1", Payload: []byte("b")},
 			outbox.Message{Destination: "billing", Payload: []byte("c")},
@@ -295,7 +300,7 @@ func TestDeadLettersListReplayPurge(t *testing.T) {
 	}
 	kill(t, b, "boom", "a", "c", "d")
 	// Park b behind its dead head the way the relay's ParkFollowers does.
-	if _, err := b.pool.Exec(b.ctx, `UPDATE `+b.ob.Table()+` SET available_at = 'infinity'`); err != nil {
+	if _, err := b.pool.Exec(b.ctx, `UPDATE `+b.table()+` SET available_at = 'infinity'`); err != nil {
 		t.Fatal(err)
 	}
 	payloads := func(ds []outbox.DeadLetter) string {
@@ -305,7 +310,7 @@ func TestDeadLettersListReplayPurge(t *testing.T) {
 		}
 		return strings.Join(s, ",")
 	}
-	all, err := b.ob.DeadLetters(b.ctx, b.pool, outbox.DeadFilter{})
+	all, err := b.ob.DeadLetters(b.ctx, outbox.DeadFilter{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -325,7 +330,7 @@ func TestDeadLettersListReplayPurge(t *testing.T) {
 		{outbox.DeadFilter{FailedAfter: all[0].FailedAt.Add(-time.Hour)}, "a,c,d"},
 		{outbox.DeadFilter{Limit: 1}, "a"},
 	} {
-		got, err := b.ob.DeadLetters(b.ctx, b.pool, c.f)
+		got, err := b.ob.DeadLetters(b.ctx, c.f)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -334,7 +339,7 @@ func TestDeadLettersListReplayPurge(t *testing.T) {
 		}
 	}
 
-	n, err := b.ob.Replay(b.ctx, b.pool, outbox.DeadFilter{Key: "k1"})
+	n, err := b.ob.Replay(b.ctx, outbox.DeadFilter{Key: "k1"})
 	if err != nil || n != 1 {
 		t.Fatalf("replay: %d, %v", n, err)
 	}
@@ -343,19 +348,122 @@ func TestDeadLettersListReplayPurge(t *testing.T) {
 		t.Fatalf("after replay %+v", pending)
 	}
 	var parked int
-	if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM `+b.ob.Table()+` WHERE available_at = 'infinity'`).Scan(&parked); err != nil || parked != 0 {
+	if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM `+b.table()+` WHERE available_at = 'infinity'`).Scan(&parked); err != nil || parked != 0 {
 		t.Fatalf("%d rows still parked (%v)", parked, err)
 	}
-	n, err = b.ob.Purge(b.ctx, b.pool, outbox.DeadFilter{Destination: "billing"})
+	n, err = b.ob.Purge(b.ctx, outbox.DeadFilter{Destination: "billing"})
 	if err != nil || n != 1 {
 		t.Fatalf("purge: %d, %v", n, err)
 	}
-	left, err := b.ob.DeadLetters(b.ctx, b.pool, outbox.DeadFilter{})
+	left, err := b.ob.DeadLetters(b.ctx, outbox.DeadFilter{})
 	if err != nil || payloads(left) != "d" {
 		t.Fatalf("left %q %v", payloads(left), err)
 	}
-	st, err := b.ob.Stats(b.ctx, b.pool)
+	st, err := b.ob.Stats(b.ctx)
 	if err != nil || st.Pending != 2 || st.Dead != 1 || st.OldestPending <= 0 {
 		t.Fatalf("stats %+v %v", st, err)
+	}
+}
+
+// TestNilTxIsAnError: the Tx calls refuse a nil tx with an error instead of
+// panicking, and write nothing.
+func TestNilTxIsAnError(t *testing.T) {
+	b := setup(t, outbox.Config{})
+	if err := b.ob.EnqueueTx(b.ctx, nil, outbox.Message{Destination: "d"}); err == nil {
+		t.Error("EnqueueTx(nil tx) returned nil")
+	}
+	if _, err := b.ob.ReplayTx(b.ctx, nil, outbox.DeadFilter{}); err == nil {
+		t.Error("ReplayTx(nil tx) returned nil")
+	}
+	if _, err := b.ob.PurgeTx(b.ctx, nil, outbox.DeadFilter{}); err == nil {
+		t.Error("PurgeTx(nil tx) returned nil")
+	}
+	if n := len(rows(t, b)); n != 0 {
+		t.Fatalf("%d rows written", n)
+	}
+}
+
+// TestEnqueueOnTheHandle: Enqueue commits its own transaction.
+func TestEnqueueOnTheHandle(t *testing.T) {
+	b := setup(t, outbox.Config{})
+	if err := b.ob.Enqueue(b.ctx, outbox.Message{Destination: "d", Key: "k", Payload: []byte("1")}, outbox.Message{Destination: "d", Key: "k", Payload: []byte("2")}); err != nil {
+		t.Fatal(err)
+	}
+	got := rows(t, b)
+	if len(got) != 2 || string(got[0].Payload) != "1" || string(got[1].Payload) != "2" {
+		t.Fatalf("rows %+v", got)
+	}
+	err := b.ob.Enqueue(b.ctx, outbox.Message{Destination: "d", Payload: make([]byte, outbox.MaxPayloadDefault+1)})
+	if !errors.Is(err, outbox.ErrPayloadTooLarge) || !strings.HasPrefix(outbox.ErrPayloadTooLarge.Error(), "outbox: ") {
+		t.Fatalf("oversized payload: %v", err)
+	}
+	if n := len(rows(t, b)); n != 2 {
+		t.Fatalf("%d rows after a refused Enqueue, want 2", n)
+	}
+}
+
+// table and deadTable are the quoted tables.
+func (b bundle) table() string {
+	c := b.ob.Config()
+	return pgx.Identifier{c.Schema, c.Table}.Sanitize()
+}
+
+func (b bundle) deadTable() string {
+	c := b.ob.Config()
+	return pgx.Identifier{c.Schema, c.Table + "_dead"}.Sanitize()
+}
+
+func TestPendingMigrations(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.Postgres(t)
+	ob, err := outbox.New(pool, outbox.Config{Schema: "fresh"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pending, err := ob.PendingMigrations(ctx)
+	if err != nil || len(pending) != 1 || pending[0] != "0001_outbox.sql" {
+		t.Fatalf("before Migrate: %v, %v", pending, err)
+	}
+	if err := ob.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if pending, err := ob.PendingMigrations(ctx); err != nil || len(pending) != 0 {
+		t.Fatalf("after Migrate: %v, %v", pending, err)
+	}
+}
+
+// TestDefaultChannelFitsNotify: a default channel longer than Postgres' 63
+// bytes is shortened the same way every time, stays distinct, and works.
+func TestDefaultChannelFitsNotify(t *testing.T) {
+	schema, table := strings.Repeat("s", 40), strings.Repeat("t", 40)
+	b := setup(t, outbox.Config{Schema: schema, Table: table})
+	ch := b.ob.Config().Channel
+	other, err := outbox.New(b.pool, outbox.Config{Schema: schema, Table: table[:39] + "u"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := outbox.New(b.pool, outbox.Config{Schema: schema, Table: table})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ch) != 63 || again.Config().Channel != ch || other.Config().Channel == ch || !strings.HasPrefix(ch, schema+".") {
+		t.Fatalf("channel %q (%d bytes), again %q, other %q", ch, len(ch), again.Config().Channel, other.Config().Channel)
+	}
+	conn, err := b.pool.Acquire(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(b.ctx, `LISTEN `+pgx.Identifier{ch}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.ob.Enqueue(b.ctx, outbox.Message{Destination: "d"}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(b.ctx, 30*time.Second)
+	defer cancel()
+	if n, err := conn.Conn().WaitForNotification(ctx); err != nil || n.Channel != ch {
+		t.Fatalf("notification %+v, %v", n, err)
 	}
 }

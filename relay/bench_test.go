@@ -33,7 +33,7 @@ func fill(b *testing.B, bd bundle, n, keys int) {
 		}
 		enqueue(b, bd, msgs...)
 	}
-	if _, err := bd.pool.Exec(bd.ctx, "VACUUM ANALYZE "+bd.ob.Table()); err != nil {
+	if _, err := bd.pool.Exec(bd.ctx, "VACUUM ANALYZE "+bd.table()); err != nil {
 		b.Fatal(err)
 	}
 }
@@ -48,7 +48,7 @@ func bareDrain(b *testing.B, bd bundle, n int) float64 {
 		b.Fatal(err)
 	}
 	defer conn.Release()
-	q := `DELETE FROM ` + bd.ob.Table() + ` WHERE seq IN (SELECT seq FROM ` + bd.ob.Table() + `
+	q := `DELETE FROM ` + bd.table() + ` WHERE seq IN (SELECT seq FROM ` + bd.table() + `
 ORDER BY seq LIMIT 500 FOR UPDATE SKIP LOCKED)
 RETURNING seq, id, destination, key, payload, headers, attempts, created_at`
 	start := time.Now()
@@ -89,7 +89,8 @@ func relayDrain(b *testing.B, bd bundle, n int, cfg relay.Config) float64 {
 	var published atomic.Int64
 	done := make(chan struct{})
 	cfg.Logger = quiet
-	cfg.Hooks.Published = func(m []relay.Message, _ time.Duration) {
+	cfg.Hooks.OnPublished = func(e relay.PublishedEvent) {
+		m := e.Messages
 		if published.Add(int64(len(m))) == int64(n) {
 			close(done)
 		}
@@ -155,18 +156,21 @@ func BenchmarkRelaySustained(b *testing.B) {
 		b.Run(fmt.Sprint("relayvacuum=", vac), func(b *testing.B) {
 			n := 1_000_000
 			vacuumEvery := 0
-			if !vac {
-				n, vacuumEvery = 300_000, -1
+			if vac {
+				vacuumEvery = chunk
+			} else {
+				n = 300_000
 			}
 			bd := setup(b)
-			if _, err := bd.pool.Exec(bd.ctx, `ALTER TABLE `+bd.ob.Table()+` SET (autovacuum_enabled = false)`); err != nil {
+			if _, err := bd.pool.Exec(bd.ctx, `ALTER TABLE `+bd.table()+` SET (autovacuum_enabled = false)`); err != nil {
 				b.Fatal(err)
 			}
 			for range b.N {
 				var published atomic.Int64
 				marks := make(chan time.Time, n/chunk+1)
 				r := newRelay(b, bd, noop, relay.Config{BatchSize: 500, VacuumEvery: vacuumEvery, Logger: quiet, Hooks: relay.Hooks{
-					Published: func(m []relay.Message, _ time.Duration) {
+					OnPublished: func(e relay.PublishedEvent) {
+						m := e.Messages
 						after := published.Add(int64(len(m)))
 						if after/chunk != (after-int64(len(m)))/chunk {
 							marks <- time.Now()
@@ -229,7 +233,7 @@ func BenchmarkWakeLatency(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			if err := bd.ob.Enqueue(bd.ctx, tx, outbox.Message{Destination: "d"}); err != nil {
+			if err := bd.ob.EnqueueTx(bd.ctx, tx, outbox.Message{Destination: "d"}); err != nil {
 				b.Fatal(err)
 			}
 			if err := tx.Commit(bd.ctx); err != nil {
@@ -271,11 +275,11 @@ func BenchmarkEnqueueNotifyCost(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer pool.Close()
-	silent, err := outbox.New(outbox.Config{DisableNotify: true})
+	silent, err := outbox.New(pool, outbox.Config{DisableNotify: true})
 	if err != nil {
 		b.Fatal(err)
 	}
-	every, err := outbox.New(outbox.Config{NotifyInterval: -1})
+	every, err := outbox.New(pool, outbox.Config{NotifyInterval: -1})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -287,7 +291,7 @@ func BenchmarkEnqueueNotifyCost(b *testing.B) {
 			wg.Go(func() {
 				for time.Now().Before(deadline) {
 					err := pgx.BeginFunc(bd.ctx, pool, func(tx pgx.Tx) error {
-						return ob.Enqueue(bd.ctx, tx, outbox.Message{Destination: "d", Key: "k", Payload: []byte("x")})
+						return ob.EnqueueTx(bd.ctx, tx, outbox.Message{Destination: "d", Key: "k", Payload: []byte("x")})
 					})
 					if err != nil {
 						b.Error(err)
@@ -327,7 +331,8 @@ func BenchmarkRelayWorkers(b *testing.B) {
 		var published atomic.Int64
 		done := make(chan struct{})
 		r := newRelay(b, bd, slow, relay.Config{BatchSize: 500, Workers: workers, DisableListen: true, Hooks: relay.Hooks{
-			Published: func(m []relay.Message, _ time.Duration) {
+			OnPublished: func(e relay.PublishedEvent) {
+				m := e.Messages
 				if published.Add(int64(len(m))) == n {
 					close(done)
 				}

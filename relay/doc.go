@@ -27,6 +27,16 @@
 // replayed or purged. Within a batch a Sink must keep order too (see
 // [Sink]).
 //
+// # Writing a Sink
+//
+// A [Sink] publishes a batch and reports per-message failures in a
+// *[PublishError]. [Failures] keeps the contract's order rule (skip the rest
+// of a key once one of its messages failed) and builds the error; [Rounds]
+// plans the calls when a key's messages go to several destinations. The
+// relay and the [Router] turn a Sink's panic into a failure of its batch
+// ([ErrSinkPanicked]). Package relaytest checks a Sink against the contract
+// on a real broker.
+//
 // # Waking up
 //
 // The relay LISTENs on a dedicated connection (not from the pool, so the
@@ -42,9 +52,25 @@
 //
 // # Lifecycle
 //
-// [Relay.Run] blocks until its context is done, then stops claiming and
-// gives in-flight batches [Config.ShutdownGrace] to finish; rows of batches
-// still in flight after that are released, not lost.
+// A [Relay] is an idemq.Service: [Relay.Run] checks that the outbox's
+// tables exist, closes [Relay.Ready] once it listens (or polls, with
+// [Config.DisableListen]) and blocks until its context is done, then stops
+// claiming and gives in-flight batches [Config.ShutdownGrace] to finish;
+// rows of batches still in flight after that are released, not lost. Run
+// returns an error, instead of retrying forever, when the tables are
+// missing (the migrations did not run) or the pool was closed; passing
+// database and Sink errors are logged and retried. A second concurrent Run
+// returns idemq.ErrRunning; a Run after the previous one returned works.
+//
+// # Workers and timeouts
+//
+// The [Config.Workers] of one relay split the ordering keys among
+// themselves by hash (unkeyed rows go to whichever is free), so more
+// workers help when there are many keys and a slow Sink. A batch holds its
+// rows in an open transaction while the Sink publishes them, at most
+// [Config.PublishTimeout]; the relay sets idle_in_transaction_session_timeout
+// a little above it, so the server ends the transaction, and releases the
+// rows, if the relay vanishes without closing its connection.
 //
 // # Scanning and dead tuples
 //
@@ -60,9 +86,9 @@
 // busy relays fast meanwhile. The per-key head check probes the outbox's
 // (key, seq) index, whose low end per key collects dead entries the same
 // way. Vacuum is what removes them: the migration sets aggressive per-table
-// autovacuum parameters, and because autovacuum may be off or slow on a
-// server, the relay also runs VACUUM itself every [Config.VacuumEvery]
-// claimed rows.
+// autovacuum parameters. A server where autovacuum is off or too slow can
+// have the relay run VACUUM itself every [Config.VacuumEvery] claimed rows;
+// that is off by default, since it needs the table owner's rights.
 //
 // # Cost
 //

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
 	"github.com/idemq/idemq/testenv"
@@ -23,11 +24,11 @@ func ExampleRelay_Run() {
 	}
 	defer drop()
 
-	ob, err := outbox.New(outbox.Config{})
+	ob, err := outbox.New(pool, outbox.Config{})
 	if err != nil {
 		log.Fatal(err)
 	}
-	if err := ob.Migrate(ctx, pool); err != nil {
+	if err := ob.Migrate(ctx); err != nil {
 		log.Fatal(err)
 	}
 
@@ -52,12 +53,13 @@ func ExampleRelay_Run() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error)
-	go func() { done <- r.Run(runCtx) }()
+	running, err := idemq.Start(ctx, r) // returns once the relay listens
+	if err != nil {
+		log.Fatal(err)
+	}
 
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		return ob.Enqueue(ctx, tx,
+		return ob.EnqueueTx(ctx, tx,
 			outbox.Message{Destination: "orders.created", Key: "o-1", Payload: []byte(`{"total":42}`)},
 			outbox.Message{Destination: "orders.paid", Key: "o-1", Payload: []byte(`{"amount":42}`)},
 			outbox.Message{Destination: "orders.shipped", Key: "o-1", Payload: []byte(`{"carrier":"post"}`)},
@@ -68,8 +70,8 @@ func ExampleRelay_Run() {
 	}
 
 	<-delivered
-	stop() // graceful: Run returns once in-flight work is settled
-	if err := <-done; err != nil {
+	// Graceful: Run returns once in-flight work is settled.
+	if err := running.Stop(); err != nil {
 		log.Fatal(err)
 	}
 	// Output:

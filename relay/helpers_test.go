@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
 	"github.com/idemq/idemq/testenv"
@@ -28,16 +29,7 @@ type bundle struct {
 
 func setup(t testing.TB) bundle {
 	t.Helper()
-	ctx := context.Background()
-	pool := testenv.Postgres(t)
-	ob, err := outbox.New(outbox.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ob.Migrate(ctx, pool); err != nil {
-		t.Fatal(err)
-	}
-	return bundle{ctx: ctx, pool: pool, ob: ob}
+	return setupOn(t, testenv.Postgres(t))
 }
 
 var quiet = slog.New(slog.NewTextHandler(logOut(), nil))
@@ -104,7 +96,7 @@ func distinct(recs ...*recorder) int {
 // enqueue writes n messages per call of gen in one transaction.
 func enqueue(t testing.TB, b bundle, msgs ...outbox.Message) {
 	t.Helper()
-	if err := pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error { return b.ob.Enqueue(b.ctx, tx, msgs...) }); err != nil {
+	if err := pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error { return b.ob.EnqueueTx(b.ctx, tx, msgs...) }); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -154,24 +146,19 @@ func waitFor(t testing.TB, what string, cond func() bool) {
 	}
 }
 
-// run starts r and returns a function that stops it and waits for Run to
-// return.
+// run starts r, waits until it is ready and returns a function that stops
+// it and waits for Run to return.
 func run(t testing.TB, r *relay.Relay) (stop func()) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
+	running, err := idemq.Start(context.Background(), r)
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
 	var once sync.Once
 	stop = func() {
 		once.Do(func() {
-			cancel()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Errorf("Run: %v", err)
-				}
-			case <-time.After(60 * time.Second):
-				t.Errorf("Run did not return after cancel")
+			if err := running.Stop(); err != nil {
+				t.Errorf("Run: %v", err)
 			}
 		})
 	}
@@ -193,9 +180,15 @@ func newRelay(t testing.TB, b bundle, sink relay.Sink, cfg relay.Config) *relay.
 
 func pending(t testing.TB, b bundle) int64 {
 	t.Helper()
-	st, err := b.ob.Stats(b.ctx, b.pool)
+	st, err := b.ob.Stats(b.ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return st.Pending
+}
+
+// table is the quoted outbox table.
+func (b bundle) table() string {
+	c := b.ob.Config()
+	return pgx.Identifier{c.Schema, c.Table}.Sanitize()
 }

@@ -20,7 +20,7 @@ func enqueueInBackground(t *testing.T, b bundle, n, keys int) *sync.WaitGroup {
 	wg.Go(func() {
 		for from := 0; from < n; from += 100 {
 			err := pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
-				return b.ob.Enqueue(b.ctx, tx, keyed("d", min(100, n-from), keys, from)...)
+				return b.ob.EnqueueTx(b.ctx, tx, keyed("d", min(100, n-from), keys, from)...)
 			})
 			if err != nil {
 				t.Error(err)

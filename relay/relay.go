@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -10,75 +11,79 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/puddle/v2"
 
-	"github.com/idemq/idemq/internal/retry"
+	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/internal/lifecycle"
+	"github.com/idemq/idemq/internal/outboxsql"
 	"github.com/idemq/idemq/outbox"
 )
 
+// Defaults of [Config].
+const (
+	BatchSizeDefault      = 500
+	WorkersDefault        = 1
+	PollIntervalDefault   = time.Second
+	RescanIntervalDefault = time.Second
+	PublishTimeoutDefault = 30 * time.Second
+	ShutdownGraceDefault  = 10 * time.Second
+	StatsIntervalDefault  = 15 * time.Second
+)
+
+// RetryDefault is the relay's retry policy where [Config.Retry] leaves a
+// field zero: 10 attempts, delays from 1 second up to 5 minutes.
+var RetryDefault = idemq.Retry{MaxAttempts: 10, BaseDelay: time.Second, MaxDelay: 5 * time.Minute}
+
 // Config configures a [Relay]. Zero values mean the documented defaults.
 type Config struct {
-	// BatchSize is the most rows one claim takes. Defaults to 500. Each
-	// distinct key of a batch holds one advisory lock while the batch is in
-	// flight, so Workers×BatchSize across all relays must fit the server's
-	// lock table (max_locks_per_transaction × max_connections).
+	// BatchSize is the most rows one claim takes. Each distinct key of a
+	// batch holds one advisory lock while the batch is in flight, so
+	// Workers×BatchSize across all relays must fit the server's lock table
+	// (max_locks_per_transaction × max_connections). Defaults to 500.
 	BatchSize int
 	// Workers is the number of batches this relay has in flight at once,
-	// each on its own connection. The workers split the ordering keys
-	// among themselves by hash (unkeyed rows go to whichever is free), so
-	// more workers help when there are many keys and a slow Sink. Defaults
-	// to 1.
+	// each on its own connection; they split the ordering keys by hash.
+	// Defaults to 1.
 	Workers int
 	// PollInterval is how often an idle relay looks for due rows without
-	// being woken by NOTIFY (retries falling due, missed notifications).
-	// Defaults to 1 second.
+	// being woken by NOTIFY. Defaults to 1 second.
 	PollInterval time.Duration
 	// RescanInterval is how often a busy relay scans the outbox from its
-	// start again instead of from where its last batch began, to pick up
-	// rows of transactions that committed late. Defaults to 1 second.
+	// start again, to pick up rows of transactions that committed late.
+	// Defaults to 1 second.
 	RescanInterval time.Duration
-	// RetryBase and RetryCap shape the exponential backoff with full
-	// jitter between attempts: the n-th retry waits a random duration in
-	// [0, min(RetryCap, RetryBase·2^(n-1))], or longer if the Sink's error
-	// carries an idemq.RetryAfter hint. Default 1 second and 5 minutes.
-	RetryBase time.Duration
-	RetryCap  time.Duration
-	// MaxAttempts is the number of failed publishes after which a message
-	// becomes a dead letter. Defaults to 10. Errors marked with
-	// idemq.Permanent dead-letter at once.
-	MaxAttempts int
+	// Retry shapes the backoff between failed publishes of a row and the
+	// attempts after which it becomes a dead letter (errors marked with
+	// idemq.Permanent dead-letter at once; idemq.RetryAfter delays a retry).
+	// MaxElapsed is ignored: the row keeps its attempts. Defaults to
+	// [RetryDefault].
+	Retry idemq.Retry
 	// ParkFollowers keeps the later messages of a key waiting while an
-	// earlier message of that key is a dead letter, until the dead letter
-	// is replayed or purged (outbox.Replay, outbox.Purge). By default they
-	// proceed.
+	// earlier message of that key is a dead letter, until it is replayed or
+	// purged. By default they proceed.
 	ParkFollowers bool
-	// PublishTimeout bounds one Sink call. The claimed rows stay locked in
-	// an open transaction meanwhile; the server ends that transaction
-	// (idle_in_transaction_session_timeout) if the relay vanishes without
-	// closing its connection. Defaults to 30 seconds.
+	// PublishTimeout bounds one Sink call; the claimed rows stay locked in
+	// an open transaction meanwhile. Defaults to 30 seconds.
 	PublishTimeout time.Duration
 	// ShutdownGrace is how long in-flight batches may finish after Run's
-	// context is done; batches still publishing then are abandoned and their
-	// rows released for the next relay. Defaults to 10 seconds.
+	// context is done; rows of batches still publishing then are released
+	// for the next relay. Defaults to 10 seconds.
 	ShutdownGrace time.Duration
-	// ListenConnString is the connection LISTEN uses: a direct connection
-	// to the server, since LISTEN does not work through a
-	// transaction-pooling proxy. Defaults to the pool's configuration.
+	// ListenConnString is the connection LISTEN uses, a direct one where
+	// the pool sits behind a transaction-pooling proxy. Defaults to the
+	// pool's configuration.
 	ListenConnString string
 	// DisableListen makes the relay poll only.
 	DisableListen bool
-	// StatsInterval is how often [Hooks.Backlog] is called. Defaults to 15
-	// seconds; ignored without that hook.
+	// StatsInterval is how often [Hooks.OnBacklog] is called. Defaults to
+	// 15 seconds; ignored without that hook.
 	StatsInterval time.Duration
 	// VacuumEvery makes the relay VACUUM the outbox table after it has
-	// claimed this many rows, one VACUUM at a time, in the background. A
-	// queue table churns through dead tuples; every claim steps over those
-	// at the low end of the primary key and of each key's index range until
-	// vacuum removes them, so where autovacuum is off or slow (it is off on
-	// some servers, and its default trigger waits for 20% of the table) the
-	// claims slow down without bound. Defaults to 100,000; negative turns it
-	// off (leave it to autovacuum and the per-table settings the migration
-	// sets). Needs the table owner's rights; failures are logged.
+	// claimed this many rows, for servers where autovacuum is off or too
+	// slow (see the package documentation). It needs the table owner's
+	// rights; failures are logged. Defaults to 0: off, autovacuum's job.
 	VacuumEvery int
 	// Hooks receive metrics. All optional.
 	Hooks Hooks
@@ -87,110 +92,137 @@ type Config struct {
 	Logger *slog.Logger
 }
 
+func (c Config) withDefaults() Config {
+	c.BatchSize = cmp.Or(c.BatchSize, BatchSizeDefault)
+	c.Workers = cmp.Or(c.Workers, WorkersDefault)
+	c.PollInterval = cmp.Or(c.PollInterval, PollIntervalDefault)
+	c.RescanInterval = cmp.Or(c.RescanInterval, RescanIntervalDefault)
+	c.Retry = c.Retry.WithDefaults(RetryDefault)
+	c.PublishTimeout = cmp.Or(c.PublishTimeout, PublishTimeoutDefault)
+	c.ShutdownGrace = cmp.Or(c.ShutdownGrace, ShutdownGraceDefault)
+	c.StatsInterval = cmp.Or(c.StatsInterval, StatsIntervalDefault)
+	c.Logger = cmp.Or(c.Logger, slog.Default())
+	return c
+}
+
+func (c Config) validate() error {
+	for _, f := range []struct {
+		name string
+		v    int64
+	}{
+		{"BatchSize", int64(c.BatchSize)},
+		{"Workers", int64(c.Workers)},
+		{"PollInterval", int64(c.PollInterval)},
+		{"RescanInterval", int64(c.RescanInterval)},
+		{"PublishTimeout", int64(c.PublishTimeout)},
+		{"ShutdownGrace", int64(c.ShutdownGrace)},
+		{"StatsInterval", int64(c.StatsInterval)},
+	} {
+		if f.v < 0 {
+			return idemq.NewConfigError("relay", f.name, "is negative")
+		}
+	}
+	return c.Retry.Validate("relay")
+}
+
 // Hooks are optional metric callbacks. They run on the relay's goroutines
 // and must be quick and safe for concurrent use.
 type Hooks struct {
-	// Published is called after a batch committed, with the delivered
-	// messages and the duration of the Sink call. Message.CreatedAt gives
-	// the age at delivery.
-	Published func(msgs []Message, publish time.Duration)
-	// Failed is called for every message whose publish failed, before it
+	// OnPublished is called after a batch committed.
+	OnPublished func(PublishedEvent)
+	// OnFailed is called for every message whose publish failed, before it
 	// is retried or dead-lettered.
-	Failed func(msg Message, err error)
-	// Retried is called for a failed message rescheduled after delay.
-	Retried func(msg Message, err error, delay time.Duration)
-	// DeadLettered is called for a message moved to the dead letters.
-	DeadLettered func(msg Message, err error)
-	// Backlog is called every Config.StatsInterval with the pending count
-	// and the age of the oldest pending message.
-	Backlog func(stats outbox.Stats)
+	OnFailed func(FailedEvent)
+	// OnRetried is called for a failed message rescheduled.
+	OnRetried func(RetriedEvent)
+	// OnDeadLettered is called for a message moved to the dead letters.
+	OnDeadLettered func(DeadLetteredEvent)
+	// OnBacklog is called every Config.StatsInterval.
+	OnBacklog func(BacklogEvent)
+}
+
+// PublishedEvent reports the delivered messages of a committed batch.
+type PublishedEvent struct {
+	// Messages were delivered; Message.CreatedAt gives each one's age.
+	Messages []Message
+	// Took is the duration of the Sink call.
+	Took time.Duration
+}
+
+// FailedEvent reports a failed publish of one message.
+type FailedEvent struct {
+	Message Message
+	Err     error
+}
+
+// RetriedEvent reports a failed message put back for a later attempt.
+type RetriedEvent struct {
+	Message Message
+	Err     error
+	// Delay is the wait before the next attempt.
+	Delay time.Duration
+}
+
+// DeadLetteredEvent reports a message moved to the dead letters.
+type DeadLetteredEvent struct {
+	Message Message
+	Err     error
+}
+
+// BacklogEvent reports the outbox's pending messages and dead letters.
+type BacklogEvent struct {
+	Stats outbox.Stats
 }
 
 // Relay drains an outbox into a Sink. Run several relays (processes, or
 // Workers in one) side by side: each row is published by one of them, rows
-// of one key in order.
+// of one key in order. A Relay implements idemq.Service.
 type Relay struct {
 	pool    *pgxpool.Pool
 	ob      *outbox.Outbox
 	sink    Sink
 	cfg     Config
-	policy  retry.Policy
 	log     *slog.Logger
-	sql     statements
+	sql     outboxsql.Queries
 	listen  *pgx.ConnConfig
-	running atomic.Bool
+	state   lifecycle.State
 	claimed atomic.Int64 // rows claimed since the last VACUUM
 	vacuum  chan struct{}
 }
 
 // New validates cfg and returns a relay that publishes the rows of ob
-// through sink (often a [*Router]).
+// through sink (often a [*Router]), claiming them on pool.
 func New(pool *pgxpool.Pool, ob *outbox.Outbox, sink Sink, cfg Config) (*Relay, error) {
-	if pool == nil || ob == nil || sink == nil {
-		return nil, errors.New("relay: New needs a pool, an outbox and a sink")
+	switch {
+	case pool == nil:
+		return nil, idemq.NewConfigError("relay", "pool", "is nil")
+	case ob == nil:
+		return nil, idemq.NewConfigError("relay", "outbox", "is nil")
+	case isNil(sink):
+		return nil, idemq.NewConfigError("relay", "sink", "is nil")
 	}
-	durations := []struct {
-		name string
-		v    *time.Duration
-		def  time.Duration
-	}{
-		{"PollInterval", &cfg.PollInterval, time.Second},
-		{"RescanInterval", &cfg.RescanInterval, time.Second},
-		{"RetryBase", &cfg.RetryBase, time.Second},
-		{"RetryCap", &cfg.RetryCap, 5 * time.Minute},
-		{"PublishTimeout", &cfg.PublishTimeout, 30 * time.Second},
-		{"ShutdownGrace", &cfg.ShutdownGrace, 10 * time.Second},
-		{"StatsInterval", &cfg.StatsInterval, 15 * time.Second},
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
 	}
-	for _, d := range durations {
-		if *d.v < 0 {
-			return nil, fmt.Errorf("relay: %s %v is negative", d.name, *d.v)
-		}
-		if *d.v == 0 {
-			*d.v = d.def
-		}
-	}
-	ints := []struct {
-		name string
-		v    *int
-		def  int
-	}{
-		{"BatchSize", &cfg.BatchSize, 500},
-		{"Workers", &cfg.Workers, 1},
-		{"MaxAttempts", &cfg.MaxAttempts, 10},
-	}
-	if cfg.VacuumEvery == 0 {
-		cfg.VacuumEvery = 100_000
-	}
-	for _, d := range ints {
-		if *d.v < 0 {
-			return nil, fmt.Errorf("relay: %s %d is negative", d.name, *d.v)
-		}
-		if *d.v == 0 {
-			*d.v = d.def
-		}
-	}
-	if cfg.RetryCap < cfg.RetryBase {
-		return nil, fmt.Errorf("relay: RetryCap %v is below RetryBase %v", cfg.RetryCap, cfg.RetryBase)
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
+	sql, err := outboxsql.For(ob.Config().Schema, ob.Config().Table)
+	if err != nil {
+		return nil, idemq.NewConfigError("relay", "outbox", "%v", err)
 	}
 	r := &Relay{
 		pool:   pool,
 		ob:     ob,
 		sink:   sink,
 		cfg:    cfg,
-		policy: retry.Policy{Base: cfg.RetryBase, Cap: cfg.RetryCap},
-		log:    cfg.Logger.With("component", "idemq.relay", "outbox", ob.Table()),
-		sql:    newStatements(ob, cfg.ParkFollowers),
+		log:    cfg.Logger.With("component", "idemq.relay", "outbox", sql.Table),
+		sql:    sql,
 		vacuum: make(chan struct{}, 1),
 	}
 	if !cfg.DisableListen {
 		if cfg.ListenConnString != "" {
 			lc, err := pgx.ParseConfig(cfg.ListenConnString)
 			if err != nil {
-				return nil, fmt.Errorf("relay: ListenConnString: %w", err)
+				return nil, idemq.NewConfigError("relay", "ListenConnString", "%v", err)
 			}
 			r.listen = lc
 		} else {
@@ -200,34 +232,39 @@ func New(pool *pgxpool.Pool, ob *outbox.Outbox, sink Sink, cfg Config) (*Relay, 
 	return r, nil
 }
 
-// ErrRunning is returned by Run on a relay that is already running.
-var ErrRunning = errors.New("relay: already running")
+// Ready is closed once the current or next Run checked the outbox's tables
+// and is listening (or, with DisableListen, claiming).
+func (r *Relay) Ready() <-chan struct{} { return r.state.Ready() }
 
 // Run publishes until ctx is done, then stops claiming, lets in-flight
 // batches finish for up to Config.ShutdownGrace, releases what is still in
-// flight and returns nil. Database and sink errors are logged and retried,
-// never returned: Run returns an error only if the relay is already
-// running.
+// flight and returns nil. Sink errors and passing database errors are
+// logged and retried. Run returns an error when the outbox's tables are
+// missing (run the migrations) or the pool is closed, and
+// idemq.ErrRunning while another Run of r is active.
 func (r *Relay) Run(ctx context.Context) error {
-	if !r.running.CompareAndSwap(false, true) {
-		return ErrRunning
+	ready, end, err := r.state.Begin()
+	if err != nil {
+		return err
 	}
-	defer r.running.Store(false)
-
+	defer end()
+	if err := r.preflight(ctx); err != nil {
+		return err
+	}
+	// fatal ends the run for every goroutine when the tables vanish or the
+	// pool is closed; the first such error is Run's.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var fatalErr error
+	var fatalOnce sync.Once
+	fatal := func(err error) {
+		fatalOnce.Do(func() { fatalErr = err })
+		cancel()
+	}
 	// work outlives ctx by the grace period: it carries publishes and
 	// commits of batches claimed before ctx was done.
-	work, abandon := context.WithCancel(context.WithoutCancel(ctx))
+	work, abandon := lifecycle.Grace(ctx, r.cfg.ShutdownGrace)
 	defer abandon()
-	stopGrace := context.AfterFunc(ctx, func() {
-		t := time.NewTimer(r.cfg.ShutdownGrace)
-		defer t.Stop()
-		select {
-		case <-t.C:
-			abandon()
-		case <-work.Done():
-		}
-	})
-	defer stopGrace()
 
 	r.log.Info("relay started", "workers", r.cfg.Workers, "batch", r.cfg.BatchSize, "listen", r.listen != nil)
 	wakes := make([]chan struct{}, r.cfg.Workers)
@@ -244,9 +281,11 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	var wg sync.WaitGroup
 	if r.listen != nil {
-		wg.Go(func() { r.listenLoop(ctx, wake) })
+		wg.Go(func() { r.listenLoop(ctx, wake, ready) })
+	} else {
+		ready()
 	}
-	if r.cfg.Hooks.Backlog != nil {
+	if r.cfg.Hooks.OnBacklog != nil {
 		wg.Go(func() { r.statsLoop(ctx) })
 	}
 	if r.cfg.VacuumEvery > 0 {
@@ -254,25 +293,66 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	var workers sync.WaitGroup
 	for i := range r.cfg.Workers {
-		workers.Go(func() { r.workerLoop(ctx, work, wakes[i], i) })
+		workers.Go(func() { r.workerLoop(ctx, work, wakes[i], i, fatal) })
 	}
 	workers.Wait()
 	abandon()
 	wg.Wait()
+	if fatalErr != nil {
+		r.log.Error("relay stopped", "err", fatalErr)
+		return fatalErr
+	}
 	r.log.Info("relay stopped")
 	return nil
 }
 
-func (r *Relay) workerLoop(ctx, work context.Context, wake <-chan struct{}, part int) {
+// preflight checks that the pool is open and the outbox's tables exist.
+func (r *Relay) preflight(ctx context.Context) error {
+	var ok bool
+	err := r.pool.QueryRow(ctx, r.sql.Exists, r.sql.Table, r.sql.Dead).Scan(&ok)
+	switch {
+	case err != nil:
+		if fatal := r.fatal(err); fatal != nil {
+			return fatal
+		}
+		return fmt.Errorf("relay: check the outbox tables: %w", err)
+	case !ok:
+		return r.notMigrated()
+	}
+	return nil
+}
+
+func (r *Relay) notMigrated() error {
+	return fmt.Errorf("relay: the outbox tables %s and %s do not exist: run the migrations (outbox.Outbox.Migrate)", r.sql.Table, r.sql.Dead)
+}
+
+// fatal returns the error that ends Run for err, nil when err is worth
+// retrying: a closed pool, or a missing table or schema (the migrations
+// did not run, or someone dropped them).
+func (r *Relay) fatal(err error) error {
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.Is(err, puddle.ErrClosedPool):
+		return fmt.Errorf("relay: the pool is closed: %w", err)
+	case errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000"): // undefined_table, invalid_schema_name
+		return fmt.Errorf("%w: %w", r.notMigrated(), err)
+	}
+	return nil
+}
+
+// errRetry spaces the attempts of a worker or listener whose database
+// calls fail.
+var errRetry = idemq.Retry{BaseDelay: 100 * time.Millisecond, MaxDelay: 30 * time.Second}
+
+func (r *Relay) workerLoop(ctx, work context.Context, wake <-chan struct{}, part int, fatal func(error)) {
 	w := &worker{r: r, part: part}
-	errDelay := retry.Policy{Base: 100 * time.Millisecond, Cap: 30 * time.Second}
 	failures := 0
 	poll := time.NewTimer(r.cfg.PollInterval)
 	defer poll.Stop()
 	// Writers coalesce NOTIFYs (outbox.Config.NotifyInterval): after any
 	// sign of traffic the worker polls at that interval for a while, which
 	// finds the rows of transactions that skipped their NOTIFY.
-	hotPoll := r.ob.NotifyInterval()
+	hotPoll := max(r.ob.Config().NotifyInterval, 0)
 	if r.listen == nil {
 		hotPoll = 0 // polling only: PollInterval is the whole story
 	}
@@ -284,10 +364,14 @@ func (r *Relay) workerLoop(ctx, work context.Context, wake <-chan struct{}, part
 			if ctx.Err() != nil {
 				return
 			}
+			if f := r.fatal(err); f != nil {
+				fatal(f)
+				return
+			}
 			failures++
-			d := errDelay.Delay(failures)
+			d := errRetry.Delay(failures, 0)
 			r.log.Warn("relay batch failed", "err", err, "retry_in", d)
-			_ = retry.Sleep(ctx, d)
+			_ = lifecycle.Sleep(ctx, d)
 			continue
 		}
 		failures = 0
@@ -333,7 +417,7 @@ func (r *Relay) vacuumLoop(ctx context.Context) {
 		}
 		r.claimed.Store(0)
 		start := time.Now()
-		if _, err := r.pool.Exec(ctx, "VACUUM "+r.ob.Table(), pgx.QueryExecModeSimpleProtocol); err != nil {
+		if _, err := r.pool.Exec(ctx, r.sql.Vacuum, pgx.QueryExecModeSimpleProtocol); err != nil {
 			if ctx.Err() == nil {
 				r.log.Warn("relay vacuum failed", "err", err)
 			}
@@ -347,9 +431,9 @@ func (r *Relay) statsLoop(ctx context.Context) {
 	t := time.NewTicker(r.cfg.StatsInterval)
 	defer t.Stop()
 	for {
-		s, err := r.ob.Stats(ctx, r.pool)
+		s, err := r.ob.Stats(ctx)
 		if err == nil {
-			r.cfg.Hooks.Backlog(s)
+			r.cfg.Hooks.OnBacklog(BacklogEvent{Stats: s})
 		} else if ctx.Err() == nil {
 			r.log.Warn("relay stats failed", "err", err)
 		}
@@ -362,10 +446,10 @@ func (r *Relay) statsLoop(ctx context.Context) {
 }
 
 // listenLoop keeps a dedicated connection LISTENing and calls wake on
-// every notification and after every (re)connect.
-func (r *Relay) listenLoop(ctx context.Context, wake func()) {
-	channel := pgx.Identifier{r.ob.Channel()}.Sanitize()
-	policy := retry.Policy{Base: 100 * time.Millisecond, Cap: 10 * time.Second}
+// every notification and after every (re)connect. It calls ready once the
+// first attempt to listen succeeded or failed: a relay polls meanwhile.
+func (r *Relay) listenLoop(ctx context.Context, wake, ready func()) {
+	channel := pgx.Identifier{r.ob.Config().Channel}.Sanitize()
 	failures := 0
 	for ctx.Err() == nil {
 		err := func() error {
@@ -377,6 +461,7 @@ func (r *Relay) listenLoop(ctx context.Context, wake func()) {
 			if _, err := conn.Exec(ctx, "LISTEN "+channel); err != nil {
 				return err
 			}
+			ready()
 			failures = 0
 			wake() // notifications sent while we were away are lost
 			for {
@@ -389,9 +474,10 @@ func (r *Relay) listenLoop(ctx context.Context, wake func()) {
 		if ctx.Err() != nil {
 			return
 		}
+		ready()
 		failures++
-		d := policy.Delay(failures)
+		d := errRetry.Delay(failures, 0)
 		r.log.Warn("relay listener lost its connection; polling meanwhile", "err", err, "retry_in", d)
-		_ = retry.Sleep(ctx, d)
+		_ = lifecycle.Sleep(ctx, d)
 	}
 }

@@ -20,18 +20,30 @@ import (
 
 func TestNewValidatesConfig(t *testing.T) {
 	b := setup(t)
-	for _, cfg := range []relay.Config{
-		{BatchSize: -1},
-		{RetryBase: time.Minute, RetryCap: time.Second},
-		{PollInterval: -time.Second},
-		{ListenConnString: "://bad"},
+	for field, cfg := range map[string]relay.Config{
+		"BatchSize":        {BatchSize: -1},
+		"Retry.BaseDelay":  {Retry: idemq.Retry{BaseDelay: time.Minute, MaxDelay: time.Second}},
+		"PollInterval":     {PollInterval: -time.Second},
+		"ShutdownGrace":    {ShutdownGrace: -time.Second},
+		"ListenConnString": {ListenConnString: "://bad"},
 	} {
-		if _, err := relay.New(b.pool, b.ob, &recorder{}, cfg); err == nil {
-			t.Errorf("New accepted %+v", cfg)
+		_, err := relay.New(b.pool, b.ob, &recorder{}, cfg)
+		var ce *idemq.ConfigError
+		if !errors.As(err, &ce) || ce.Field != field || !errors.Is(err, idemq.ErrConfig) {
+			t.Errorf("New(%+v): %v, want a ConfigError for %s", cfg, err, field)
 		}
 	}
-	if _, err := relay.New(b.pool, b.ob, nil, relay.Config{}); err == nil {
-		t.Error("New accepted a nil sink")
+	var nilRouter *relay.Router
+	for name, sink := range map[string]relay.Sink{"nil": nil, "nil SinkFunc": relay.SinkFunc(nil), "nil *Router": nilRouter} {
+		if _, err := relay.New(b.pool, b.ob, sink, relay.Config{}); !errors.Is(err, idemq.ErrConfig) {
+			t.Errorf("New accepted a %s sink: %v", name, err)
+		}
+	}
+	if _, err := relay.New(nil, b.ob, &recorder{}, relay.Config{}); !errors.Is(err, idemq.ErrConfig) {
+		t.Errorf("New accepted a nil pool: %v", err)
+	}
+	if _, err := relay.New(b.pool, nil, &recorder{}, relay.Config{}); !errors.Is(err, idemq.ErrConfig) {
+		t.Errorf("New accepted a nil outbox: %v", err)
 	}
 }
 
@@ -45,7 +57,7 @@ func TestCommittedPublishedRolledBackNever(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := b.ob.Enqueue(b.ctx, tx, outbox.Message{Destination: "d", Payload: []byte("rolled back")}); err != nil {
+	if err := b.ob.EnqueueTx(b.ctx, tx, outbox.Message{Destination: "d", Payload: []byte("rolled back")}); err != nil {
 		t.Fatal(err)
 	}
 	if err := tx.Rollback(b.ctx); err != nil {
@@ -83,8 +95,9 @@ func TestSinkFailingEverySecondCall(t *testing.T) {
 	var retries atomic.Int64
 	delays := make(chan time.Duration, 1000)
 	cfg := relay.Config{
-		BatchSize: 7, RetryBase: 20 * time.Millisecond, RetryCap: 80 * time.Millisecond, MaxAttempts: 100,
-		Hooks: relay.Hooks{Retried: func(m relay.Message, err error, d time.Duration) {
+		BatchSize: 7, Retry: idemq.Retry{BaseDelay: 20 * time.Millisecond, MaxDelay: 80 * time.Millisecond, MaxAttempts: 100},
+		Hooks: relay.Hooks{OnRetried: func(e relay.RetriedEvent) {
+			d := e.Delay
 			retries.Add(1)
 			select {
 			case delays <- d:
@@ -146,7 +159,7 @@ func TestBackoffMovesAvailableAtForward(t *testing.T) {
 		}
 		return nil
 	}}
-	r := newRelay(t, b, rec, relay.Config{RetryBase: time.Hour, RetryCap: time.Hour, MaxAttempts: 5})
+	r := newRelay(t, b, rec, relay.Config{Retry: idemq.Retry{BaseDelay: time.Hour, MaxDelay: time.Hour, MaxAttempts: 5}})
 	var msgs []outbox.Message
 	for i := range 50 {
 		msgs = append(msgs, outbox.Message{Destination: "d", Payload: fmt.Append(nil, i)})
@@ -156,11 +169,11 @@ func TestBackoffMovesAvailableAtForward(t *testing.T) {
 	stop := run(t, r)
 	var n int
 	waitFor(t, "first attempts", func() bool {
-		err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM `+b.ob.Table()+` WHERE attempts = 1`).Scan(&n)
+		err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM `+b.table()+` WHERE attempts = 1`).Scan(&n)
 		return err == nil && n == 50
 	})
 	stop()
-	rows, err := b.pool.Query(b.ctx, `SELECT available_at, last_error FROM `+b.ob.Table())
+	rows, err := b.pool.Query(b.ctx, `SELECT available_at, last_error FROM `+b.table())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -199,11 +212,11 @@ func TestPermanentErrorDeadLettersThenReplayDelivers(t *testing.T) {
 		return pe
 	}}
 	var dead atomic.Int64
-	r := newRelay(t, b, rec, relay.Config{MaxAttempts: 10, Hooks: relay.Hooks{DeadLettered: func(relay.Message, error) { dead.Add(1) }}})
+	r := newRelay(t, b, rec, relay.Config{Retry: idemq.Retry{MaxAttempts: 10}, Hooks: relay.Hooks{OnDeadLettered: func(relay.DeadLetteredEvent) { dead.Add(1) }}})
 	run(t, r)
 	enqueue(t, b, outbox.Message{Destination: "d", Payload: []byte("poison")}, outbox.Message{Destination: "d", Payload: []byte("fine")})
 	waitFor(t, "dead letter", func() bool { return dead.Load() == 1 && pending(t, b) == 0 })
-	dl, err := b.ob.DeadLetters(b.ctx, b.pool, outbox.DeadFilter{})
+	dl, err := b.ob.DeadLetters(b.ctx, outbox.DeadFilter{})
 	if err != nil || len(dl) != 1 || string(dl[0].Payload) != "poison" || dl[0].Attempts != 1 || !strings.Contains(dl[0].LastError, "schema violation") {
 		t.Fatalf("dead letters %+v %v", dl, err)
 	}
@@ -211,7 +224,7 @@ func TestPermanentErrorDeadLettersThenReplayDelivers(t *testing.T) {
 		t.Fatalf("deliveries %d", len(rec.deliveries()))
 	}
 	reject.Store(false)
-	if n, err := b.ob.Replay(b.ctx, b.pool, outbox.DeadFilter{IDs: []uuid.UUID{dl[0].ID}}); err != nil || n != 1 {
+	if n, err := b.ob.Replay(b.ctx, outbox.DeadFilter{IDs: []uuid.UUID{dl[0].ID}}); err != nil || n != 1 {
 		t.Fatalf("replay %d %v", n, err)
 	}
 	waitFor(t, "replayed delivery", func() bool { return len(rec.deliveries()) == 2 })
@@ -224,12 +237,12 @@ func TestMaxAttemptsDeadLetters(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	rec := &recorder{fn: func(int, []relay.Message) error { return errors.New("always") }}
-	r := newRelay(t, b, rec, relay.Config{RetryBase: time.Millisecond, RetryCap: 2 * time.Millisecond, MaxAttempts: 3})
+	r := newRelay(t, b, rec, relay.Config{Retry: idemq.Retry{BaseDelay: time.Millisecond, MaxDelay: 2 * time.Millisecond, MaxAttempts: 3}})
 	run(t, r)
 	enqueue(t, b, outbox.Message{Destination: "d", Payload: []byte("x")})
 	var dl []outbox.DeadLetter
 	waitFor(t, "dead letter", func() bool {
-		dl, _ = b.ob.DeadLetters(b.ctx, b.pool, outbox.DeadFilter{})
+		dl, _ = b.ob.DeadLetters(b.ctx, outbox.DeadFilter{})
 		return len(dl) == 1
 	})
 	if dl[0].Attempts != 3 || dl[0].LastError != "always" {
@@ -253,8 +266,8 @@ func TestRetryAfterHintHonoured(t *testing.T) {
 		return nil
 	}}
 	var delay atomic.Int64
-	r := newRelay(t, b, rec, relay.Config{RetryBase: time.Millisecond, RetryCap: time.Millisecond,
-		Hooks: relay.Hooks{Retried: func(_ relay.Message, _ error, d time.Duration) { delay.Store(int64(d)) }}})
+	r := newRelay(t, b, rec, relay.Config{Retry: idemq.Retry{BaseDelay: time.Millisecond, MaxDelay: time.Millisecond},
+		Hooks: relay.Hooks{OnRetried: func(e relay.RetriedEvent) { delay.Store(int64(e.Delay)) }}})
 	run(t, r)
 	enqueue(t, b, outbox.Message{Destination: "d"})
 	waitFor(t, "retry", func() bool { return delay.Load() != 0 })
@@ -262,7 +275,7 @@ func TestRetryAfterHintHonoured(t *testing.T) {
 		t.Fatalf("delay %v, want the 1h hint", time.Duration(delay.Load()))
 	}
 	var later bool
-	if err := b.pool.QueryRow(b.ctx, `SELECT available_at > now() + interval '59 minutes' FROM `+b.ob.Table()).Scan(&later); err != nil || !later {
+	if err := b.pool.QueryRow(b.ctx, `SELECT available_at > now() + interval '59 minutes' FROM `+b.table()).Scan(&later); err != nil || !later {
 		t.Fatalf("available_at not an hour ahead (%v)", err)
 	}
 }
@@ -300,7 +313,7 @@ func TestFailingKeyHoldsBackOnlyItsFollowers(t *testing.T) {
 		msgs = append(msgs, outbox.Message{Destination: "d", Payload: fmt.Appendf(nil, "free%d", i)})
 	}
 	enqueue(t, b, msgs...)
-	r := newRelay(t, b, rec, relay.Config{BatchSize: 8, RetryBase: 50 * time.Millisecond, RetryCap: 100 * time.Millisecond})
+	r := newRelay(t, b, rec, relay.Config{BatchSize: 8, Retry: idemq.Retry{BaseDelay: 50 * time.Millisecond, MaxDelay: 100 * time.Millisecond}})
 	run(t, r)
 	// The good key and the unkeyed messages all get through while bad:0 is
 	// still failing.
@@ -399,7 +412,7 @@ func TestDeadHeadFollowersProceedOrPark(t *testing.T) {
 				t.Fatalf("parked key delivered %q", p)
 			}
 			poison.Store(false)
-			if n, err := b.ob.Replay(b.ctx, b.pool, outbox.DeadFilter{Key: "k"}); err != nil || n != 1 {
+			if n, err := b.ob.Replay(b.ctx, outbox.DeadFilter{Key: "k"}); err != nil || n != 1 {
 				t.Fatalf("replay %d %v", n, err)
 			}
 			waitFor(t, "unparked", func() bool { return payloads() == "k:0,k:1,k:2,k:3,k:4,k:5,k:6" })
@@ -425,7 +438,7 @@ func TestRouter(t *testing.T) {
 		t.Fatal("duplicate route accepted")
 	}
 	var deadErr atomic.Value
-	r := newRelay(t, b, router, relay.Config{Hooks: relay.Hooks{DeadLettered: func(_ relay.Message, err error) { deadErr.Store(err) }}})
+	r := newRelay(t, b, router, relay.Config{Hooks: relay.Hooks{OnDeadLettered: func(e relay.DeadLetteredEvent) { deadErr.Store(e.Err) }}})
 	run(t, r)
 	enqueue(t, b,
 		outbox.Message{Destination: "orders.created", Key: "o1", Payload: []byte("o1:0")},
@@ -441,7 +454,7 @@ func TestRouter(t *testing.T) {
 	if !errors.Is(err, relay.ErrNoRoute) || !idemq.IsPermanent(err) || !strings.Contains(err.Error(), `"nowhere"`) {
 		t.Fatalf("dead-letter error %v", err)
 	}
-	dl, _ := b.ob.DeadLetters(b.ctx, b.pool, outbox.DeadFilter{})
+	dl, _ := b.ob.DeadLetters(b.ctx, outbox.DeadFilter{})
 	if len(dl) != 1 || dl[0].Destination != "nowhere" || !strings.Contains(dl[0].LastError, "no sink for destination") {
 		t.Fatalf("dead letters %+v", dl)
 	}
@@ -484,12 +497,12 @@ func TestHooks(t *testing.T) {
 	var published, failed, retried atomic.Int64
 	var backlog atomic.Value
 	r := newRelay(t, b, rec, relay.Config{
-		RetryBase: time.Millisecond, RetryCap: time.Millisecond, StatsInterval: 10 * time.Millisecond,
+		Retry: idemq.Retry{BaseDelay: time.Millisecond, MaxDelay: time.Millisecond}, StatsInterval: 10 * time.Millisecond,
 		Hooks: relay.Hooks{
-			Published: func(m []relay.Message, d time.Duration) { published.Add(int64(len(m))) },
-			Failed:    func(relay.Message, error) { failed.Add(1) },
-			Retried:   func(relay.Message, error, time.Duration) { retried.Add(1) },
-			Backlog:   func(s outbox.Stats) { backlog.Store(s) },
+			OnPublished: func(e relay.PublishedEvent) { published.Add(int64(len(e.Messages))) },
+			OnFailed:    func(relay.FailedEvent) { failed.Add(1) },
+			OnRetried:   func(relay.RetriedEvent) { retried.Add(1) },
+			OnBacklog:   func(e relay.BacklogEvent) { backlog.Store(e.Stats) },
 		},
 	})
 	enqueue(t, b, keyed("d", 3, 3, 0)...)
@@ -548,7 +561,7 @@ func TestCoalescedNotifyDeliversEverything(t *testing.T) {
 		wg.Go(func() {
 			for i := range 100 {
 				err := pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
-					return b.ob.Enqueue(b.ctx, tx, outbox.Message{Destination: "d", Key: fmt.Sprint("w", w), Payload: fmt.Appendf(nil, "w%d:%d", w, i)})
+					return b.ob.EnqueueTx(b.ctx, tx, outbox.Message{Destination: "d", Key: fmt.Sprint("w", w), Payload: fmt.Appendf(nil, "w%d:%d", w, i)})
 				})
 				if err != nil {
 					t.Error(err)
@@ -574,7 +587,7 @@ func TestRelayVacuums(t *testing.T) {
 	enqueue(t, b, keyed("d", 300, 7, 0)...)
 	waitFor(t, "vacuum", func() bool {
 		var n int64
-		err := b.pool.QueryRow(b.ctx, `SELECT vacuum_count FROM pg_stat_user_tables WHERE relid = $1::regclass`, b.ob.Table()).Scan(&n)
+		err := b.pool.QueryRow(b.ctx, `SELECT vacuum_count FROM pg_stat_user_tables WHERE relid = $1::regclass`, b.table()).Scan(&n)
 		return err == nil && n > 0
 	})
 	waitFor(t, "deliveries", func() bool { return distinct(rec) == 300 })

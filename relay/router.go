@@ -21,13 +21,15 @@ var ErrNoRoute = errors.New("relay: no sink for destination")
 // message becomes a dead letter instead of blocking the relay.
 //
 // Per-key order holds across sinks: when the messages of one key in a batch
-// go to several destinations, the router publishes them in rounds, each
+// go to several destinations, the router publishes them in [Rounds], each
 // round after the previous one finished, and skips ([ErrSkipped]) the rest
 // of a key once one of its messages failed. Different destinations of one
-// round are published concurrently.
+// round are published concurrently. A routed sink that panics fails its
+// part of the batch with [ErrSinkPanicked].
 //
-// Configure the routes before the relay runs; Publish may then be called
-// concurrently.
+// The zero Router has no routes and is ready to use; a nil *Router routes
+// nothing. Configure the routes before the relay runs; Publish may then be
+// called concurrently.
 type Router struct {
 	exact    map[string]Sink
 	prefixes []prefixRoute // longest first
@@ -39,15 +41,18 @@ type prefixRoute struct {
 }
 
 // NewRouter returns a router without routes.
-func NewRouter() *Router { return &Router{exact: map[string]Sink{}} }
+func NewRouter() *Router { return &Router{} }
 
 // Route sends messages whose destination is exactly destination to sink.
 func (r *Router) Route(destination string, sink Sink) error {
-	if destination == "" || sink == nil {
-		return errors.New("relay: Route needs a destination and a sink")
+	if r == nil || destination == "" || isNil(sink) {
+		return errors.New("relay: Route needs a Router, a destination and a sink")
 	}
 	if _, ok := r.exact[destination]; ok {
 		return fmt.Errorf("relay: destination %q routed twice", destination)
+	}
+	if r.exact == nil {
+		r.exact = map[string]Sink{}
 	}
 	r.exact[destination] = sink
 	return nil
@@ -56,8 +61,8 @@ func (r *Router) Route(destination string, sink Sink) error {
 // RoutePrefix sends messages whose destination starts with prefix to sink,
 // unless an exact route or a longer prefix matches.
 func (r *Router) RoutePrefix(prefix string, sink Sink) error {
-	if sink == nil {
-		return errors.New("relay: RoutePrefix needs a sink")
+	if r == nil || isNil(sink) {
+		return errors.New("relay: RoutePrefix needs a Router and a sink")
 	}
 	for _, p := range r.prefixes {
 		if p.prefix == prefix {
@@ -71,6 +76,9 @@ func (r *Router) RoutePrefix(prefix string, sink Sink) error {
 
 // Lookup returns the sink for destination, or nil.
 func (r *Router) Lookup(destination string) Sink {
+	if r == nil {
+		return nil
+	}
 	if s, ok := r.exact[destination]; ok {
 		return s
 	}
@@ -84,96 +92,47 @@ func (r *Router) Lookup(destination string) Sink {
 
 // Publish implements [Sink].
 func (r *Router) Publish(ctx context.Context, batch []Message) error {
-	type keyState struct {
-		dest  string
-		round int
-	}
-	type group struct {
-		sink Sink
-		idx  []int
-	}
-	// Assign rounds: a key's messages move to the next round whenever its
-	// destination changes.
-	keys := map[string]*keyState{}
-	var rounds []map[string]*group
-	failed := map[int]error{}
-	for i, m := range batch {
-		round := 0
-		if m.Key != "" {
-			st := keys[m.Key]
-			if st == nil {
-				st = &keyState{dest: m.Destination}
-				keys[m.Key] = st
-			} else if st.dest != m.Destination {
-				st.dest = m.Destination
-				st.round++
-			}
-			round = st.round
+	f := NewFailures(batch)
+	for _, round := range Rounds(batch, func(m *Message) string { return m.Destination }) {
+		type call struct {
+			sink  Sink
+			index []int // batch indexes of the call's messages
+			err   error
 		}
-		for len(rounds) <= round {
-			rounds = append(rounds, map[string]*group{})
-		}
-		g := rounds[round][m.Destination]
-		if g == nil {
-			g = &group{sink: r.Lookup(m.Destination)}
-			rounds[round][m.Destination] = g
-		}
-		g.idx = append(g.idx, i)
-	}
-	failedKeys := map[string]bool{}
-	for _, round := range rounds {
-		var mu sync.Mutex
-		var wg sync.WaitGroup
-		for dest, g := range round {
-			var send []Message
-			var sendIdx []int
-			for _, i := range g.idx {
-				m := batch[i]
-				switch {
-				case m.Key != "" && failedKeys[m.Key]:
-					failed[i] = ErrSkipped
-				case g.sink == nil:
-					failed[i] = idemq.Permanent(fmt.Errorf("%w %q", ErrNoRoute, dest))
-				default:
-					send = append(send, m)
-					sendIdx = append(sendIdx, i)
-				}
-			}
-			if len(send) == 0 {
+		var calls []*call
+		byDest := map[string]*call{}
+		for _, i := range round {
+			if f.Skip(i) {
 				continue
 			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				err := g.sink.Publish(ctx, send)
-				if err == nil {
-					return
-				}
-				mu.Lock()
-				defer mu.Unlock()
-				var pe *PublishError
-				if errors.As(err, &pe) {
-					for j, e := range pe.Failed {
-						if j >= 0 && j < len(sendIdx) {
-							failed[sendIdx[j]] = e
-						}
-					}
-					return
-				}
-				for _, i := range sendIdx {
-					failed[i] = err
-				}
-			}()
+			dest := batch[i].Destination
+			c := byDest[dest]
+			if c == nil {
+				c = &call{sink: r.Lookup(dest)}
+				byDest[dest] = c
+				calls = append(calls, c)
+			}
+			if c.sink == nil {
+				f.Fail(i, idemq.Permanent(fmt.Errorf("%w %q", ErrNoRoute, dest)))
+				continue
+			}
+			c.index = append(c.index, i)
+		}
+		var wg sync.WaitGroup
+		for _, c := range calls {
+			if len(c.index) == 0 {
+				continue
+			}
+			send := make([]Message, len(c.index))
+			for j, i := range c.index {
+				send[j] = batch[i]
+			}
+			wg.Go(func() { c.err = publish(ctx, c.sink, send) })
 		}
 		wg.Wait()
-		for i := range failed {
-			if k := batch[i].Key; k != "" {
-				failedKeys[k] = true
-			}
+		for _, c := range calls {
+			f.Merge(c.index, c.err)
 		}
 	}
-	if len(failed) == 0 {
-		return nil
-	}
-	return &PublishError{Failed: failed}
+	return f.Err(ctx)
 }

@@ -6,25 +6,19 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/google/uuid"
+	"github.com/idemq/idemq/outbox"
 )
 
-// Message is an outbox row on its way to a [Sink].
+// Message is an outbox row on its way to a [Sink]: the enqueued
+// outbox.Message (its ID is the row's UUIDv7, which sinks stamp on the
+// published message as its message id, so a receiving inbox or a JetStream
+// stream drops the duplicates a relay crash between publish and delete
+// creates) and what the relay knows of the row.
 type Message struct {
-	// ID is the outbox row's UUIDv7; sinks stamp it on the published message
-	// as its message id, so a receiving inbox or a JetStream stream drops
-	// the duplicates a relay crash between publish and delete creates.
-	ID uuid.UUID
-	// Destination names the sink (through a [Router]) and, inside it, the
-	// topic, subject or URL.
-	Destination string
-	// Key orders messages: the relay publishes rows of one key in enqueue
-	// order. Empty means unordered. Kafka sinks use it as the message key.
-	Key     string
-	Payload []byte
-	Headers map[string]string
+	outbox.Message
 	// Attempts counts earlier failed publishes of this row.
-	Attempts  int
+	Attempts int
+	// CreatedAt is when the row was enqueued.
 	CreatedAt time.Time
 }
 
@@ -34,8 +28,10 @@ type Message struct {
 // downstream a Sink publishes them in batch order and, once a message of a
 // key failed, does not deliver the later messages of that key in the same
 // batch but reports them failed too (with [ErrSkipped] or their own error):
-// the relay retries them after the failed one. A Sink may publish messages
-// of different keys concurrently.
+// the relay retries them after the failed one. [Failures] implements that
+// rule. A Sink may publish messages of different keys concurrently. The
+// relay hands a Sink copies of the rows, which it may change. Package
+// relaytest checks a Sink against this contract.
 type Sink interface {
 	// Publish delivers batch. It returns nil when every message was
 	// delivered; a *[PublishError] when only some failed; any other error
@@ -48,14 +44,35 @@ type Sink interface {
 // ErrSkipped is what a Sink reports for a message it did not attempt
 // because an earlier message of the same key failed in the same batch. The
 // relay puts such messages back behind the failed one without counting an
-// attempt.
+// attempt. A Sink holds the messages of a destination that cannot take them
+// now (a disabled webhook endpoint, an open breaker) with
+// idemq.RetryAfter(ErrSkipped-wrapping error, d): they come back after d,
+// still without counting an attempt.
 var ErrSkipped = errors.New("relay: skipped: an earlier message of its key failed")
 
 // SinkFunc adapts a function to the [Sink] interface.
 type SinkFunc func(ctx context.Context, batch []Message) error
 
-// Publish calls f(ctx, batch).
-func (f SinkFunc) Publish(ctx context.Context, batch []Message) error { return f(ctx, batch) }
+// Publish calls f(ctx, batch); a nil f fails the batch.
+func (f SinkFunc) Publish(ctx context.Context, batch []Message) error {
+	if f == nil {
+		return errors.New("relay: nil SinkFunc")
+	}
+	return f(ctx, batch)
+}
+
+// isNil reports whether s is nil, a nil SinkFunc or a nil *Router.
+func isNil(s Sink) bool {
+	switch s := s.(type) {
+	case nil:
+		return true
+	case SinkFunc:
+		return s == nil
+	case *Router:
+		return s == nil
+	}
+	return false
+}
 
 // PublishError reports per-message failures of a batch: Failed maps an
 // index of the batch to its error; messages not in Failed were delivered.

@@ -1,8 +1,10 @@
 // Package testenv gives tests, examples and benchmarks real servers: a fresh
 // Postgres database per test ([Postgres], [CreateDatabase]), a Kafka
-// wire-protocol broker ([Kafka], kfake in-process) and NATS with JetStream
-// ([NATS], nats-server in-process). Environment variables point it
-// elsewhere:
+// wire-protocol broker ([Kafka], kfake in-process), NATS with JetStream
+// ([NATS], nats-server in-process), Redis ([Redis], the machine's server
+// with a key prefix per test) and a DynamoDB API server ([DynamoDB],
+// dynalite from testenv's node_modules: `npm ci --prefix testenv`, which
+// `make test` runs). Environment variables point it elsewhere:
 //
 //	IDEMQ_TEST_DATABASE_URL   an admin connection to a Postgres server
 //	                          (default postgres://postgres@127.0.0.1:5432/postgres)
@@ -10,6 +12,13 @@
 //	                          (default: an in-process kfake broker)
 //	IDEMQ_TEST_NATS_URL       a NATS server with JetStream
 //	                          (default: an in-process nats-server)
+//	IDEMQ_TEST_REDIS_URL      a Redis server (default redis://127.0.0.1:6379/0)
+//	IDEMQ_TEST_DYNAMODB_URL   a DynamoDB API endpoint
+//	                          (default: a dynalite per test binary)
+//
+// Outage tests get servers of their own to stop and start again:
+// [StartRedis] (a redis-server process), [StartDynalite] and [NewProxy] (a
+// TCP forwarder that refuses connections while stopped, for Postgres).
 //
 // A missing server fails the test with a message that says how to start it;
 // nothing is ever skipped silently.

@@ -4,18 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/relay"
 	"github.com/idemq/idemq/testenv"
 	idemqnats "github.com/idemq/idemq/transports/nats"
 )
-
-func init() { registerLeg(newJetStreamLeg) }
 
 // jetStreamAckWait is short so that the messages the killed consumer
 // applied but never acknowledged come back quickly.
@@ -28,12 +28,12 @@ const jetStreamAckWait = time.Second
 // the producer's re-sends, which carry the same Nats-Msg-Id, before the
 // consumer sees them; the inbox drops the redeliveries after the crash.
 type jetStreamLeg struct {
-	n       *testenv.NATSServer
-	nc      *nats.Conn
-	js      jetstream.JetStream
-	sink    *idemqnats.JetStreamSink
-	stream  string
-	subject string
+	n         *testenv.NATSServer
+	sink      relay.Sink
+	closeSink func() error
+	cons      jetstream.Consumer // the demo's durable, once Subscriber made it
+	stream    string
+	subject   string
 }
 
 func newJetStreamLeg(ctx context.Context) (leg, error) {
@@ -43,32 +43,56 @@ func newJetStreamLeg(ctx context.Context) (leg, error) {
 	}
 	l := &jetStreamLeg{n: n, stream: n.Name("ORDERS"), subject: n.Name("orders")}
 	fail := func(err error) (leg, error) { return nil, errors.Join(err, l.Close()) }
-	if l.nc, err = n.Connect(nats.Name("idemq-demo-relay")); err != nil {
+	if l.sink, l.closeSink, err = openJetStreamSink(ctx, []string{n.URL}); err != nil {
 		return fail(err)
 	}
-	if l.js, err = jetstream.New(l.nc, jetstream.WithPublishAsyncTimeout(10*time.Second)); err != nil {
+	nc, err := n.Connect(nats.Name("idemq-demo-setup"))
+	if err != nil {
 		return fail(err)
 	}
-	if _, err := n.CreateStream(ctx, l.js, jetstream.StreamConfig{Name: l.stream, Subjects: []string{l.subject}}); err != nil {
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
 		return fail(err)
 	}
-	if l.sink, err = idemqnats.NewJetStreamSink(l.js, idemqnats.SinkConfig{}); err != nil {
+	if _, err := n.CreateStream(ctx, js, jetstream.StreamConfig{Name: l.stream, Subjects: []string{l.subject}}); err != nil {
 		return fail(err)
 	}
 	return l, nil
 }
 
-func (l *jetStreamLeg) Name() string           { return "jetstream" }
+// openJetStreamSink returns a relay sink publishing to the NATS server at
+// urls.
+func openJetStreamSink(_ context.Context, urls []string) (relay.Sink, func() error, error) {
+	nc, err := nats.Connect(strings.Join(urls, ","), nats.Name("idemq-demo-relay"), nats.MaxReconnects(-1))
+	if err != nil {
+		return nil, nil, err
+	}
+	closeSink := func() error { nc.Close(); return nil }
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(10*time.Second))
+	if err != nil {
+		return nil, nil, errors.Join(err, closeSink())
+	}
+	sink, err := idemqnats.NewJetStreamSink(js, idemqnats.SinkConfig{})
+	if err != nil {
+		return nil, nil, errors.Join(err, closeSink())
+	}
+	return sink, closeSink, nil
+}
+
+func (l *jetStreamLeg) Name() string                    { return "jetstream" }
+func (l *jetStreamLeg) Consumer() (name, effect string) { return "shipping", "shipments" }
+func (l *jetStreamLeg) SinkSpec() sinkSpec {
+	return sinkSpec{Kind: "jetstream", Addrs: []string{l.n.URL}, Destination: l.subject}
+}
 func (l *jetStreamLeg) Destination() string    { return l.subject }
 func (l *jetStreamLeg) Sink() relay.Sink       { return l.sink }
 func (l *jetStreamLeg) DedupesPublishes() bool { return true }
 
-var errJetStreamCrash = errors.New("demo: consumer killed between commit and ack")
-
-// Subscribe runs a JetStreamSubscriber in batch mode on the durable
+// Subscriber returns a JetStreamSubscriber in batch mode on the durable
 // "shipping" consumer, over a connection of its own that is closed when
-// it ends, as a separate process's would be.
-func (l *jetStreamLeg) Subscribe(ctx context.Context, c *consumer.Consumer, crash func(*consumer.Message, consumer.Result) bool) (subscription, error) {
+// Run returns, as a separate process's would be.
+func (l *jetStreamLeg) Subscriber(ctx context.Context, c *consumer.Consumer, beforeAck crashPoint) (idemq.Service, error) {
 	nc, err := l.n.Connect(nats.Name("idemq-demo-shipping"))
 	if err != nil {
 		return nil, err
@@ -85,66 +109,49 @@ func (l *jetStreamLeg) Subscribe(ctx context.Context, c *consumer.Consumer, cras
 		nc.Close()
 		return nil, fmt.Errorf("jetstream consumer: %w", err)
 	}
-	cfg := idemqnats.JetStreamConfig{Batch: true, FetchWait: 200 * time.Millisecond}
-	if crash != nil {
-		cfg.BeforeAck = func(_ context.Context, msgs []*consumer.Message, results []consumer.Result) error {
-			for i := range msgs {
-				if crash(msgs[i], results[i]) {
-					return errJetStreamCrash
-				}
-			}
-			return nil
-		}
-	}
+	l.cons = cons
+	cfg := idemqnats.JetStreamSubscriberConfig{Batch: true, FetchWait: 200 * time.Millisecond,
+		Test: idemqnats.TestConfig{BeforeAck: beforeAck}}
 	s, err := idemqnats.NewJetStreamSubscriber(c, cons, js, cfg)
 	if err != nil {
 		nc.Close()
 		return nil, err
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	sub := &jetStreamSubscription{runningSubscriber{cancel: cancel, done: make(chan struct{})}, cons}
-	go func() {
-		defer close(sub.done)
-		sub.err = s.Run(ctx)
-		nc.Close()
-	}()
-	return sub, nil
+	return ownConn{s, nc}, nil
 }
 
-// jetStreamSubscription is a running JetStreamSubscriber whose Stop first
-// lets it work off everything the durable consumer still holds: the
-// messages the killed consumer applied but never acknowledged come back
-// only after AckWait, after the newer ones.
-type jetStreamSubscription struct {
-	runningSubscriber
-	cons jetstream.Consumer
+// ownConn is a subscriber that closes its connection when Run returns.
+type ownConn struct {
+	*idemqnats.JetStreamSubscriber
+	nc *nats.Conn
 }
 
-func (s *jetStreamSubscription) Stop() error {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+func (o ownConn) Run(ctx context.Context) error {
+	defer o.nc.Close()
+	return o.JetStreamSubscriber.Run(ctx)
+}
+
+// Settled waits until the durable consumer holds nothing pending or
+// unacknowledged: the messages the killed consumer applied but never
+// acknowledged come back only after AckWait, after the newer ones.
+func (l *jetStreamLeg) Settled(ctx context.Context) error {
 	for {
-		select {
-		case <-s.done: // crashed or failed: nothing to wait for
-			return s.runningSubscriber.Stop()
-		default:
-		}
-		info, err := s.cons.Info(ctx)
+		info, err := l.cons.Info(ctx)
 		if err == nil && info.NumPending == 0 && info.NumAckPending == 0 {
-			return s.runningSubscriber.Stop()
+			return nil
 		}
 		select {
 		case <-ctx.Done():
-			return errors.Join(fmt.Errorf("jetstream: messages still pending at stop: %w", ctx.Err()), s.runningSubscriber.Stop())
-		case <-s.done:
+			return fmt.Errorf("jetstream: messages still pending: %w", ctx.Err())
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
 }
 
 func (l *jetStreamLeg) Close() error {
-	if l.nc != nil {
-		l.nc.Close()
+	var err error
+	if l.closeSink != nil {
+		err = l.closeSink()
 	}
-	return l.n.Close()
+	return errors.Join(err, l.n.Close())
 }

@@ -6,6 +6,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/relay"
 	"github.com/idemq/idemq/testenv"
@@ -13,11 +14,12 @@ import (
 )
 
 // kafkaLeg runs an in-process Kafka broker (kfake; IDEMQ_TEST_KAFKA_BROKERS
-// points it at real brokers) with a 3-partition "orders" topic.
+// points it at real brokers) with a 3-partition "orders" topic, consumed by
+// the billing service.
 type kafkaLeg struct {
-	k      *testenv.KafkaCluster
-	writer *kafka.Writer
-	sink   *idemqkafka.Sink
+	k         *testenv.KafkaCluster
+	sink      relay.Sink
+	closeSink func() error
 }
 
 func newKafkaLeg(ctx context.Context) (leg, error) {
@@ -25,69 +27,48 @@ func newKafkaLeg(ctx context.Context) (leg, error) {
 	if err != nil {
 		return nil, err
 	}
-	w := idemqkafka.NewWriter(k.Brokers...)
-	w.Transport = &kafka.Transport{}
-	sink, err := idemqkafka.NewSink(w, idemqkafka.SinkConfig{})
+	sink, closeSink, err := openKafkaSink(k.Brokers)
 	if err != nil {
-		_ = k.Close()
-		return nil, err
+		return nil, errors.Join(err, k.Close())
 	}
-	return &kafkaLeg{k: k, writer: w, sink: sink}, nil
+	return &kafkaLeg{k: k, sink: sink, closeSink: closeSink}, nil
 }
 
-func (l *kafkaLeg) Name() string        { return "kafka" }
-func (l *kafkaLeg) Destination() string { return l.k.Topic("orders") }
-func (l *kafkaLeg) Sink() relay.Sink    { return l.sink }
+// openKafkaSink returns a relay sink writing to brokers.
+func openKafkaSink(brokers []string) (relay.Sink, func() error, error) {
+	w := idemqkafka.NewWriter(brokers...)
+	transport := &kafka.Transport{}
+	w.Transport = transport
+	sink, err := idemqkafka.NewSink(w, idemqkafka.SinkConfig{})
+	closeSink := func() error {
+		err := w.Close()
+		transport.CloseIdleConnections()
+		return err
+	}
+	if err != nil {
+		return nil, nil, errors.Join(err, closeSink())
+	}
+	return sink, closeSink, nil
+}
 
-var errCrash = errors.New("demo: consumer killed between commit and offset commit")
+func (l *kafkaLeg) Name() string                    { return "kafka" }
+func (l *kafkaLeg) Consumer() (name, effect string) { return "billing", "charges" }
+func (l *kafkaLeg) Destination() string             { return l.k.Topic("orders") }
+func (l *kafkaLeg) Sink() relay.Sink                { return l.sink }
+func (l *kafkaLeg) SinkSpec() sinkSpec {
+	return sinkSpec{Kind: "kafka", Addrs: l.k.Brokers, Destination: l.Destination()}
+}
 
-func (l *kafkaLeg) Subscribe(ctx context.Context, c *consumer.Consumer, crash func(*consumer.Message, consumer.Result) bool) (subscription, error) {
+// Subscriber returns a Subscriber in batch mode in the billing group.
+func (l *kafkaLeg) Subscriber(_ context.Context, c *consumer.Consumer, beforeAck crashPoint) (idemq.Service, error) {
 	cfg := idemqkafka.SubscriberConfig{
 		Brokers: l.k.Brokers,
-		GroupID: l.k.Group("shipping"),
+		GroupID: l.k.Group("billing"),
 		Topics:  []string{l.k.Topic("orders")},
 		Batch:   true,
+		Test:    idemqkafka.TestConfig{BeforeCommit: beforeAck},
 	}
-	if crash != nil {
-		cfg.BeforeCommit = func(_ context.Context, msgs []*consumer.Message, results []consumer.Result) error {
-			for i := range msgs {
-				if crash(msgs[i], results[i]) {
-					return errCrash
-				}
-			}
-			return nil
-		}
-	}
-	s, err := idemqkafka.NewSubscriber(c, cfg)
-	if err != nil {
-		return nil, err
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	sub := &runningSubscriber{cancel: cancel, done: make(chan struct{})}
-	go func() {
-		defer close(sub.done)
-		sub.err = s.Run(ctx)
-	}()
-	return sub, nil
+	return idemqkafka.NewSubscriber(c, cfg)
 }
 
-func (l *kafkaLeg) Close() error {
-	err := l.writer.Close()
-	l.writer.Transport.(*kafka.Transport).CloseIdleConnections()
-	return errors.Join(err, l.k.Close())
-}
-
-// runningSubscriber is a Subscriber.Run in a goroutine.
-type runningSubscriber struct {
-	cancel context.CancelFunc
-	done   chan struct{}
-	err    error
-}
-
-func (s *runningSubscriber) Stop() error {
-	s.cancel()
-	<-s.done
-	return s.err
-}
-
-func (s *runningSubscriber) Done() <-chan struct{} { return s.done }
+func (l *kafkaLeg) Close() error { return errors.Join(l.closeSink(), l.k.Close()) }

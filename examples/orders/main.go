@@ -1,15 +1,26 @@
-// Command orders is idemq's end-to-end demo: business transactions enqueue
-// order messages in the outbox, the relay publishes them to every transport
-// leg (Kafka on an in-process broker, and any leg another transport
-// registers), the
-// producer re-sends some of them, and a consumer wrapped by idemq applies
-// them to a shipments table, killed once between its database commit and
-// its acknowledgement and restarted. It prints, per transport, what was
-// sent, the duplicates injected and what was applied, and exits non-zero
-// unless every leg applied each distinct message exactly once.
+// Command orders is idemq's end-to-end demo, an orders service under
+// injected trouble:
+//
+//   - clients POST /orders behind the Idempotency-Key middleware (request
+//     records in Postgres); some retry with the same key, one reuses a key
+//     with another body;
+//   - each order, its outbox messages and its webhook fan-out commit in one
+//     transaction with the request record;
+//   - a relay publishes the outbox to Kafka (billing), NATS JetStream
+//     (shipping) and a partner's webhook endpoint; a first relay, a child
+//     process, is SIGKILLed between a publish and the commit that deletes
+//     what it published;
+//   - the producer re-sends some messages; each consumer is killed once
+//     between its database commit and its acknowledgement; the partner's
+//     endpoint answers 503 for a while, then recovers.
+//
+// It prints a table of what was injected and what was applied, and exits
+// non-zero unless every order was charged, shipped and notified exactly
+// once.
 //
 // It needs only the local Postgres (IDEMQ_TEST_DATABASE_URL points it
-// elsewhere); it creates its own database and drops it on exit.
+// elsewhere); it creates its own database and drops it on exit. Kafka and
+// NATS run in-process.
 package main
 
 import (
@@ -24,45 +35,54 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
+	"github.com/idemq/idemq/request/pgstore"
 	"github.com/idemq/idemq/testenv"
+	"github.com/idemq/idemq/transports/http/webhook"
 )
 
 const (
-	orders     = 200 // business transactions, one message per leg each
-	crashAfter = 60  // the first consumer dies after applying this many
+	orders     = 200 // orders the clients place
+	retryEvery = 5   // every 5th order is sent twice with the same key
 	relayBatch = 50  // outbox rows per relay batch
 )
 
 func main() {
 	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})))
+	if spec := os.Getenv(relayChildEnv); spec != "" {
+		err := relayChild(spec)
+		fmt.Fprintln(os.Stderr, "relay child:", err)
+		os.Exit(1)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	if err := run(ctx, os.Stdout); err != nil {
+	if err := run(ctx, os.Stdout, orders); err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
 	}
 }
 
-// row is one leg's line of the table.
+// row is one leg's counts.
 type row struct {
-	leg               string
-	sent              int // distinct messages published
-	injected          int // extra copies the producer re-sent
-	brokerDropped     int // copies the broker itself dropped (JetStream's duplicate window)
-	dropped           int // deliveries the inbox recognised as duplicates
-	applied, distinct int // shipment rows, distinct message ids among them
+	effect, desc      string // "charges", "applied by the billing consumer on Kafka"
+	injected          int    // extra copies the producer re-sent
+	applied, distinct int    // effect rows, distinct message ids among them
 }
 
-func (r row) ok() bool { return r.applied == r.sent && r.distinct == r.sent }
+// effects counts the effect rows of consumer, and the distinct messages
+// among them: a message applied twice shows as two rows.
+func effects(ctx context.Context, pool *pgxpool.Pool, consumer string) (rows, distinct int, err error) {
+	err = pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT msg_id) FROM effects WHERE consumer = $1`, consumer).Scan(&rows, &distinct)
+	return rows, distinct, err
+}
 
-func run(ctx context.Context, out io.Writer) (err error) {
+func run(ctx context.Context, out io.Writer, n int) (err error) {
 	connString, drop, err := testenv.CreateDatabase(ctx, "idemq_demo")
 	if err != nil {
 		return err
@@ -75,9 +95,26 @@ func run(ctx context.Context, out io.Writer) (err error) {
 	defer pool.Close()
 	if _, err := pool.Exec(ctx, `
 		CREATE TABLE orders (id bigserial PRIMARY KEY, customer text NOT NULL, item text NOT NULL, qty int NOT NULL);
-		-- one row per application: a message applied twice would show twice
-		CREATE TABLE shipments (seq bigserial PRIMARY KEY, leg text NOT NULL, msg_id text NOT NULL, payload text NOT NULL)`); err != nil {
+		-- one row per application (charge, shipment, webhook): a message applied twice would show twice
+		CREATE TABLE effects (seq bigserial PRIMARY KEY, consumer text NOT NULL, msg_id text NOT NULL, payload text NOT NULL)`); err != nil {
 		return err
+	}
+	ob, err := outbox.New(pool, outbox.Config{})
+	if err != nil {
+		return err
+	}
+	reg, err := webhook.NewRegistry(pool, webhook.RegistryConfig{})
+	if err != nil {
+		return err
+	}
+	store, err := pgstore.New(pool, pgstore.Config{})
+	if err != nil {
+		return err
+	}
+	for _, migrate := range []func(context.Context) error{ob.Migrate, reg.Migrate, store.Migrate} {
+		if err := migrate(ctx); err != nil {
+			return err
+		}
 	}
 
 	var legs []leg
@@ -86,7 +123,7 @@ func run(ctx context.Context, out io.Writer) (err error) {
 			err = errors.Join(err, l.Close())
 		}
 	}()
-	for _, start := range legFactories {
+	for _, start := range legFactories() {
 		l, err := start(ctx)
 		if err != nil {
 			return fmt.Errorf("start leg: %w", err)
@@ -94,37 +131,58 @@ func run(ctx context.Context, out io.Writer) (err error) {
 		legs = append(legs, l)
 	}
 
-	// The relay drains the outbox into every leg, routed by destination.
-	ob, err := outbox.New(outbox.Config{})
+	// The partner receives "order.created" webhooks.
+	secret := webhook.NewSecret()
+	partner, err := startPartner(ctx, pool, secret)
 	if err != nil {
 		return err
 	}
-	if err := ob.Migrate(ctx, pool); err != nil {
+	defer partner.srv.Close()
+	if _, err := reg.Add(ctx, webhook.Endpoint{URL: partner.srv.URL + "/webhooks", Keys: []string{secret}, EventTypes: []string{"order.created"}}); err != nil {
 		return err
 	}
-	router := relay.NewRouter()
-	for _, l := range legs {
-		if err := router.Route(l.Destination(), l.Sink()); err != nil {
-			return err
-		}
-	}
-	rl, err := relay.New(pool, ob, router, relay.Config{BatchSize: relayBatch, PollInterval: 50 * time.Millisecond,
-		RetryBase: 10 * time.Millisecond, RetryCap: time.Second})
-	if err != nil {
-		return err
-	}
-	relayCtx, stopRelay := context.WithCancel(ctx)
-	relayDone := make(chan error, 1)
-	go func() { relayDone <- rl.Run(relayCtx) }()
-	defer func() {
-		stopRelay()
-		err = errors.Join(err, <-relayDone)
-	}()
 
-	perLeg, err := produce(ctx, pool, ob, legs)
+	pub, err := webhook.NewPublisher(reg, ob)
 	if err != nil {
 		return err
 	}
+	a := &api{pool: pool, store: store, ob: ob, pub: pub, legs: legs, sent: make(map[string][]relay.Message)}
+	srv, err := a.serve()
+	if err != nil {
+		return err
+	}
+	defer srv.Close()
+
+	clients, err := placeOrders(ctx, srv.URL, n, retryEvery)
+	if err != nil {
+		return err
+	}
+
+	// A first relay runs in a child process and is killed between a
+	// publish and its commit.
+	spec := relaySpec{DatabaseURL: connString}
+	for _, l := range legs {
+		spec.Sinks = append(spec.Sinks, l.SinkSpec())
+	}
+	republished, err := killRelay(ctx, spec)
+	if err != nil {
+		return err
+	}
+
+	// The relay that takes over publishes everything the killed one left.
+	sinks := make(map[string]relay.Sink, len(legs))
+	for _, l := range legs {
+		sinks[l.Destination()] = l.Sink()
+	}
+	rl, err := newRelay(pool, ob, reg, sinks)
+	if err != nil {
+		return err
+	}
+	relaying, err := idemq.Start(ctx, rl)
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, relaying.Stop()) }()
 
 	rows := make([]row, len(legs))
 	var wg sync.WaitGroup
@@ -133,88 +191,127 @@ func run(ctx context.Context, out io.Writer) (err error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			rows[i], errs[i] = runLeg(ctx, pool, l, perLeg[l.Name()])
+			rows[i], errs[i] = runLeg(ctx, pool, l, a.sent[l.Name()])
 		}()
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
-	stats, err := ob.Stats(ctx, pool)
+	webhooks, webhooksDistinct, err := waitWebhooks(ctx, pool, ob, clients.created)
 	if err != nil {
 		return err
 	}
-
-	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "transport\tsent\tduplicates injected\tredelivered after crash\tdropped by broker\tdropped by inbox\tapplied\t")
-	failed := false
-	for _, r := range rows {
-		redelivered := r.dropped - (r.injected - r.brokerDropped)
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t\n", r.leg, r.sent, r.injected, redelivered, r.brokerDropped, r.dropped, r.applied)
-		failed = failed || !r.ok()
-	}
-	if err := tw.Flush(); err != nil {
+	var created int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM orders`).Scan(&created); err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "outbox: %d messages enqueued in %d business transactions, %d pending, %d dead letters\n",
-		orders*len(legs), orders, stats.Pending, stats.Dead)
-	if failed {
-		return errors.New("a leg did not apply every distinct message exactly once")
+
+	injected := republished
+	for _, r := range rows {
+		injected += r.injected
 	}
-	if stats.Pending != 0 || stats.Dead != 0 {
-		return errors.New("the relay did not publish the whole outbox")
+	fmt.Fprintf(out, "orders demo: %d orders through HTTP, the outbox, Kafka, JetStream and webhooks, with trouble injected\n\n", n)
+	t := table{out: out}
+	t.info("HTTP requests", clients.requests, "POST /orders, each with an Idempotency-Key")
+	t.check("replayed", clients.replays, clients.requests-n-1, "retries with the same key: the stored response, no new order")
+	t.check("refused with 422", clients.rejected, 1, "a key reused with another body")
+	t.check("orders created", created, n, "one per distinct key")
+	t.info("duplicates injected", injected, fmt.Sprintf("producer re-sends, and the killed relay's published batch (%d) sent again", republished))
+	t.info("crashes injected", len(legs)+1, "each consumer killed between commit and ack, the relay SIGKILLed between publish and delete")
+	t.info("webhook failures", partner.outage(), "503s from the partner's endpoint before it recovered")
+	for _, r := range rows {
+		t.check(r.effect, r.applied, created, r.desc)
+		t.check("  distinct", r.distinct, created, "")
 	}
-	fmt.Fprintln(out, "every distinct message applied exactly once on every transport")
+	t.check("webhooks applied", webhooks, created, "order.created received by the partner (receiving middleware, inbox)")
+	t.check("  distinct", webhooksDistinct, created, "")
+	if err := t.flush(); err != nil {
+		return err
+	}
+	if t.failed > 0 {
+		return fmt.Errorf("%d counts are off", t.failed)
+	}
+	fmt.Fprintln(out, "\nOK: every order was created once, charged once, shipped once and notified once")
 	return nil
 }
 
-// produce runs the business transactions: each inserts an order and
-// enqueues, in the same transaction, one message per leg, keyed by
-// customer so that a customer's orders stay in order. It returns the
-// messages per leg, for the producer's re-sends.
-func produce(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Outbox, legs []leg) (map[string][]relay.Message, error) {
-	perLeg := make(map[string][]relay.Message, len(legs))
-	for n := range orders {
-		customer := fmt.Sprintf("customer-%d", n%17)
-		var batch []relay.Message
-		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			batch = batch[:0]
-			var id int64
-			if err := tx.QueryRow(ctx, `INSERT INTO orders (customer, item, qty) VALUES ($1, $2, $3) RETURNING id`,
-				customer, fmt.Sprintf("item-%d", n%5), 1+n%3).Scan(&id); err != nil {
-				return err
-			}
-			msgs := make([]outbox.Message, len(legs))
-			for i, l := range legs {
-				msgs[i] = outbox.Message{
-					ID:          uuid.Must(uuid.NewV7()),
-					Destination: l.Destination(),
-					Key:         customer,
-					Payload:     fmt.Appendf(nil, `{"order_id":%d,"customer":%q}`, id, customer),
-					Headers:     map[string]string{"Content-Type": "application/json"},
-				}
-				batch = append(batch, relay.Message{ID: msgs[i].ID, Destination: msgs[i].Destination, Key: msgs[i].Key,
-					Payload: msgs[i].Payload, Headers: msgs[i].Headers})
-			}
-			return ob.Enqueue(ctx, tx, msgs...)
-		})
+// waitWebhooks waits until the outbox is empty and the partner applied
+// want webhooks, or the context ends, and returns what it applied.
+func waitWebhooks(ctx context.Context, pool *pgxpool.Pool, ob *outbox.Outbox, want int) (applied, distinct int, err error) {
+	for {
+		stats, err := ob.Stats(ctx)
 		if err != nil {
-			return nil, fmt.Errorf("order transaction: %w", err)
+			return 0, 0, err
 		}
-		for i, l := range legs {
-			perLeg[l.Name()] = append(perLeg[l.Name()], batch[i])
+		if applied, distinct, err = effects(ctx, pool, "webhook"); err != nil {
+			return 0, 0, err
+		}
+		if stats.Dead != 0 {
+			return applied, distinct, fmt.Errorf("%d outbox messages became dead letters", stats.Dead)
+		}
+		if stats.Pending == 0 && distinct >= want {
+			return applied, distinct, nil
+		}
+		select {
+		case <-ctx.Done():
+			return applied, distinct, fmt.Errorf("webhooks: %d of %d applied, %d outbox messages pending: %w", distinct, want, stats.Pending, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
 		}
 	}
-	return perLeg, nil
+}
+
+// table prints the demo's result, one count a line, and counts the
+// lines whose count is not the expected one.
+type table struct {
+	out    io.Writer
+	lines  [][3]string
+	failed int
+}
+
+func (t *table) info(name string, n int, why string) {
+	t.lines = append(t.lines, [3]string{name, fmt.Sprint(n), why})
+}
+
+func (t *table) check(name string, n, want int, why string) {
+	got := fmt.Sprint(n)
+	if n != want {
+		t.failed++
+		got = fmt.Sprintf("%d  WRONG, want %d", n, want)
+	}
+	t.lines = append(t.lines, [3]string{name, got, why})
+}
+
+func (t *table) flush() error {
+	tw := tabwriter.NewWriter(t.out, 0, 0, 2, ' ', 0)
+	for _, l := range t.lines {
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", l[0], l[1], l[2])
+	}
+	return tw.Flush()
+}
+
+// start runs the leg's subscriber through c until Stop; it returns once the
+// subscriber is ready.
+func start(ctx context.Context, l leg, c *consumer.Consumer, beforeAck crashPoint) (*idemq.Running, error) {
+	s, err := l.Subscriber(ctx, c, beforeAck)
+	if err != nil {
+		return nil, err
+	}
+	running, err := idemq.Start(ctx, s)
+	if err != nil {
+		return nil, fmt.Errorf("%s: start the consumer: %w", l.Name(), err)
+	}
+	return running, nil
 }
 
 // runLeg re-sends some of the leg's messages as a retrying producer would
 // (every 10th once more, every 40th four more times) while the relay
 // publishes the outbox, runs a consumer that is killed between commit and
-// ack after crashAfter applications, restarts it and waits until every
+// ack after applying 30% of the messages, restarts it and waits until every
 // copy published was consumed.
 func runLeg(ctx context.Context, pool *pgxpool.Pool, l leg, msgs []relay.Message) (row, error) {
-	r := row{leg: l.Name(), sent: len(msgs)}
+	name, effect := l.Consumer()
+	r := row{effect: effect, desc: fmt.Sprintf("applied by the %s consumer on %s", name, l.Name())}
 	sink := l.Sink()
 	var again []relay.Message
 	for i, m := range msgs {
@@ -238,7 +335,6 @@ func runLeg(ctx context.Context, pool *pgxpool.Pool, l leg, msgs []relay.Message
 	dedupes := false
 	if d, ok := l.(publishDeduper); ok && d.DedupesPublishes() {
 		dedupes = true
-		r.brokerDropped = len(again)
 	}
 	var mu sync.Mutex
 	outstanding := make(map[string]int, len(msgs))
@@ -250,27 +346,27 @@ func runLeg(ctx context.Context, pool *pgxpool.Pool, l leg, msgs []relay.Message
 			outstanding[m.ID.String()]++
 		}
 	}
-	waiting := func() int {
-		mu.Lock()
-		defer mu.Unlock()
-		return len(outstanding)
-	}
+	consumed := make(chan struct{}) // closed once nothing is outstanding
 
-	var applied, dropped atomic.Int64
-	c, err := consumer.New(pool, "shipping-"+l.Name(), func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
-		_, err := tx.Exec(ctx, `INSERT INTO shipments (leg, msg_id, payload) VALUES ($1, $2, $3)`, l.Name(), msg.ID, msg.Payload)
+	var applied atomic.Int64
+	c, err := consumer.New(pool, name, func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
+		_, err := tx.Exec(ctx, `INSERT INTO effects (consumer, msg_id, payload) VALUES ($1, $2, $3)`, name, msg.ID, msg.Payload)
 		return err
-	}, consumer.Config{Hooks: consumer.Hooks{OnResult: func(_ string, res consumer.Result) {
-		switch res.Outcome {
-		case consumer.Applied:
+	}, consumer.Config{Hooks: consumer.Hooks{OnResult: func(res consumer.ResultEvent) {
+		if res.Outcome == consumer.Applied {
 			applied.Add(1)
-		case consumer.Duplicate:
-			dropped.Add(1)
 		}
 		if res.Settled() {
 			mu.Lock()
-			if outstanding[res.Key]--; outstanding[res.Key] <= 0 {
-				delete(outstanding, res.Key)
+			if n, ok := outstanding[res.Key]; ok {
+				if n <= 1 {
+					delete(outstanding, res.Key)
+					if len(outstanding) == 0 {
+						close(consumed)
+					}
+				} else {
+					outstanding[res.Key] = n - 1
+				}
 			}
 			mu.Unlock()
 		}
@@ -282,8 +378,14 @@ func runLeg(ctx context.Context, pool *pgxpool.Pool, l leg, msgs []relay.Message
 		return r, err
 	}
 
-	first, err := l.Subscribe(ctx, c, func(_ *consumer.Message, res consumer.Result) bool {
-		return res.Outcome == consumer.Applied && applied.Load() >= crashAfter
+	errKilled := errors.New("demo: consumer killed between commit and ack")
+	first, err := start(ctx, l, c, func(_ context.Context, msgs []*consumer.Message, results []consumer.Result) error {
+		for _, res := range results {
+			if res.Outcome == consumer.Applied && applied.Load() >= int64(len(msgs)*3/10) {
+				return errKilled
+			}
+		}
+		return nil
 	})
 	if err != nil {
 		return r, err
@@ -297,22 +399,27 @@ func runLeg(ctx context.Context, pool *pgxpool.Pool, l leg, msgs []relay.Message
 		return r, fmt.Errorf("%s: the first consumer was not killed", l.Name())
 	}
 
-	second, err := l.Subscribe(ctx, c, nil)
+	second, err := start(ctx, l, c, nil)
 	if err != nil {
 		return r, err
 	}
-	for waiting() > 0 {
-		select {
-		case <-ctx.Done():
-			_ = second.Stop()
-			return r, fmt.Errorf("%s: %d messages still expected, %d applied: %w", l.Name(), waiting(), applied.Load(), ctx.Err())
-		case <-time.After(20 * time.Millisecond):
+	select {
+	case <-consumed:
+	case <-ctx.Done():
+		_ = second.Stop()
+		mu.Lock()
+		waiting := len(outstanding)
+		mu.Unlock()
+		return r, fmt.Errorf("%s: %d messages still expected, %d applied: %w", l.Name(), waiting, applied.Load(), ctx.Err())
+	}
+	if s, ok := l.(settler); ok {
+		if err := s.Settled(ctx); err != nil {
+			return r, errors.Join(err, second.Stop())
 		}
 	}
 	if err := second.Stop(); err != nil {
 		return r, fmt.Errorf("%s: stop: %w", l.Name(), err)
 	}
-	r.dropped = int(dropped.Load())
-	err = pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT msg_id) FROM shipments WHERE leg = $1`, l.Name()).Scan(&r.applied, &r.distinct)
+	r.applied, r.distinct, err = effects(ctx, pool, name)
 	return r, err
 }

@@ -34,12 +34,16 @@ type Table struct {
 }
 
 // NewTable validates schema and name and returns the table. Names must match
-// ^[a-z_][a-z0-9_]*$ and be at most 48 bytes.
+// ^[a-z_][a-z0-9_]*$ and be at most 48 bytes, and the table may not be
+// the migration log ([MigrationLog]).
 func NewTable(schema, name string) (Table, error) {
 	for _, part := range []struct{ what, v string }{{"schema", schema}, {"table", name}} {
 		if !identPattern.MatchString(part.v) {
 			return Table{}, fmt.Errorf("idemq: invalid %s name %q: want lower case letters, digits and underscores, at most 48 bytes, not starting with a digit", part.what, part.v)
 		}
+	}
+	if name == MigrationLog {
+		return Table{}, fmt.Errorf("idemq: invalid table name %q: idemq records its migrations in that table", name)
 	}
 	return Table{Schema: schema, Name: name}, nil
 }

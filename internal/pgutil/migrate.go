@@ -15,10 +15,12 @@ import (
 
 // Migrate applies the numbered migrations in dir of files (named
 // "0001_what.sql", "0002_….sql", …) that the table has not seen yet, all in
-// one transaction under a transaction-scoped advisory lock, so several
-// processes may run it at once: the first applies, the others wait and find
-// nothing left to do. Applied versions are recorded per component and table
-// in <schema>.idemq_migrations.
+// one transaction. Every idemq migration of every component and table
+// takes the same transaction-scoped advisory lock before it creates
+// anything, the schema included, so any number of processes and
+// components may migrate at once: one applies, the others wait and find
+// nothing left to do. Applied versions are recorded per component and
+// table in <schema>.idemq_migrations.
 //
 // Migration files may use {{schema}} and {{table}}, replaced by the quoted
 // schema and the quoted table name with the rest of the identifier as a
@@ -28,23 +30,23 @@ func Migrate(ctx context.Context, db DB, files fs.FS, dir, component string, t T
 	if err != nil {
 		return err
 	}
+	owner := component + ":" + t.Schema + "." + t.Name
+	log := t.migrationLog()
 	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", migrationLock); err != nil {
+			return fmt.Errorf("idemq: migration lock: %w", err)
+		}
 		if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{t.Schema}.Sanitize()); err != nil {
 			return fmt.Errorf("idemq: create schema: %w", err)
 		}
-		owner := component + ":" + t.Schema + "." + t.Name
-		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", lockKey(owner)); err != nil {
-			return fmt.Errorf("idemq: migration lock: %w", err)
-		}
-		log := pgx.Identifier{t.Schema, "idemq_migrations"}.Sanitize()
 		if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+log+` (
 			owner text NOT NULL, version int NOT NULL, name text NOT NULL,
 			applied_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (owner, version))`); err != nil {
 			return fmt.Errorf("idemq: create migration log: %w", err)
 		}
-		var current int
-		if err := tx.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM `+log+` WHERE owner = $1`, owner).Scan(&current); err != nil {
-			return fmt.Errorf("idemq: read migration log: %w", err)
+		current, err := appliedVersion(ctx, tx, log, owner)
+		if err != nil {
+			return err
 		}
 		for _, m := range migrations {
 			if m.version <= current {
@@ -60,6 +62,55 @@ func Migrate(ctx context.Context, db DB, files fs.FS, dir, component string, t T
 		return nil
 	})
 }
+
+// Pending returns the names of the migrations Migrate would apply to the
+// table, in order, without changing anything.
+func Pending(ctx context.Context, db DB, files fs.FS, dir, component string, t Table) ([]string, error) {
+	migrations, err := readMigrations(files, dir)
+	if err != nil {
+		return nil, err
+	}
+	log := t.migrationLog()
+	var exists bool
+	if err := db.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, log).Scan(&exists); err != nil {
+		return nil, fmt.Errorf("idemq: read migration log: %w", err)
+	}
+	current := 0
+	if exists {
+		if current, err = appliedVersion(ctx, db, log, component+":"+t.Schema+"."+t.Name); err != nil {
+			return nil, err
+		}
+	}
+	var names []string
+	for _, m := range migrations {
+		if m.version > current {
+			names = append(names, m.name)
+		}
+	}
+	return names, nil
+}
+
+func appliedVersion(ctx context.Context, db DB, log, owner string) (int, error) {
+	var current int
+	if err := db.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM `+log+` WHERE owner = $1`, owner).Scan(&current); err != nil {
+		return 0, fmt.Errorf("idemq: read migration log: %w", err)
+	}
+	return current, nil
+}
+
+// MigrationLog is the name of the table in each schema that records the
+// applied migrations; no store may use it.
+const MigrationLog = "idemq_migrations"
+
+func (t Table) migrationLog() string { return pgx.Identifier{t.Schema, MigrationLog}.Sanitize() }
+
+// migrationLock is the key of the one advisory lock all idemq migrations
+// take.
+var migrationLock = func() int64 {
+	h := fnv.New64a()
+	h.Write([]byte("idemq-migrate"))
+	return int64(h.Sum64())
+}()
 
 type migration struct {
 	version int
@@ -114,11 +165,4 @@ func expand(sql string, t Table) string {
 		}
 		sql = sql[start+end+2:]
 	}
-}
-
-// lockKey maps a migration owner to an advisory-lock key.
-func lockKey(owner string) int64 {
-	h := fnv.New64a()
-	h.Write([]byte("idemq-migrate:" + owner))
-	return int64(h.Sum64())
 }

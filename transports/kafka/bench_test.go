@@ -13,10 +13,12 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
+	"github.com/idemq/idemq/relay/relaytest"
 	"github.com/idemq/idemq/testenv"
-	"github.com/idemq/idemq/testenv/conformance"
 	idemqkafka "github.com/idemq/idemq/transports/kafka"
 )
 
@@ -33,7 +35,7 @@ func benchTopic(b *testing.B, n int) (*testenv.KafkaCluster, [][]*consumer.Messa
 		id := uuid.Must(uuid.NewV7()).String()
 		payload := fmt.Appendf(nil, `{"order":%d,"amount":"10.00"}`, i)
 		msgs[i] = kafka.Message{Topic: k.Topic("orders"), Key: fmt.Appendf(nil, "c-%d", i%64), Value: payload,
-			Headers: []kafka.Header{{Key: idemqkafka.DefaultIDHeader, Value: []byte(id)}}}
+			Headers: []kafka.Header{{Key: idemqkafka.IDHeaderDefault, Value: []byte(id)}}}
 	}
 	for i := 0; i < n; i += 5000 {
 		if err := k.Produce(ctx, msgs[i:min(i+5000, n)]...); err != nil {
@@ -48,7 +50,7 @@ func benchTopic(b *testing.B, n int) (*testenv.KafkaCluster, [][]*consumer.Messa
 	for _, m := range stored {
 		id := string(m.Headers[0].Value)
 		parts[m.Partition] = append(parts[m.Partition], &consumer.Message{ID: id, Payload: m.Value,
-			Headers: map[string]string{idemqkafka.DefaultIDHeader: id}, Source: m})
+			Headers: map[string]string{idemqkafka.IDHeaderDefault: id}, Source: m})
 	}
 	return k, parts
 }
@@ -78,7 +80,7 @@ func insertOrder(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
 // newBenchConsumer returns a migrated consumer of a fresh scope that
 // counts settled messages.
 func newBenchConsumer(b *testing.B, pool *pgxpool.Pool, scope string, settled *atomic.Int64) *consumer.Consumer {
-	c, err := consumer.New(pool, scope, insertOrder, consumer.Config{Hooks: consumer.Hooks{OnResult: func(_ string, r consumer.Result) {
+	c, err := consumer.New(pool, scope, insertOrder, consumer.Config{Hooks: consumer.Hooks{OnResult: func(r consumer.ResultEvent) {
 		if r.Outcome != consumer.Applied {
 			b.Errorf("outcome %v: %v", r.Outcome, r.Err)
 		}
@@ -105,7 +107,10 @@ func subscribe(b *testing.B, k *testenv.KafkaCluster, pool *pgxpool.Pool, n int,
 		b.Fatal(err)
 	}
 	start := time.Now()
-	sub := run(context.Background(), s)
+	sub, err := idemq.Start(context.Background(), s)
+	if err != nil {
+		b.Fatal(err)
+	}
 	for settled.Load() < int64(n) {
 		time.Sleep(time.Millisecond)
 	}
@@ -232,10 +237,10 @@ func BenchmarkSink(b *testing.B) {
 	out := make([]relay.Message, n)
 	raw := make([]kafka.Message, n)
 	for i := range out {
-		out[i] = relay.Message{ID: uuid.Must(uuid.NewV7()), Destination: k.Topic("orders"), Key: fmt.Sprint("c-", i%64),
-			Payload: fmt.Appendf(nil, `{"order":%d,"amount":"10.00"}`, i), Headers: map[string]string{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}}
+		out[i] = relay.Message{Message: outbox.Message{ID: uuid.Must(uuid.NewV7()), Destination: k.Topic("orders"), Key: fmt.Sprint("c-", i%64),
+			Payload: fmt.Appendf(nil, `{"order":%d,"amount":"10.00"}`, i), Headers: map[string]string{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}}}
 		raw[i] = kafka.Message{Topic: out[i].Destination, Key: []byte(out[i].Key), Value: out[i].Payload,
-			Headers: []kafka.Header{{Key: "traceparent", Value: []byte(out[i].Headers["traceparent"])}, {Key: idemqkafka.DefaultIDHeader, Value: []byte(out[i].ID.String())}}}
+			Headers: []kafka.Header{{Key: "traceparent", Value: []byte(out[i].Headers["traceparent"])}, {Key: idemqkafka.IDHeaderDefault, Value: []byte(out[i].ID.String())}}}
 	}
 	sinkWriter, bareWriter := idemqkafka.NewWriter(k.Brokers...), idemqkafka.NewWriter(k.Brokers...)
 	defer sinkWriter.Close()
@@ -287,13 +292,13 @@ func BenchmarkRelayToKafka(b *testing.B) {
 
 	var viaRelay, bare float64
 	for b.Loop() {
-		msgs := conformance.OutboxMessages(n, k.Topic("orders"))
+		msgs := relaytest.OutboxMessages(n, k.Topic("orders"))
 		raw := make([]kafka.Message, n)
 		for i, m := range msgs {
 			raw[i] = kafka.Message{Topic: m.Destination, Key: []byte(m.Key), Value: m.Payload,
-				Headers: []kafka.Header{{Key: idemqkafka.DefaultIDHeader, Value: []byte(m.ID.String())}}}
+				Headers: []kafka.Header{{Key: idemqkafka.IDHeaderDefault, Value: []byte(m.ID.String())}}}
 		}
-		viaRelay += conformance.RelayThroughput(b, pool, sink, msgs, batchSize)
+		viaRelay += relaytest.RelayThroughput(b, pool, sink, msgs, batchSize)
 
 		start := time.Now()
 		for i := 0; i < n; i += batchSize {

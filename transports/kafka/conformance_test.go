@@ -2,21 +2,20 @@ package kafka_test
 
 import (
 	"context"
-	"errors"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/relay"
 	"github.com/idemq/idemq/testenv"
-	"github.com/idemq/idemq/testenv/conformance"
 	idemqkafka "github.com/idemq/idemq/transports/kafka"
+	"github.com/idemq/idemq/transports/transporttest"
 	"github.com/segmentio/kafka-go"
 )
 
 func TestConformance(t *testing.T) {
-	conformance.Run(t, func(t *testing.T) conformance.Harness { return newHarness(t) })
+	transporttest.Run(t, func(t *testing.T) transporttest.Harness { return newHarness(t) })
 }
 
 // harness runs the conformance suite on a 3-partition topic.
@@ -29,11 +28,11 @@ func newHarness(t *testing.T) *harness {
 	return &harness{t: t, k: testenv.Kafka(t, 3, "orders", "orders.dlq")}
 }
 
-func (h *harness) Features() conformance.Features {
-	return conformance.Features{Redelivery: true, SharedGroup: true, Batch: true, DeadLetterDestination: true, OrderedPerKey: true}
+func (h *harness) Features() transporttest.Features {
+	return transporttest.Features{Redelivery: true, SharedGroup: true, Batch: true, DeadLetterDestination: true, OrderedPerKey: true}
 }
 
-func (h *harness) Publish(ctx context.Context, msgs ...conformance.Message) error {
+func (h *harness) Publish(ctx context.Context, msgs ...transporttest.Message) error {
 	out := make([]kafka.Message, len(msgs))
 	for i, m := range msgs {
 		out[i] = kafka.Message{Topic: h.k.Topic("orders"), Value: m.Payload}
@@ -41,7 +40,7 @@ func (h *harness) Publish(ctx context.Context, msgs ...conformance.Message) erro
 			out[i].Key = []byte(m.Key)
 		}
 		if m.ID != "" {
-			out[i].Headers = []kafka.Header{{Key: idemqkafka.DefaultIDHeader, Value: []byte(m.ID)}}
+			out[i].Headers = []kafka.Header{{Key: idemqkafka.IDHeaderDefault, Value: []byte(m.ID)}}
 		}
 	}
 	return h.k.Produce(ctx, out...)
@@ -55,34 +54,23 @@ func (h *harness) DeadLetters(ctx context.Context) ([]string, error) {
 	msgs, err := h.k.ReadAll(ctx, h.k.Topic("orders.dlq"))
 	var ids []string
 	for _, m := range msgs {
-		if id, ok := header(m, idemqkafka.DefaultIDHeader); ok {
+		if id, ok := header(m, idemqkafka.IDHeaderDefault); ok {
 			ids = append(ids, id)
 		}
 	}
 	return ids, err
 }
 
-var errCrash = errors.New("conformance: crash")
-
-func (h *harness) Subscribe(ctx context.Context, c *consumer.Consumer, opts conformance.SubscribeOptions) conformance.Subscription {
+func (h *harness) Subscriber(c *consumer.Consumer, opts transporttest.SubscribeOptions) idemq.Service {
 	cfg := subscriberConfig(h.k, h.k.Group(opts.Group))
 	cfg.Batch = opts.Batch
 	cfg.DeadLetterTopic = h.k.Topic("orders.dlq")
-	if opts.Crash != nil {
-		cfg.BeforeCommit = func(_ context.Context, msgs []*consumer.Message, results []consumer.Result) error {
-			for i := range msgs {
-				if opts.Crash(msgs[i], results[i]) {
-					return errCrash
-				}
-			}
-			return nil
-		}
-	}
+	cfg.Test.BeforeCommit = opts.BeforeAck()
 	s, err := idemqkafka.NewSubscriber(c, cfg)
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	return run(ctx, s)
+	return s
 }
 
 func subscriberConfig(k *testenv.KafkaCluster, group string) idemqkafka.SubscriberConfig {
@@ -96,29 +84,3 @@ func subscriberConfig(k *testenv.KafkaCluster, group string) idemqkafka.Subscrib
 		MaxWait:           250 * time.Millisecond,
 	}
 }
-
-// subscription runs a Subscriber in a goroutine.
-type subscription struct {
-	cancel context.CancelFunc
-	done   chan struct{}
-	err    error
-	once   sync.Once
-}
-
-func run(ctx context.Context, s *idemqkafka.Subscriber) *subscription {
-	ctx, cancel := context.WithCancel(ctx)
-	sub := &subscription{cancel: cancel, done: make(chan struct{})}
-	go func() {
-		defer close(sub.done)
-		sub.err = s.Run(ctx)
-	}()
-	return sub
-}
-
-func (s *subscription) Stop() error {
-	s.cancel()
-	<-s.done
-	return s.err
-}
-
-func (s *subscription) Done() <-chan struct{} { return s.done }

@@ -9,8 +9,11 @@
 // Retry outcome re-reads the partition from that message, never skipping
 // it. In Batch mode what was fetched for a partition is applied with
 // consumer.ProcessBatch (one transaction, a savepoint per message) and
-// committed once. Graceful shutdown on context cancellation finishes the
-// in-flight batch, commits and leaves the group.
+// committed once. A Subscriber is an idemq.Service: idemq.Start returns
+// once it joined the group, and cancelling Run's context finishes the
+// in-flight batch (within ShutdownGrace), commits and leaves the group.
+// Records with an empty value and tombstones are messages with an empty
+// payload.
 //
 // Message identity: the Idempotency-Key header (configurable), falling back
 // to "topic/partition/offset" ([FallbackID]) when the header is absent. A
@@ -18,7 +21,7 @@
 // UTF-8) dead-letters the message by default, or gets the fallback id with
 // [SubscriberConfig.FallbackOnInvalidID]; either way the partition moves on.
 // Handlers reach the Kafka record (key, topic, partition, offset, time)
-// with [Record]; its headers are in consumer.Message.Headers.
+// with [Source]; its headers are in consumer.Message.Headers.
 //
 // Dead letters and conflicts can be copied to a dead-letter topic
 // ([SubscriberConfig.DeadLetterTopic]) before their offset is committed.

@@ -10,9 +10,10 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
 	"github.com/idemq/idemq/testenv"
 	idemqkafka "github.com/idemq/idemq/transports/kafka"
@@ -30,16 +31,11 @@ func Example() {
 		panic(err)
 	}
 	defer k.Close()
-	dsn, drop, err := testenv.CreateDatabase(ctx, "idemq_example") // or your database
+	pool, done, err := testenv.ScratchPool(ctx, "idemq_example") // or your pgxpool.Pool
 	if err != nil {
 		panic(err)
 	}
-	defer drop()
-	pool, err := pgxpool.New(ctx, dsn)
-	if err != nil {
-		panic(err)
-	}
-	defer pool.Close()
+	defer done()
 	if _, err := pool.Exec(ctx, `CREATE TABLE shipments (order_id text NOT NULL)`); err != nil {
 		panic(err)
 	}
@@ -53,7 +49,7 @@ func Example() {
 	}
 	var batch []relay.Message
 	for _, order := range []string{"o-1", "o-2", "o-3"} {
-		batch = append(batch, relay.Message{ID: uuid.Must(uuid.NewV7()), Destination: k.Topic("orders"), Key: order, Payload: []byte(order)})
+		batch = append(batch, relay.Message{Message: outbox.Message{ID: uuid.Must(uuid.NewV7()), Destination: k.Topic("orders"), Key: order, Payload: []byte(order)}})
 	}
 	if err := sink.Publish(ctx, batch); err != nil {
 		panic(err)
@@ -63,16 +59,20 @@ func Example() {
 	}
 
 	// Inbound: the handler's writes commit with the inbox record.
-	var applied, duplicates atomic.Int32
+	var applied, duplicates, settled atomic.Int32
+	all := make(chan struct{})
 	c, err := consumer.New(pool, "shipping", func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
 		_, err := tx.Exec(ctx, `INSERT INTO shipments (order_id) VALUES ($1)`, msg.Payload)
 		return err
-	}, consumer.Config{Hooks: consumer.Hooks{OnResult: func(_ string, r consumer.Result) {
+	}, consumer.Config{Hooks: consumer.Hooks{OnResult: func(r consumer.ResultEvent) {
 		switch r.Outcome {
 		case consumer.Applied:
 			applied.Add(1)
 		case consumer.Duplicate:
 			duplicates.Add(1)
+		}
+		if settled.Add(1) == 4 {
+			close(all)
 		}
 	}}})
 	if err != nil {
@@ -91,14 +91,12 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error)
-	go func() { done <- sub.Run(runCtx) }()
-	for applied.Load()+duplicates.Load() < 4 {
-		time.Sleep(10 * time.Millisecond)
+	running, err := idemq.Start(ctx, sub) // returns once it joined the group
+	if err != nil {
+		panic(err)
 	}
-	stop() // graceful: finish, commit, leave the group
-	if err := <-done; err != nil {
+	<-all
+	if err := running.Stop(); err != nil { // graceful: finish, commit, leave the group
 		panic(err)
 	}
 

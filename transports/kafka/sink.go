@@ -1,6 +1,7 @@
 package kafka
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -12,22 +13,18 @@ import (
 	"github.com/segmentio/kafka-go"
 )
 
-// DefaultIDHeader is the header that carries a message's idempotency key:
+// IDHeaderDefault is the header that carries a message's idempotency key:
 // the relay's outbox message id on the way out, the inbox key on the way in.
-const DefaultIDHeader = "Idempotency-Key"
-
-// ErrWriterConfig is returned (wrapped) by [NewSink] for a kafka.Writer the
-// Sink cannot use safely.
-var ErrWriterConfig = errors.New("idemq/kafka: unusable kafka.Writer")
+const IDHeaderDefault = "Idempotency-Key"
 
 // SinkConfig configures a [Sink]. The zero value is ready to use.
 type SinkConfig struct {
 	// Topic maps an outbox destination to a Kafka topic. Defaults to the
 	// destination itself. Returning "" fails that message permanently.
 	Topic func(destination string) string
-	// IDHeader names the header that carries the outbox message id.
-	// Defaults to [DefaultIDHeader] ("Idempotency-Key"). An outbox header of
-	// the same name is overwritten.
+	// IDHeader names the header that carries the outbox message id. An
+	// outbox header of the same name is overwritten. Defaults to
+	// [IDHeaderDefault].
 	IDHeader string
 }
 
@@ -92,73 +89,46 @@ func NewWriter(brokers ...string) *kafka.Writer {
 // Writer. Note that kafka-go holds a partial batch for BatchTimeout
 // (default one second) before sending it; keep it small.
 func NewSink(w *kafka.Writer, cfg SinkConfig) (*Sink, error) {
+	const c = "kafka.Sink"
 	switch {
 	case w == nil:
-		return nil, fmt.Errorf("%w: nil", ErrWriterConfig)
+		return nil, idemq.NewConfigError(c, "Writer", "is nil")
 	case w.Addr == nil:
-		return nil, fmt.Errorf("%w: Addr is nil", ErrWriterConfig)
+		return nil, idemq.NewConfigError(c, "Writer.Addr", "is nil")
 	case w.Async:
-		return nil, fmt.Errorf("%w: Async is set, so delivery failures would be invisible to the relay", ErrWriterConfig)
+		return nil, idemq.NewConfigError(c, "Writer.Async", "is set, so delivery failures would be invisible to the relay")
 	case w.Topic != "":
-		return nil, fmt.Errorf("%w: Topic %q is set; the Sink chooses the topic from each message's destination", ErrWriterConfig, w.Topic)
+		return nil, idemq.NewConfigError(c, "Writer.Topic", "%q is set; the Sink chooses the topic from each message's destination", w.Topic)
 	case w.RequiredAcks == kafka.RequireNone:
-		return nil, fmt.Errorf("%w: RequiredAcks is RequireNone (the zero value); use RequireAll or RequireOne", ErrWriterConfig)
+		return nil, idemq.NewConfigError(c, "Writer.RequiredAcks", "is RequireNone (the zero value); use RequireAll or RequireOne")
 	case w.Balancer == nil:
-		return nil, fmt.Errorf("%w: Balancer is nil (round-robin); use a key-hashing balancer such as kafka.Murmur2Balancer or kafka.Hash", ErrWriterConfig)
+		return nil, idemq.NewConfigError(c, "Writer.Balancer", "is nil (round-robin); use a key-hashing balancer such as kafka.Murmur2Balancer or kafka.Hash")
 	}
-	s := &Sink{w: w, topic: cfg.Topic, idHeader: cfg.IDHeader}
+	s := &Sink{w: w, topic: cfg.Topic, idHeader: cmp.Or(cfg.IDHeader, IDHeaderDefault)}
 	if s.topic == nil {
 		s.topic = func(d string) string { return d }
-	}
-	if s.idHeader == "" {
-		s.idHeader = DefaultIDHeader
 	}
 	return s, nil
 }
 
 var _ relay.Sink = (*Sink)(nil)
 
-// Publish writes batch in one WriteMessages call. It returns nil when every
-// message was acknowledged, a *[relay.PublishError] naming the failed
-// indexes otherwise (also when the whole call failed, so the relay learns
-// each message's classification), and ctx's error if ctx ended first.
+// Publish writes batch in one WriteMessages call (one per round when keys
+// move between topics). It returns nil when every message was
+// acknowledged, a *[relay.PublishError] naming the failed indexes otherwise
+// (also when the whole call failed, so the relay learns each message's
+// classification), and ctx's error if ctx ended first.
 func (s *Sink) Publish(ctx context.Context, batch []relay.Message) error {
 	if len(batch) == 0 {
 		return nil
 	}
-	failed := make(map[int]error)
-	firstFailed := make(map[string]int) // key -> index of its first failed message
-	fail := func(i int, err error) {
-		failed[i] = err
-		if k := batch[i].Key; k != "" {
-			if f, ok := firstFailed[k]; !ok || i < f {
-				firstFailed[k] = i
-			}
-		}
-	}
-	// heldBack reports whether an earlier message of batch[i]'s key failed.
-	heldBack := func(i int) bool {
-		f, ok := firstFailed[batch[i].Key]
-		return batch[i].Key != "" && ok && f < i
-	}
-
+	f := relay.NewFailures(batch)
 	// Build and validate in batch order; a key's messages after an invalid
-	// one are skipped. round[i] > 0 when a key moves to another topic
-	// within the batch: such messages wait for the earlier round, since
-	// two topics are written concurrently.
+	// one are skipped.
 	msgs := make([]kafka.Message, len(batch))
-	round := make([]int, len(batch))
-	type keyState struct {
-		topic string
-		round int
-	}
-	keys := make(map[string]keyState)
-	rounds := 1
 	limit := s.batchBytes()
 	for i := range batch {
-		k := batch[i].Key
-		if heldBack(i) {
-			failed[i] = relay.ErrSkipped
+		if f.Skip(i) {
 			continue
 		}
 		m, err := s.message(&batch[i])
@@ -167,55 +137,37 @@ func (s *Sink) Publish(ctx context.Context, batch []relay.Message) error {
 				batch[i].ID, messageSize(&m), limit, kafka.MessageSizeTooLarge))
 		}
 		if err != nil {
-			fail(i, err)
+			f.Fail(i, err)
 			continue
 		}
 		msgs[i] = m
-		if k != "" {
-			st, seen := keys[k]
-			if seen && st.topic != m.Topic {
-				st.round++
-				rounds = max(rounds, st.round+1)
-			}
-			st.topic = m.Topic
-			keys[k] = st
-			round[i] = st.round
-		}
 	}
-
-	for r := range rounds {
+	// Two topics are written concurrently: a key that moves to another
+	// topic waits for the earlier round.
+	for _, round := range relay.Rounds(batch, func(m *relay.Message) string { return s.topic(m.Destination) }) {
 		var send []kafka.Message
 		var index []int // send[j] is batch[index[j]]
-		for i := range batch {
-			if round[i] != r || failed[i] != nil {
-				continue
-			}
-			if heldBack(i) {
-				failed[i] = relay.ErrSkipped
+		for _, i := range round {
+			if f.Failed(i) != nil || f.Skip(i) {
 				continue
 			}
 			send = append(send, msgs[i])
 			index = append(index, i)
 		}
 		if len(send) > 0 {
-			s.write(ctx, send, func(j int, err error) { fail(index[j], err) })
+			s.write(ctx, send, func(j int) bool { return f.Skip(index[j]) }, func(j int, err error) { f.Fail(index[j], err) })
 		}
 	}
-	if len(failed) == 0 {
-		return nil
-	}
-	if ctx.Err() != nil && len(failed) == len(batch) {
-		return ctx.Err()
-	}
-	return &relay.PublishError{Failed: failed}
+	return f.Err(ctx)
 }
 
 // write sends msgs in one call and reports each failed message's
 // classified error through fail. Two rare cases cost extra calls, so that
 // one bad message never condemns the rest: a whole-call error about one
 // topic when the batch spans several topics (retried per topic), and a
-// size error shared by a multi-message produce batch (retried per message).
-func (s *Sink) write(ctx context.Context, msgs []kafka.Message, fail func(j int, err error)) {
+// size error shared by a multi-message produce batch (retried per message,
+// skipping what skip says follows a failed message of its key).
+func (s *Sink) write(ctx context.Context, msgs []kafka.Message, skip func(j int) bool, fail func(j int, err error)) {
 	err := s.w.WriteMessages(ctx, msgs...)
 	if err == nil {
 		return
@@ -225,7 +177,7 @@ func (s *Sink) write(ctx context.Context, msgs []kafka.Message, fail func(j int,
 		// The whole call failed before anything was sent (metadata,
 		// closed writer, context).
 		if topicError(err) && spansTopics(msgs) {
-			s.perTopic(ctx, msgs, fail)
+			s.perTopic(ctx, msgs, skip, fail)
 			return
 		}
 		for j := range msgs {
@@ -247,22 +199,17 @@ func (s *Sink) write(ctx context.Context, msgs []kafka.Message, fail func(j int,
 		fail(sizeFailures[0], classify(werrs[sizeFailures[0]]))
 		return
 	}
-	failedKeys := make(map[string]bool)
 	for _, j := range sizeFailures {
-		if k := string(msgs[j].Key); k != "" && failedKeys[k] {
-			fail(j, relay.ErrSkipped)
+		if skip(j) {
 			continue
 		}
 		if err := s.w.WriteMessages(ctx, msgs[j]); err != nil {
 			fail(j, classify(unwrapSingle(err)))
-			if len(msgs[j].Key) > 0 {
-				failedKeys[string(msgs[j].Key)] = true
-			}
 		}
 	}
 }
 
-func (s *Sink) perTopic(ctx context.Context, msgs []kafka.Message, fail func(int, error)) {
+func (s *Sink) perTopic(ctx context.Context, msgs []kafka.Message, skip func(int) bool, fail func(int, error)) {
 	groups := make(map[string][]int)
 	for j := range msgs {
 		groups[msgs[j].Topic] = append(groups[msgs[j].Topic], j)
@@ -272,7 +219,7 @@ func (s *Sink) perTopic(ctx context.Context, msgs []kafka.Message, fail func(int
 		for k, j := range idx {
 			sub[k] = msgs[j]
 		}
-		s.write(ctx, sub, func(k int, err error) { fail(idx[k], err) })
+		s.write(ctx, sub, func(k int) bool { return skip(idx[k]) }, func(k int, err error) { fail(idx[k], err) })
 	}
 }
 

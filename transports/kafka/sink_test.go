@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
 	"github.com/idemq/idemq/testenv"
 	idemqkafka "github.com/idemq/idemq/transports/kafka"
@@ -20,13 +21,13 @@ import (
 func outboxMessages(n int, destination string) []relay.Message {
 	msgs := make([]relay.Message, n)
 	for i := range msgs {
-		msgs[i] = relay.Message{
+		msgs[i] = relay.Message{Message: outbox.Message{
 			ID:          uuid.Must(uuid.NewV7()),
 			Destination: destination,
 			Key:         fmt.Sprintf("order-%d", i%7),
 			Payload:     []byte(fmt.Sprintf(`{"n":%d}`, i)),
 			Headers:     map[string]string{"traceparent": "00-abc-def-01", "seq": fmt.Sprint(i)},
-		}
+		}}
 	}
 	return msgs
 }
@@ -74,7 +75,7 @@ func TestSinkPublishesBatchWithIDKeyAndHeaders(t *testing.T) {
 		partitionOfKey := make(map[string]int)
 		lastSeq := make(map[string]int)
 		for _, m := range got {
-			id, ok := header(m, idemqkafka.DefaultIDHeader)
+			id, ok := header(m, idemqkafka.IDHeaderDefault)
 			if !ok {
 				t.Fatalf("message at %s/%d/%d has no id header", m.Topic, m.Partition, m.Offset)
 			}
@@ -112,7 +113,7 @@ func TestSinkIDHeaderOverridesOutboxHeader(t *testing.T) {
 	defer cancel()
 	s := newSink(t, k)
 	m := outboxMessages(1, k.Topic("orders"))
-	m[0].Headers[idemqkafka.DefaultIDHeader] = "forged"
+	m[0].Headers[idemqkafka.IDHeaderDefault] = "forged"
 	if err := s.Publish(ctx, m); err != nil {
 		t.Fatal(err)
 	}
@@ -122,7 +123,7 @@ func TestSinkIDHeaderOverridesOutboxHeader(t *testing.T) {
 	}
 	n := 0
 	for _, h := range got[0].Headers {
-		if h.Key == idemqkafka.DefaultIDHeader {
+		if h.Key == idemqkafka.IDHeaderDefault {
 			n++
 			if string(h.Value) != m[0].ID.String() {
 				t.Errorf("id header %q, want %s", h.Value, m[0].ID)
@@ -250,8 +251,8 @@ func TestNewSinkRejectsUnsafeWriters(t *testing.T) {
 	} {
 		w := good()
 		mutate(w)
-		if _, err := idemqkafka.NewSink(w, idemqkafka.SinkConfig{}); !errors.Is(err, idemqkafka.ErrWriterConfig) {
-			t.Errorf("%s: NewSink error %v, want ErrWriterConfig", name, err)
+		if _, err := idemqkafka.NewSink(w, idemqkafka.SinkConfig{}); !errors.Is(err, idemq.ErrConfig) {
+			t.Errorf("%s: NewSink error %v, want idemq.ErrConfig", name, err)
 		}
 	}
 	if _, err := idemqkafka.NewSink(good(), idemqkafka.SinkConfig{}); err != nil {
@@ -265,7 +266,7 @@ func TestSinkKeepsKeyOrderAcrossTopics(t *testing.T) {
 	defer cancel()
 	s := newSink(t, k)
 	msg := func(dest, key, payload string) relay.Message {
-		return relay.Message{ID: uuid.Must(uuid.NewV7()), Destination: dest, Key: key, Payload: []byte(payload)}
+		return relay.Message{Message: outbox.Message{ID: uuid.Must(uuid.NewV7()), Destination: dest, Key: key, Payload: []byte(payload)}}
 	}
 	batch := []relay.Message{
 		msg(k.Topic("a"), "k1", "k1-1"),

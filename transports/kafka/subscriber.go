@@ -1,42 +1,47 @@
 package kafka
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
-	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/internal/retry"
 	"github.com/segmentio/kafka-go"
-)
 
-// Dead-letter headers the [Subscriber] adds to a message it publishes to
-// [SubscriberConfig.DeadLetterTopic].
-const (
-	// HeaderDeadLetterReason carries the error that made the message a
-	// dead letter or a conflict.
-	HeaderDeadLetterReason = "Idemq-Dead-Letter-Reason"
-	// HeaderDeadLetterOutcome is "dead-lettered" or "conflict".
-	HeaderDeadLetterOutcome = "Idemq-Dead-Letter-Outcome"
-	// HeaderDeadLetterSource is the original topic/partition/offset.
-	HeaderDeadLetterSource = "Idemq-Dead-Letter-Source"
+	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/errtext"
+	"github.com/idemq/idemq/internal/lifecycle"
+	"github.com/idemq/idemq/transports/internal/inbound"
 )
-
-// ErrConfig is returned (wrapped) by [NewSubscriber] for an invalid
-// configuration.
-var ErrConfig = errors.New("idemq/kafka: invalid configuration")
 
 // errNotAttempted marks the messages after a retried one in per-message
 // mode: they were not processed and are re-read after it.
 var errNotAttempted = errors.New("idemq/kafka: an earlier message of the partition is retried")
 
-// ErrCrash is returned (wrapped) by [Subscriber.Run] when a
-// [SubscriberConfig.BeforeCommit] hook vetoed a commit.
-var ErrCrash = errors.New("idemq/kafka: commit vetoed by BeforeCommit")
+// The defaults of [SubscriberConfig].
+const (
+	MaxBatchDefault          = 100
+	MaxWaitDefault           = time.Second
+	MaxBytesDefault          = 10 << 20
+	ShutdownGraceDefault     = 30 * time.Second
+	SessionTimeoutDefault    = 30 * time.Second // kafka-go's
+	HeartbeatIntervalDefault = 3 * time.Second  // kafka-go's
+	RebalanceTimeoutDefault  = 30 * time.Second // kafka-go's
+)
+
+// RetryDefault is the default [SubscriberConfig.Retry].
+var RetryDefault = idemq.Retry{BaseDelay: 100 * time.Millisecond, MaxDelay: 5 * time.Second}
+
+// maxGroupTimeout bounds the group protocol's int32 millisecond fields.
+const maxGroupTimeout = math.MaxInt32 * time.Millisecond
 
 // SubscriberConfig configures a [Subscriber]. Zero fields take the
 // documented defaults.
@@ -49,131 +54,148 @@ type SubscriberConfig struct {
 	// Topics are the topics to consume. Required.
 	Topics []string
 
-	// IDHeader names the header holding the message id. Defaults to
-	// [DefaultIDHeader] ("Idempotency-Key"). A message without it gets the
-	// id "topic/partition/offset", stable across redeliveries of that one
-	// record but different for a producer's re-send: such producers should
-	// set the header (or the consumer derive its key from the payload).
+	// IDHeader names the header holding the message id. A message without
+	// it gets the id [FallbackID], "topic/partition/offset", stable across
+	// redeliveries of that one record but different for a producer's
+	// re-send: such producers should set the header (or the consumer derive
+	// its key from the payload). Header names are case-sensitive: a record
+	// carrying the header in another letter case gets the fallback id too,
+	// and Run logs a warning the first time it sees one. Defaults to
+	// [IDHeaderDefault].
 	IDHeader string
 	// FallbackOnInvalidID gives a message whose id header is present but
-	// unusable as a key (inbox.Store.Validate rejects it: empty, over the
-	// key limit, not valid UTF-8, with NUL) the
-	// topic/partition/offset id instead, and processes it. Defaults to
-	// false: the header is passed through unchanged and the consumer
-	// dead-letters the message with consumer.ErrInvalidMessage (published to
-	// DeadLetterTopic if set), so a producer bug is seen rather than
-	// half-deduplicated. Either way the partition moves on. A consumer whose
-	// KeyFunc derives the key from the payload is not affected.
+	// unusable as a key (empty, over the key limit, not valid UTF-8, with
+	// NUL) the topic/partition/offset id instead, and processes it.
+	// Defaults to false: the consumer dead-letters the message with
+	// consumer.ErrInvalidMessage (published to DeadLetterTopic if set), so
+	// a producer bug is seen rather than half-deduplicated. Either way the
+	// partition moves on. A consumer whose KeyFunc derives the key from the
+	// payload is not affected.
 	FallbackOnInvalidID bool
 
 	// Batch applies what was fetched for a partition with
-	// consumer.ProcessBatch (one transaction, a savepoint per message).
-	// Defaults to false: consumer.Process, one transaction per message.
-	// Either way offsets are committed once per fetched group. Batch mode
+	// consumer.ProcessBatch (one transaction, a savepoint per message
+	// where a handler fails); a consumer made by consumer.NewBatched gets
+	// the fetch's new messages in one call of its batch handler. Either way offsets are committed once per fetched group. Batch mode
 	// keeps partition order for messages that succeed at their first
 	// attempt; one whose handler fails is retried after its batch
 	// committed, so after the later messages of that batch. Use
 	// per-message mode where a failure must hold back its successors.
+	// Defaults to false: consumer.Process, one transaction per message.
 	Batch bool
 	// MaxBatch bounds the messages taken from a partition's fetch queue at
-	// once. Defaults to 100.
+	// once. Defaults to [MaxBatchDefault].
 	MaxBatch int
 
 	// DeadLetterTopic, if set, receives a copy of every message the consumer
 	// settles as DeadLettered or Conflict (key, value and headers, plus the
-	// Idemq-Dead-Letter-* headers and the id header), before its offset is
+	// consumer.HeaderDeadLetter* headers and the id header), before its offset is
 	// committed. Delivery is at least once: a crash before the commit
 	// re-publishes with the same id header.
 	DeadLetterTopic string
-	// DeadLetterWriter writes to DeadLetterTopic. Defaults to
-	// [NewWriter](Brokers...) dialling with Dialer's TLS, SASL and client
-	// id, closed by Run.
+	// DeadLetterWriter writes to DeadLetterTopic; the Subscriber does not
+	// close it. Defaults to a [NewWriter](Brokers...) dialling with
+	// Dialer's TLS, SASL and client id, opened and closed by each Run.
 	DeadLetterWriter *kafka.Writer
 
 	// StartOffset is where a group without a committed offset starts:
-	// kafka.FirstOffset (the default) or kafka.LastOffset.
+	// kafka.FirstOffset or kafka.LastOffset. Defaults to kafka.FirstOffset.
 	StartOffset int64
-	// MaxWait bounds how long a fetch waits for data. Defaults to 1 second.
+	// MaxWait bounds how long a fetch waits for data. Defaults to
+	// [MaxWaitDefault].
 	MaxWait time.Duration
-	// MaxBytes bounds a fetch response. Defaults to 10 MiB.
+	// MaxBytes bounds a fetch response. Defaults to [MaxBytesDefault].
 	MaxBytes int
 	// SessionTimeout, HeartbeatInterval and RebalanceTimeout are passed to
-	// the consumer group. Default to kafka-go's (30 s, 3 s, 30 s).
+	// the consumer group; HeartbeatInterval must be below SessionTimeout.
+	// Default to [SessionTimeoutDefault], [HeartbeatIntervalDefault] and
+	// [RebalanceTimeoutDefault].
 	SessionTimeout, HeartbeatInterval, RebalanceTimeout time.Duration
-	// ShutdownTimeout bounds how long Run, once its context is cancelled,
-	// lets the in-flight batch finish before cancelling it (unfinished
-	// messages are then redelivered). Defaults to 30 seconds.
-	ShutdownTimeout time.Duration
-	// RetryBaseDelay and RetryMaxDelay shape the backoff (full jitter)
-	// before a message with a Retry outcome is re-read, when the consumer
-	// gave no RetryAfter, and between failed group joins. Default to 100 ms
-	// and 10 s.
-	RetryBaseDelay, RetryMaxDelay time.Duration
+	// ShutdownGrace bounds how long Run, once its context is cancelled,
+	// lets the in-flight groups finish before cancelling them (unfinished
+	// messages are then redelivered). Defaults to [ShutdownGraceDefault].
+	ShutdownGrace time.Duration
+	// Retry shapes the backoff (full jitter) before a message with a Retry
+	// outcome is re-read, when the consumer gave no RetryAfter, and between
+	// failed group joins and fetches. Only BaseDelay and MaxDelay apply:
+	// the consumer counts attempts. Defaults to [RetryDefault].
+	Retry idemq.Retry
 	// Dialer is used for every broker connection. Defaults to kafka-go's.
 	Dialer *kafka.Dialer
 	// Logger receives rebalances, commit failures and retries. Defaults to
 	// slog.Default().
 	Logger *slog.Logger
 
+	// Test holds crash points for tests; leave it zero in production.
+	Test TestConfig
+}
+
+// TestConfig holds a [Subscriber]'s crash points, for tests and chaos
+// drills.
+type TestConfig struct {
 	// BeforeCommit, if set, runs after a fetched group of messages was
 	// processed and before its offset is committed; results[i] is the
 	// outcome of msgs[i]. A non-nil error vetoes the commit and stops Run at
-	// once, without committing anything more, and Run returns it wrapped in
-	// [ErrCrash]: a crash between the database commit and the offset
-	// commit, for tests and chaos drills.
-	// msgs[i].Source is the kafka.Message.
+	// once, without committing anything more, and Run returns it wrapped: a
+	// crash between the database commit and the offset commit.
 	BeforeCommit func(ctx context.Context, msgs []*consumer.Message, results []consumer.Result) error
 }
 
-func (c SubscriberConfig) withDefaults() (SubscriberConfig, error) {
+const component = "kafka.Subscriber"
+
+func (c SubscriberConfig) withDefaults() SubscriberConfig {
+	c.IDHeader = cmp.Or(c.IDHeader, IDHeaderDefault)
+	c.MaxBatch = cmp.Or(c.MaxBatch, MaxBatchDefault)
+	c.StartOffset = cmp.Or(c.StartOffset, kafka.FirstOffset)
+	c.MaxWait = cmp.Or(c.MaxWait, MaxWaitDefault)
+	c.MaxBytes = cmp.Or(c.MaxBytes, MaxBytesDefault)
+	c.SessionTimeout = cmp.Or(c.SessionTimeout, SessionTimeoutDefault)
+	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, HeartbeatIntervalDefault)
+	c.RebalanceTimeout = cmp.Or(c.RebalanceTimeout, RebalanceTimeoutDefault)
+	c.ShutdownGrace = cmp.Or(c.ShutdownGrace, ShutdownGraceDefault)
+	c.Retry = c.Retry.WithDefaults(RetryDefault)
+	c.Logger = cmp.Or(c.Logger, slog.Default())
+	return c
+}
+
+// validate checks a config with its defaults filled in.
+func (c SubscriberConfig) validate() error {
 	switch {
 	case len(c.Brokers) == 0:
-		return c, fmt.Errorf("%w: no Brokers", ErrConfig)
+		return idemq.NewConfigError(component, "Brokers", "is empty")
 	case c.GroupID == "":
-		return c, fmt.Errorf("%w: empty GroupID", ErrConfig)
+		return idemq.NewConfigError(component, "GroupID", "is empty")
 	case len(c.Topics) == 0:
-		return c, fmt.Errorf("%w: no Topics", ErrConfig)
-	case c.MaxBatch < 0 || c.MaxWait < 0 || c.MaxBytes < 0 || c.ShutdownTimeout < 0 || c.RetryBaseDelay < 0 || c.RetryMaxDelay < 0:
-		return c, fmt.Errorf("%w: negative size or duration", ErrConfig)
-	case c.StartOffset != 0 && c.StartOffset != kafka.FirstOffset && c.StartOffset != kafka.LastOffset:
-		return c, fmt.Errorf("%w: StartOffset must be kafka.FirstOffset or kafka.LastOffset", ErrConfig)
+		return idemq.NewConfigError(component, "Topics", "is empty")
+	case c.MaxBatch < 0:
+		return idemq.NewConfigError(component, "MaxBatch", "%d is negative", c.MaxBatch)
+	case c.MaxWait < 0:
+		return idemq.NewConfigError(component, "MaxWait", "%v is negative", c.MaxWait)
+	case c.MaxBytes < 0:
+		return idemq.NewConfigError(component, "MaxBytes", "%d is negative", c.MaxBytes)
+	case c.ShutdownGrace < 0:
+		return idemq.NewConfigError(component, "ShutdownGrace", "%v is negative", c.ShutdownGrace)
+	case c.StartOffset != kafka.FirstOffset && c.StartOffset != kafka.LastOffset:
+		return idemq.NewConfigError(component, "StartOffset", "%d is neither kafka.FirstOffset nor kafka.LastOffset", c.StartOffset)
+	}
+	for _, f := range []struct {
+		name string
+		d    time.Duration
+	}{{"SessionTimeout", c.SessionTimeout}, {"HeartbeatInterval", c.HeartbeatInterval}, {"RebalanceTimeout", c.RebalanceTimeout}} {
+		if f.d < 0 || f.d >= maxGroupTimeout {
+			return idemq.NewConfigError(component, f.name, "%v is out of range [0, %v)", f.d, maxGroupTimeout)
+		}
+	}
+	if c.HeartbeatInterval >= c.SessionTimeout {
+		return idemq.NewConfigError(component, "HeartbeatInterval", "%v is not below SessionTimeout %v: the group would evict the member between heartbeats",
+			c.HeartbeatInterval, c.SessionTimeout)
 	}
 	for _, t := range c.Topics {
 		if t == "" || t == c.DeadLetterTopic {
-			return c, fmt.Errorf("%w: topic %q is empty or the dead-letter topic", ErrConfig, t)
+			return idemq.NewConfigError(component, "Topics", "topic %q is empty or the dead-letter topic", t)
 		}
 	}
-	if c.IDHeader == "" {
-		c.IDHeader = DefaultIDHeader
-	}
-	if c.MaxBatch == 0 {
-		c.MaxBatch = 100
-	}
-	if c.StartOffset == 0 {
-		c.StartOffset = kafka.FirstOffset
-	}
-	if c.MaxWait == 0 {
-		c.MaxWait = time.Second
-	}
-	if c.MaxBytes == 0 {
-		c.MaxBytes = 10 << 20
-	}
-	if c.ShutdownTimeout == 0 {
-		c.ShutdownTimeout = 30 * time.Second
-	}
-	if c.RetryBaseDelay == 0 {
-		c.RetryBaseDelay = 100 * time.Millisecond
-	}
-	if c.RetryMaxDelay == 0 {
-		c.RetryMaxDelay = 10 * time.Second
-	}
-	if c.RetryBaseDelay > c.RetryMaxDelay {
-		return c, fmt.Errorf("%w: RetryBaseDelay exceeds RetryMaxDelay", ErrConfig)
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
-	return c, nil
+	return c.Retry.Validate(component)
 }
 
 // Subscriber consumes Kafka topics as a member of a consumer group and
@@ -200,59 +222,57 @@ func (c SubscriberConfig) withDefaults() (SubscriberConfig, error) {
 //
 // The handler sees the Kafka record: Message.Headers holds its headers
 // (the last value wins for a repeated name), Message.Source is the
-// kafka.Message with key, topic, partition, offset and time; see [Record].
+// kafka.Message with key, topic, partition, offset and time; see [Source].
+// A record with an empty value or a tombstone (nil value) is a message
+// with an empty payload.
+//
+// A Subscriber is an idemq.Service: one Run at a time, and Run may be
+// called again after it returned.
 type Subscriber struct {
-	c      *consumer.Consumer
-	cfg    SubscriberConfig
-	policy retry.Policy
-	log    *slog.Logger
+	c        *consumer.Consumer
+	cfg      SubscriberConfig
+	groupCfg kafka.ConsumerGroupConfig
+	log      *slog.Logger
+	state    lifecycle.State
 
-	dlq     *kafka.Writer
-	ownsDLQ bool
-
-	crashMu sync.Mutex
-	crash   error
+	idCaseWarned atomic.Bool
 }
 
 // NewSubscriber returns a Subscriber applying messages through c. It
 // validates cfg; it does not contact the brokers (Run does).
 func NewSubscriber(c *consumer.Consumer, cfg SubscriberConfig) (*Subscriber, error) {
 	if c == nil {
-		return nil, fmt.Errorf("%w: nil consumer", ErrConfig)
+		return nil, idemq.NewConfigError(component, "consumer", "is nil")
 	}
-	cfg, err := cfg.withDefaults()
-	if err != nil {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	s := &Subscriber{
-		c:      c,
-		cfg:    cfg,
-		policy: retry.Policy{Base: cfg.RetryBaseDelay, Cap: cfg.RetryMaxDelay},
-		log:    cfg.Logger.With(slog.String("group", cfg.GroupID), slog.String("scope", c.Scope())),
+		c:   c,
+		cfg: cfg,
+		log: cfg.Logger.With(slog.String("group", cfg.GroupID), slog.String("scope", c.Scope())),
 	}
-	if cfg.DeadLetterTopic != "" {
-		s.dlq = cfg.DeadLetterWriter
-		if s.dlq == nil {
-			s.dlq = NewWriter(cfg.Brokers...)
-			// Its own transport, so that Run can close its connections,
-			// dialling like the consumer does.
-			t := &kafka.Transport{}
-			if d := cfg.Dialer; d != nil {
-				t.TLS, t.SASL, t.ClientID = d.TLS, d.SASLMechanism, d.ClientID
-				if d.DialFunc != nil {
-					t.Dial = d.DialFunc
-				}
-			}
-			s.dlq.Transport = t
-			s.ownsDLQ = true
-		}
+	s.groupCfg = kafka.ConsumerGroupConfig{
+		ID:                cfg.GroupID,
+		Brokers:           cfg.Brokers,
+		Dialer:            cfg.Dialer,
+		Topics:            cfg.Topics,
+		StartOffset:       cfg.StartOffset,
+		SessionTimeout:    cfg.SessionTimeout,
+		HeartbeatInterval: cfg.HeartbeatInterval,
+		RebalanceTimeout:  cfg.RebalanceTimeout,
+		ErrorLogger:       kafka.LoggerFunc(func(f string, a ...any) { s.log.Debug(fmt.Sprintf(f, a...)) }),
+	}
+	if err := s.groupCfg.Validate(); err != nil {
+		return nil, idemq.NewConfigError(component, "SubscriberConfig", "kafka-go refuses the consumer group: %v", err)
 	}
 	return s, nil
 }
 
-// Record returns the Kafka record a message came from, for handlers that
+// Source returns the Kafka record a message came from, for handlers that
 // need its key, topic, partition, offset or time.
-func Record(msg *consumer.Message) (kafka.Message, bool) {
+func Source(msg *consumer.Message) (kafka.Message, bool) {
 	if msg == nil {
 		return kafka.Message{}, false
 	}
@@ -266,29 +286,29 @@ func FallbackID(m kafka.Message) string {
 	return m.Topic + "/" + strconv.Itoa(m.Partition) + "/" + strconv.FormatInt(m.Offset, 10)
 }
 
+// Ready is closed once Run has joined the consumer group.
+func (s *Subscriber) Ready() <-chan struct{} { return s.state.Ready() }
+
 // Run joins the group and consumes until ctx is cancelled, then finishes
-// the in-flight groups (up to ShutdownTimeout), commits them, leaves the
-// group and returns nil. It returns an error only for a BeforeCommit veto
-// ([ErrCrash]); broker and database failures are logged and retried. Run
-// may be called once.
+// the in-flight groups (up to ShutdownGrace), commits them, leaves the
+// group and returns nil. Broker and database failures are logged and
+// retried. Run returns idemq.ErrRunning while another Run is active, and
+// the error of a Test.BeforeCommit veto.
 func (s *Subscriber) Run(ctx context.Context) error {
-	if s.ownsDLQ {
+	ready, end, err := s.state.Begin()
+	if err != nil {
+		return err
+	}
+	defer end()
+	r := &run{s: s, dlq: s.cfg.DeadLetterWriter}
+	if s.cfg.DeadLetterTopic != "" && r.dlq == nil {
+		r.dlq = s.deadLetterWriter()
 		defer func() {
-			_ = s.dlq.Close()
-			s.dlq.Transport.(*kafka.Transport).CloseIdleConnections()
+			_ = r.dlq.Close()
+			r.dlq.Transport.(*kafka.Transport).CloseIdleConnections()
 		}()
 	}
-	group, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{
-		ID:                s.cfg.GroupID,
-		Brokers:           s.cfg.Brokers,
-		Dialer:            s.cfg.Dialer,
-		Topics:            s.cfg.Topics,
-		StartOffset:       s.cfg.StartOffset,
-		SessionTimeout:    s.cfg.SessionTimeout,
-		HeartbeatInterval: s.cfg.HeartbeatInterval,
-		RebalanceTimeout:  s.cfg.RebalanceTimeout,
-		ErrorLogger:       kafka.LoggerFunc(func(f string, a ...any) { s.log.Debug(fmt.Sprintf(f, a...)) }),
-	})
+	group, err := kafka.NewConsumerGroup(s.groupCfg)
 	if err != nil {
 		return fmt.Errorf("idemq/kafka: consumer group: %w", err)
 	}
@@ -296,6 +316,7 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	// runCtx ends on shutdown or on a crash.
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
+	r.stop = stop
 	var workers sync.WaitGroup
 	attempt := 0
 	for runCtx.Err() == nil {
@@ -306,7 +327,7 @@ func (s *Subscriber) Run(ctx context.Context) error {
 			}
 			attempt++
 			s.log.WarnContext(ctx, "joining consumer group", slog.Any("error", err), slog.Int("attempt", attempt))
-			_ = retry.Sleep(runCtx, s.policy.Delay(attempt))
+			_ = lifecycle.Sleep(runCtx, s.cfg.Retry.Delay(attempt, 0))
 			continue
 		}
 		attempt = 0
@@ -316,21 +337,35 @@ func (s *Subscriber) Run(ctx context.Context) error {
 				workers.Add(1)
 				gen.Start(func(genCtx context.Context) {
 					defer workers.Done()
-					s.partition(runCtx, genCtx, stop, gen, topic, p.ID, p.Offset)
+					r.partition(runCtx, genCtx, gen, topic, p.ID, p.Offset)
 				})
 			}
 		}
+		ready()
 	}
 	// Let every partition finish and commit its in-flight group while the
 	// generation is still ours, then leave the group.
 	workers.Wait()
-	closeErr := group.Close()
-	if closeErr != nil {
-		s.log.WarnContext(ctx, "leaving consumer group", slog.Any("error", closeErr))
+	if err := group.Close(); err != nil {
+		s.log.WarnContext(ctx, "leaving consumer group", slog.Any("error", err))
 	}
-	s.crashMu.Lock()
-	defer s.crashMu.Unlock()
-	return s.crash
+	return r.crash()
+}
+
+// deadLetterWriter returns a Writer for DeadLetterTopic on a transport of
+// its own, so that Run can close its connections, dialling like the
+// consumer group does.
+func (s *Subscriber) deadLetterWriter() *kafka.Writer {
+	w := NewWriter(s.cfg.Brokers...)
+	t := &kafka.Transport{}
+	if d := s.cfg.Dialer; d != nil {
+		t.TLS, t.SASL, t.ClientID = d.TLS, d.SASLMechanism, d.ClientID
+		if d.DialFunc != nil {
+			t.Dial = d.DialFunc
+		}
+	}
+	w.Transport = t
+	return w
 }
 
 func assignments(gen *kafka.Generation) map[string][]int {
@@ -343,115 +378,192 @@ func assignments(gen *kafka.Generation) map[string][]int {
 	return out
 }
 
-// partition consumes one partition until the generation ends or runCtx is
-// done, committing after every processed group.
-func (s *Subscriber) partition(runCtx, genCtx context.Context, stop context.CancelFunc, gen *kafka.Generation, topic string, partition int, offset int64) {
-	log := s.log.With(slog.String("topic", topic), slog.Int("partition", partition))
-	// fetchCtx ends with the generation (rebalance) or the run (shutdown).
+// run is the state of one Run: its dead-letter writer and its crash latch,
+// shared by the partition goroutines.
+type run struct {
+	s    *Subscriber
+	dlq  *kafka.Writer
+	stop context.CancelFunc
+
+	mu       sync.Mutex
+	crashErr error
+}
+
+// partition consumes one partition until the generation ends (a
+// rebalance) or runCtx is done (shutdown, crash), committing after every
+// processed group.
+func (r *run) partition(runCtx, genCtx context.Context, gen *kafka.Generation, topic string, partition int, offset int64) {
+	// fetchCtx ends with the generation or the run; the work on a fetched
+	// group outlives it by ShutdownGrace.
 	fetchCtx, cancelFetch := context.WithCancel(runCtx)
 	defer cancelFetch()
 	stopAfter := context.AfterFunc(genCtx, cancelFetch)
 	defer stopAfter()
 
-	reader := kafka.NewReader(kafka.ReaderConfig{
-		Brokers:         s.cfg.Brokers,
-		Dialer:          s.cfg.Dialer,
-		Topic:           topic,
-		Partition:       partition,
-		MinBytes:        1,
-		MaxBytes:        s.cfg.MaxBytes,
-		MaxWait:         s.cfg.MaxWait,
-		QueueCapacity:   2 * s.cfg.MaxBatch,
-		ReadLagInterval: -1,
-		ErrorLogger:     kafka.LoggerFunc(func(f string, a ...any) { log.Debug(fmt.Sprintf(f, a...)) }),
-	})
-	defer reader.Close()
-	if err := reader.SetOffset(offset); err != nil {
-		log.ErrorContext(runCtx, "seek", slog.Int64("offset", offset), slog.Any("error", err))
+	w := r.newPartitionWorker(gen, topic, partition)
+	defer w.reader.Close()
+	if err := w.reader.SetOffset(offset); err != nil {
+		w.log.ErrorContext(runCtx, "seek", slog.Int64("offset", offset), slog.Any("error", err))
 		return
 	}
-
-	retries := 0
-	// redelivered counts, for offsets re-read after a Retry, how many times
-	// this process delivered them before (Message.Delivery - 1).
-	redelivered := map[int64]int{}
-	batch := make([]kafka.Message, 0, s.cfg.MaxBatch)
 	for fetchCtx.Err() == nil {
-		batch = batch[:0]
-		m, err := reader.FetchMessage(fetchCtx)
-		if err != nil {
-			if fetchCtx.Err() == nil {
-				log.WarnContext(runCtx, "fetch", slog.Any("error", err))
-				_ = retry.Sleep(fetchCtx, s.policy.Delay(1))
-			}
+		if !w.fetchGroup(fetchCtx) {
 			continue
 		}
-		batch = append(batch, m)
-		// Take what the reader has already fetched, without waiting.
-		for more := min(int(reader.Stats().QueueLength), s.cfg.MaxBatch-1); more > 0; more-- {
-			m, err := reader.FetchMessage(fetchCtx)
-			if err != nil {
-				break
-			}
-			batch = append(batch, m)
+		msgs, results, settled := w.apply(fetchCtx)
+		if !w.commitSettled(runCtx, msgs, results, settled) {
+			return
 		}
-
-		// The in-flight group finishes even when the generation or the run
-		// ends, within ShutdownTimeout.
-		workCtx, cancelWork := context.WithCancel(context.WithoutCancel(runCtx))
-		stopWork := context.AfterFunc(fetchCtx, func() {
-			t := time.AfterFunc(s.cfg.ShutdownTimeout, cancelWork)
-			context.AfterFunc(workCtx, func() { t.Stop() })
-		})
-		msgs, results := s.process(workCtx, batch, redelivered)
-		settled := s.settle(workCtx, log, batch, results)
-		stopWork()
-		cancelWork()
-
-		if settled > 0 {
-			if s.cfg.BeforeCommit != nil {
-				if err := s.cfg.BeforeCommit(runCtx, msgs[:settled], results[:settled]); err != nil {
-					s.setCrash(err)
-					stop()
-					return
-				}
-			}
-			if s.crashed() {
-				return
-			}
-			if err := gen.CommitOffsets(map[string]map[int]int64{topic: {partition: batch[settled-1].Offset + 1}}); err != nil {
-				// The work is durable; a redelivery is deduplicated.
-				log.WarnContext(runCtx, "commit offset", slog.Int64("offset", batch[settled-1].Offset+1), slog.Any("error", err))
-			}
-		}
-		if settled == len(batch) {
-			retries = 0
-			clear(redelivered)
-			continue
-		}
-		for _, m := range batch[:settled] {
-			delete(redelivered, m.Offset)
-		}
-		for j := settled; j < len(batch); j++ {
-			if results[j].Outcome == consumer.Retry && !errors.Is(results[j].Err, errNotAttempted) {
-				redelivered[batch[j].Offset]++
-			}
-		}
-		// Never skip: re-read from the first unsettled message.
-		retries++
-		r := results[settled]
-		delay := r.RetryAfter
-		if delay <= 0 {
-			delay = s.policy.Delay(retries)
-		}
-		log.WarnContext(runCtx, "message will be redelivered", slog.Int64("offset", batch[settled].Offset),
-			slog.String("key", r.Key), slog.Duration("after", delay), slog.Any("error", r.Err))
-		_ = retry.Sleep(fetchCtx, delay)
-		if err := reader.SetOffset(batch[settled].Offset); err != nil {
-			log.ErrorContext(runCtx, "seek back", slog.Any("error", err))
+		if settled < len(w.group) && !w.rewind(runCtx, fetchCtx, results, settled) {
 			return
 		}
 	}
+}
+
+// partitionWorker is the state of one partition within one generation.
+type partitionWorker struct {
+	r         *run
+	gen       *kafka.Generation
+	topic     string
+	partition int
+	log       *slog.Logger
+	reader    *kafka.Reader
+
+	// group is the fetched group being worked on.
+	group []kafka.Message
+	// retries counts the consecutive rewinds, for the backoff.
+	retries int
+	// redelivered counts, for offsets re-read after a Retry, how many times
+	// this process delivered them before (Message.Delivery - 1).
+	redelivered map[int64]int
+}
+
+func (r *run) newPartitionWorker(gen *kafka.Generation, topic string, partition int) *partitionWorker {
+	s := r.s
+	log := s.log.With(slog.String("topic", topic), slog.Int("partition", partition))
+	return &partitionWorker{
+		r: r, gen: gen, topic: topic, partition: partition, log: log,
+		reader: kafka.NewReader(kafka.ReaderConfig{
+			Brokers:         s.cfg.Brokers,
+			Dialer:          s.cfg.Dialer,
+			Topic:           topic,
+			Partition:       partition,
+			MinBytes:        1,
+			MaxBytes:        s.cfg.MaxBytes,
+			MaxWait:         s.cfg.MaxWait,
+			QueueCapacity:   2 * s.cfg.MaxBatch,
+			ReadLagInterval: -1,
+			ErrorLogger:     kafka.LoggerFunc(func(f string, a ...any) { log.Debug(fmt.Sprintf(f, a...)) }),
+		}),
+		group:       make([]kafka.Message, 0, s.cfg.MaxBatch),
+		redelivered: map[int64]int{},
+	}
+}
+
+// fetchGroup waits for the next message and takes what the reader has
+// already fetched behind it, up to MaxBatch. It reports false, after a
+// backoff, when nothing could be fetched.
+func (w *partitionWorker) fetchGroup(ctx context.Context) bool {
+	w.group = w.group[:0]
+	m, err := w.reader.FetchMessage(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			w.log.WarnContext(ctx, "fetch", slog.Any("error", err))
+			_ = lifecycle.Sleep(ctx, w.r.s.cfg.Retry.Delay(1, 0))
+		}
+		return false
+	}
+	w.group = append(w.group, m)
+	for more := min(int(w.reader.Stats().QueueLength), w.r.s.cfg.MaxBatch-1); more > 0; more-- {
+		m, err := w.reader.FetchMessage(ctx)
+		if err != nil {
+			break
+		}
+		w.group = append(w.group, m)
+	}
+	return true
+}
+
+// apply processes the group, publishes its dead letters and returns how
+// many leading messages are settled. The work finishes even when the
+// generation or the run ends, within ShutdownGrace.
+func (w *partitionWorker) apply(fetchCtx context.Context) ([]*consumer.Message, []consumer.Result, int) {
+	workCtx, cancel := lifecycle.Grace(fetchCtx, w.r.s.cfg.ShutdownGrace)
+	defer cancel()
+	msgs, results := w.r.s.process(workCtx, w.group, w.redelivered)
+	return msgs, results, w.r.settle(workCtx, w.log, w.group, results)
+}
+
+// commitSettled commits the offset after the settled messages. It reports
+// false when the run crashed (Test.BeforeCommit): nothing more may be
+// committed.
+func (w *partitionWorker) commitSettled(runCtx context.Context, msgs []*consumer.Message, results []consumer.Result, settled int) bool {
+	if settled == 0 {
+		return true
+	}
+	if hook := w.r.s.cfg.Test.BeforeCommit; hook != nil {
+		if err := hook(runCtx, msgs[:settled], results[:settled]); err != nil {
+			w.r.crashed(err)
+			return false
+		}
+	}
+	if w.r.crash() != nil {
+		return false
+	}
+	next := w.group[settled-1].Offset + 1
+	if err := w.gen.CommitOffsets(map[string]map[int]int64{w.topic: {w.partition: next}}); err != nil {
+		// The work is durable; a redelivery is deduplicated.
+		w.log.WarnContext(runCtx, "commit offset", slog.Int64("offset", next), slog.Any("error", err))
+	}
+	if settled == len(w.group) {
+		w.retries = 0
+		clear(w.redelivered)
+	}
+	return true
+}
+
+// rewind re-reads the partition from the first unsettled message after
+// its RetryAfter or a backoff: a Retry is never skipped. It reports false
+// when the reader cannot seek.
+func (w *partitionWorker) rewind(runCtx, fetchCtx context.Context, results []consumer.Result, settled int) bool {
+	for _, m := range w.group[:settled] {
+		delete(w.redelivered, m.Offset)
+	}
+	for j := settled; j < len(w.group); j++ {
+		if results[j].Outcome == consumer.Retry && !errors.Is(results[j].Err, errNotAttempted) {
+			w.redelivered[w.group[j].Offset]++
+		}
+	}
+	w.retries++
+	res := results[settled]
+	delay := res.RetryAfter
+	if delay <= 0 {
+		delay = w.r.s.cfg.Retry.Delay(w.retries, 0)
+	}
+	w.log.WarnContext(runCtx, "message will be redelivered", slog.Int64("offset", w.group[settled].Offset),
+		slog.String("key", res.Key), slog.Duration("after", delay), slog.Any("error", res.Err))
+	_ = lifecycle.Sleep(fetchCtx, delay)
+	if err := w.reader.SetOffset(w.group[settled].Offset); err != nil {
+		w.log.ErrorContext(runCtx, "seek back", slog.Any("error", err))
+		return false
+	}
+	return true
+}
+
+// crashed latches the first Test.BeforeCommit veto and stops the run.
+func (r *run) crashed(err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.crashErr == nil {
+		r.crashErr = fmt.Errorf("idemq/kafka: commit vetoed by Test.BeforeCommit: %w", err)
+	}
+	r.stop()
+}
+
+func (r *run) crash() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.crashErr
 }
 
 // process applies batch through the consumer.
@@ -480,26 +592,26 @@ func (s *Subscriber) process(ctx context.Context, batch []kafka.Message, redeliv
 
 // settle returns how many leading messages of batch are settled and may be
 // committed, after publishing the dead letters among them.
-func (s *Subscriber) settle(ctx context.Context, log *slog.Logger, batch []kafka.Message, results []consumer.Result) int {
+func (r *run) settle(ctx context.Context, log *slog.Logger, batch []kafka.Message, results []consumer.Result) int {
 	n := 0
 	for n < len(results) && results[n].Settled() {
 		n++
 	}
-	if s.dlq == nil {
+	if r.dlq == nil {
 		return n
 	}
 	var dead []kafka.Message
 	var idx []int
 	for i := range n {
 		if o := results[i].Outcome; o == consumer.DeadLettered || o == consumer.Conflict {
-			dead = append(dead, s.deadLetter(batch[i], results[i]))
+			dead = append(dead, r.s.deadLetter(batch[i], results[i]))
 			idx = append(idx, i)
 		}
 	}
 	if len(dead) == 0 {
 		return n
 	}
-	err := s.dlq.WriteMessages(ctx, dead...)
+	err := r.dlq.WriteMessages(ctx, dead...)
 	if err == nil {
 		return n
 	}
@@ -514,20 +626,13 @@ func (s *Subscriber) settle(ctx context.Context, log *slog.Logger, batch []kafka
 			}
 		}
 	}
-	log.WarnContext(ctx, "publish dead letter", slog.String("topic", s.cfg.DeadLetterTopic),
+	log.WarnContext(ctx, "publish dead letter", slog.String("topic", r.s.cfg.DeadLetterTopic),
 		slog.Int64("offset", batch[first].Offset), slog.Any("error", err))
 	results[first] = consumer.Result{Outcome: consumer.Retry, Key: results[first].Key, Err: fmt.Errorf("idemq/kafka: publish dead letter: %w", err)}
 	return first
 }
 
 func (s *Subscriber) deadLetter(m kafka.Message, r consumer.Result) kafka.Message {
-	reason := "unknown"
-	if r.Err != nil {
-		reason = r.Err.Error()
-	}
-	if len(reason) > 4096 {
-		reason = reason[:4096]
-	}
 	headers := make([]kafka.Header, 0, len(m.Headers)+4)
 	hasID := false
 	for _, h := range m.Headers {
@@ -538,9 +643,9 @@ func (s *Subscriber) deadLetter(m kafka.Message, r consumer.Result) kafka.Messag
 		headers = append(headers, kafka.Header{Key: s.cfg.IDHeader, Value: []byte(FallbackID(m))})
 	}
 	headers = append(headers,
-		kafka.Header{Key: HeaderDeadLetterReason, Value: []byte(reason)},
-		kafka.Header{Key: HeaderDeadLetterOutcome, Value: []byte(r.Outcome.String())},
-		kafka.Header{Key: HeaderDeadLetterSource, Value: []byte(FallbackID(m))},
+		kafka.Header{Key: consumer.HeaderDeadLetterReason, Value: []byte(errtext.Of(r.Err))},
+		kafka.Header{Key: consumer.HeaderDeadLetterOutcome, Value: []byte(r.Outcome.String())},
+		kafka.Header{Key: consumer.HeaderDeadLetterSource, Value: []byte(FallbackID(m))},
 	)
 	return kafka.Message{Topic: s.cfg.DeadLetterTopic, Key: m.Key, Value: m.Value, Headers: headers}
 }
@@ -548,33 +653,33 @@ func (s *Subscriber) deadLetter(m kafka.Message, r consumer.Result) kafka.Messag
 // message converts a record, choosing its id.
 func (s *Subscriber) message(m kafka.Message) *consumer.Message {
 	msg := &consumer.Message{Payload: m.Value, Source: m}
+	if msg.Payload == nil {
+		msg.Payload = []byte{} // a tombstone is a valid message with an empty payload
+	}
 	if len(m.Headers) > 0 {
 		msg.Headers = make(map[string]string, len(m.Headers))
 	}
+	var id string
 	found := false
 	for _, h := range m.Headers {
 		msg.Headers[h.Key] = string(h.Value)
 		if h.Key == s.cfg.IDHeader {
-			found = true
-			msg.ID = string(h.Value)
+			found, id = true, string(h.Value)
+		} else if strings.EqualFold(h.Key, s.cfg.IDHeader) {
+			s.warnIDCase(h.Key)
 		}
 	}
-	if !found || (s.cfg.FallbackOnInvalidID && s.c.Store().Validate(msg.ID, nil) != nil) {
-		msg.ID = FallbackID(m)
-	}
+	msg.ID = inbound.ID(s.c, id, found, s.cfg.FallbackOnInvalidID, func() string { return FallbackID(m) })
 	return msg
 }
 
-func (s *Subscriber) setCrash(err error) {
-	s.crashMu.Lock()
-	defer s.crashMu.Unlock()
-	if s.crash == nil {
-		s.crash = fmt.Errorf("%w: %w", ErrCrash, err)
+// warnIDCase warns, once per Subscriber, about an id header spelled in
+// another letter case than IDHeader: Kafka header names are case-sensitive,
+// so such records get the fallback id, which a producer's re-send does not
+// share.
+func (s *Subscriber) warnIDCase(name string) {
+	if s.idCaseWarned.CompareAndSwap(false, true) {
+		s.log.Warn("idemq/kafka: a record carries the id header in another letter case; it is ignored and the record gets the topic/partition/offset id",
+			slog.String("header", name), slog.String("id_header", s.cfg.IDHeader))
 	}
-}
-
-func (s *Subscriber) crashed() bool {
-	s.crashMu.Lock()
-	defer s.crashMu.Unlock()
-	return s.crash != nil
 }

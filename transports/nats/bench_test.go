@@ -13,10 +13,12 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
+	"github.com/idemq/idemq/relay/relaytest"
 	"github.com/idemq/idemq/testenv"
-	"github.com/idemq/idemq/testenv/conformance"
 	idemqnats "github.com/idemq/idemq/transports/nats"
 )
 
@@ -43,8 +45,8 @@ func benchEnv(b *testing.B) *env {
 func benchMessages(e *env, n int) []relay.Message {
 	out := make([]relay.Message, n)
 	for i := range out {
-		out[i] = relay.Message{ID: uuid.Must(uuid.NewV7()), Destination: e.subject, Key: fmt.Sprint("c-", i%64),
-			Payload: fmt.Appendf(nil, `{"order":%d,"amount":"10.00"}`, i), Headers: map[string]string{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}}
+		out[i] = relay.Message{Message: outbox.Message{ID: uuid.Must(uuid.NewV7()), Destination: e.subject, Key: fmt.Sprint("c-", i%64),
+			Payload: fmt.Appendf(nil, `{"order":%d,"amount":"10.00"}`, i), Headers: map[string]string{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}}}
 	}
 	return out
 }
@@ -61,7 +63,7 @@ func newBenchConsumer(b *testing.B, pool *pgxpool.Pool, scope string, settled *a
 	c, err := consumer.New(pool, scope, func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
 		_, err := tx.Exec(ctx, `INSERT INTO orders (id, payload) VALUES ($1, $2)`, msg.ID, msg.Payload)
 		return err
-	}, consumer.Config{Hooks: consumer.Hooks{OnResult: func(_ string, r consumer.Result) {
+	}, consumer.Config{Hooks: consumer.Hooks{OnResult: func(r consumer.ResultEvent) {
 		if r.Outcome != consumer.Applied {
 			b.Errorf("outcome %v: %v", r.Outcome, r.Err)
 		}
@@ -92,12 +94,15 @@ func subscribeAll(b *testing.B, e *env, pool *pgxpool.Pool, n int, batch bool, i
 	var settled atomic.Int64
 	c := newBenchConsumer(b, pool, "sub-"+iter, &settled)
 	s, err := idemqnats.NewJetStreamSubscriber(c, benchDurable(b, e, "sub-"+iter), e.js,
-		idemqnats.JetStreamConfig{Batch: batch, MaxBatch: benchBatch})
+		idemqnats.JetStreamSubscriberConfig{Batch: batch, MaxBatch: benchBatch})
 	if err != nil {
 		b.Fatal(err)
 	}
 	start := time.Now()
-	sub := run(context.Background(), s.Run, func() {})
+	sub, err := idemq.Start(context.Background(), s)
+	if err != nil {
+		b.Fatal(err)
+	}
 	for settled.Load() < int64(n) {
 		time.Sleep(100 * time.Microsecond)
 	}
@@ -277,7 +282,7 @@ func BenchmarkRelayToJetStream(b *testing.B) {
 	}
 	var viaRelay, bare float64
 	for b.Loop() {
-		viaRelay += conformance.RelayThroughput(b, pool, sink, conformance.OutboxMessages(n, e.subject), batchSize)
+		viaRelay += relaytest.RelayThroughput(b, pool, sink, relaytest.OutboxMessages(n, e.subject), batchSize)
 
 		raw := benchMessages(e, n)
 		start := time.Now()

@@ -9,15 +9,16 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/relay"
 	"github.com/idemq/idemq/testenv"
-	"github.com/idemq/idemq/testenv/conformance"
 	idemqnats "github.com/idemq/idemq/transports/nats"
+	"github.com/idemq/idemq/transports/transporttest"
 )
 
 func TestConformanceJetStream(t *testing.T) {
-	conformance.Run(t, func(t *testing.T) conformance.Harness { return newHarness(t) })
+	transporttest.Run(t, func(t *testing.T) transporttest.Harness { return newHarness(t) })
 }
 
 // harness runs the conformance suite on a JetStream stream. Its duplicate
@@ -60,15 +61,15 @@ func newHarness(t *testing.T) *harness {
 	return h
 }
 
-func (h *harness) Features() conformance.Features {
-	return conformance.Features{Redelivery: true, SharedGroup: true, Batch: true, DeadLetterDestination: true,
+func (h *harness) Features() transporttest.Features {
+	return transporttest.Features{Redelivery: true, SharedGroup: true, Batch: true, DeadLetterDestination: true,
 		PublishDedupe: true, OrderedPerKey: true}
 }
 
-func (h *harness) Publish(ctx context.Context, msgs ...conformance.Message) error {
+func (h *harness) Publish(ctx context.Context, msgs ...transporttest.Message) error {
 	pending := msgs
 	for len(pending) > 0 {
-		var dropped []conformance.Message
+		var dropped []transporttest.Message
 		for _, m := range pending {
 			out := nats.NewMsg(h.subject)
 			out.Data = m.Payload
@@ -106,7 +107,7 @@ func (h *harness) DeadLetters(ctx context.Context) ([]string, error) {
 	return streamIDs(ctx, h.dlq)
 }
 
-// streamIDs returns the Nats-Msg-Id of every message in s.
+// streamIDs returns the original message id of every dead letter in s.
 func streamIDs(ctx context.Context, s jetstream.Stream) ([]string, error) {
 	info, err := s.Info(ctx)
 	if err != nil {
@@ -121,42 +122,42 @@ func streamIDs(ctx context.Context, s jetstream.Stream) ([]string, error) {
 		if err != nil {
 			return ids, err
 		}
-		ids = append(ids, m.Header.Get(jetstream.MsgIDHeader))
+		ids = append(ids, m.Header.Get(idemqnats.HeaderDeadLetterID))
 	}
 	return ids, nil
 }
 
-var errCrash = errors.New("conformance: crash")
-
-func (h *harness) Subscribe(ctx context.Context, c *consumer.Consumer, opts conformance.SubscribeOptions) conformance.Subscription {
-	cfg := idemqnats.JetStreamConfig{Batch: opts.Batch, DeadLetterSubject: h.dlqSubj, FetchWait: 200 * time.Millisecond}
-	if opts.Crash != nil {
-		cfg.BeforeAck = func(_ context.Context, msgs []*consumer.Message, results []consumer.Result) error {
-			for i := range msgs {
-				if opts.Crash(msgs[i], results[i]) {
-					return errCrash
-				}
-			}
-			return nil
-		}
-	}
-	// Each subscription has its own connection, closed when it ends, as a
+func (h *harness) Subscriber(c *consumer.Consumer, opts transporttest.SubscribeOptions) idemq.Service {
+	cfg := idemqnats.JetStreamSubscriberConfig{Batch: opts.Batch, DeadLetterSubject: h.dlqSubj, FetchWait: 200 * time.Millisecond}
+	cfg.Test.BeforeAck = opts.BeforeAck()
+	// Each subscriber has its own connection, closed when it ends, as a
 	// process of its own would.
 	nc, err := h.n.Connect()
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	s, err := subscriber(ctx, nc, h.n.Name("ORDERS"), opts.Group, c, cfg)
+	s, err := subscriber(context.Background(), nc, h.n.Name("ORDERS"), opts.Group, c, cfg)
 	if err != nil {
 		nc.Close()
 		h.t.Fatal(err)
 	}
-	return run(ctx, s.Run, nc.Close)
+	return ownConn{s, nc}
+}
+
+// ownConn is a subscriber that closes its connection when Run returns.
+type ownConn struct {
+	*idemqnats.JetStreamSubscriber
+	nc *nats.Conn
+}
+
+func (o ownConn) Run(ctx context.Context) error {
+	defer o.nc.Close()
+	return o.JetStreamSubscriber.Run(ctx)
 }
 
 // subscriber returns a JetStreamSubscriber on the durable pull consumer
 // group of stream, created with explicit acks and a short AckWait.
-func subscriber(ctx context.Context, nc *nats.Conn, stream, group string, c *consumer.Consumer, cfg idemqnats.JetStreamConfig) (*idemqnats.JetStreamSubscriber, error) {
+func subscriber(ctx context.Context, nc *nats.Conn, stream, group string, c *consumer.Consumer, cfg idemqnats.JetStreamSubscriberConfig) (*idemqnats.JetStreamSubscriber, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, err
@@ -169,29 +170,3 @@ func subscriber(ctx context.Context, nc *nats.Conn, stream, group string, c *con
 	}
 	return idemqnats.NewJetStreamSubscriber(c, cons, js, cfg)
 }
-
-// subscription runs a subscriber's Run in a goroutine.
-type subscription struct {
-	cancel context.CancelFunc
-	done   chan struct{}
-	err    error
-}
-
-func run(ctx context.Context, fn func(context.Context) error, cleanup func()) *subscription {
-	ctx, cancel := context.WithCancel(ctx)
-	sub := &subscription{cancel: cancel, done: make(chan struct{})}
-	go func() {
-		defer close(sub.done)
-		sub.err = fn(ctx)
-		cleanup()
-	}()
-	return sub
-}
-
-func (s *subscription) Stop() error {
-	s.cancel()
-	<-s.done
-	return s.err
-}
-
-func (s *subscription) Done() <-chan struct{} { return s.done }

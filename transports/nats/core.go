@@ -1,42 +1,42 @@
 package nats
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/internal/lifecycle"
 )
 
-// CoreConfig configures a [CoreSubscriber]. The zero value is ready to use.
-type CoreConfig struct {
+// CoreSubscriberConfig configures a [CoreSubscriber]. The zero value is
+// ready to use.
+type CoreSubscriberConfig struct {
 	// Queue, if set, joins the queue group of that name: the subscribers
 	// of one group share the subject's messages.
 	Queue string
-	// IDHeader names the header carrying the message id. Defaults to
-	// "Nats-Msg-Id". Core NATS has no sequence to fall back on: a message
-	// without the header gets the id "" and the consumer dead-letters it
-	// with consumer.ErrInvalidMessage, unless the consumer derives its key
-	// from the payload (consumer.Config.KeyFunc).
+	// IDHeader names the header carrying the message id. Core NATS has no
+	// sequence to fall back on: a message without the header gets the id ""
+	// and the consumer dead-letters it with consumer.ErrInvalidMessage,
+	// unless the consumer derives its key from the payload
+	// (consumer.Config.KeyFunc). Defaults to [IDHeaderDefault].
 	IDHeader string
-	// BeforeAck, if set, is called with each message and its result after
-	// processing. A non-nil error stops Run at once (Run returns it wrapped
-	// in [ErrCrash]); core NATS has no acknowledgement, so this only
-	// simulates a crash for tests.
-	BeforeAck func(ctx context.Context, msgs []*consumer.Message, results []consumer.Result) error
-	// ShutdownTimeout bounds the time Run spends, after ctx is cancelled,
-	// draining the subscription and applying what it had received. Defaults
-	// to 30 seconds.
-	ShutdownTimeout time.Duration
+	// ShutdownGrace bounds the time Run spends, after ctx is cancelled,
+	// draining the subscription and applying what it had received.
+	// Defaults to [ShutdownGraceDefault].
+	ShutdownGrace time.Duration
 	// Logger receives the outcomes that are lost on core NATS (a Retry
 	// cannot be redelivered). Defaults to slog.Default().
 	Logger *slog.Logger
+
+	// Test holds crash points for tests; leave it zero in production.
+	Test TestConfig
 }
 
 // CoreSubscriber applies the messages of a core NATS subscription (queue
@@ -51,34 +51,36 @@ type CoreConfig struct {
 // handed back to the server; it is logged at Error level and the message is
 // lost, so leave consumer.Config.Redeliver false with core NATS. Use
 // JetStream where messages must not be lost.
+//
+// A CoreSubscriber is an idemq.Service: Ready is closed once the server
+// confirmed the subscription, so a message published after that reaches
+// it. One Run at a time; Run may be called again after it returned.
 type CoreSubscriber struct {
 	c       *consumer.Consumer
 	nc      *nats.Conn
 	subject string
-	cfg     CoreConfig
+	cfg     CoreSubscriberConfig
 	log     *slog.Logger
+	state   lifecycle.State
 }
 
 // NewCoreSubscriber returns a subscriber applying the messages published
 // to subject (wildcards allowed) on nc through c.
-func NewCoreSubscriber(c *consumer.Consumer, nc *nats.Conn, subject string, cfg CoreConfig) (*CoreSubscriber, error) {
+func NewCoreSubscriber(c *consumer.Consumer, nc *nats.Conn, subject string, cfg CoreSubscriberConfig) (*CoreSubscriber, error) {
+	const component = "nats.CoreSubscriber"
 	switch {
-	case c == nil || nc == nil:
-		return nil, fmt.Errorf("%w: nil consumer or connection", ErrConfig)
+	case c == nil:
+		return nil, idemq.NewConfigError(component, "consumer", "is nil")
+	case nc == nil:
+		return nil, idemq.NewConfigError(component, "nc", "is nil")
 	case subject == "":
-		return nil, fmt.Errorf("%w: empty subject", ErrConfig)
-	case cfg.ShutdownTimeout < 0:
-		return nil, fmt.Errorf("%w: ShutdownTimeout must not be negative", ErrConfig)
+		return nil, idemq.NewConfigError(component, "subject", "is empty")
+	case cfg.ShutdownGrace < 0:
+		return nil, idemq.NewConfigError(component, "ShutdownGrace", "%v is negative", cfg.ShutdownGrace)
 	}
-	if cfg.IDHeader == "" {
-		cfg.IDHeader = jetstream.MsgIDHeader
-	}
-	if cfg.ShutdownTimeout == 0 {
-		cfg.ShutdownTimeout = 30 * time.Second
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
+	cfg.IDHeader = cmp.Or(cfg.IDHeader, IDHeaderDefault)
+	cfg.ShutdownGrace = cmp.Or(cfg.ShutdownGrace, ShutdownGraceDefault)
+	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
 	log := cfg.Logger.With(slog.String("subject", subject), slog.String("scope", c.Scope()))
 	if cfg.Queue != "" {
 		log = log.With(slog.String("queue", cfg.Queue))
@@ -86,12 +88,20 @@ func NewCoreSubscriber(c *consumer.Consumer, nc *nats.Conn, subject string, cfg 
 	return &CoreSubscriber{c: c, nc: nc, subject: subject, cfg: cfg, log: log}, nil
 }
 
-// Subscribe subscribes and returns a function running the processing loop
-// (the blocking part of Run). Use it when messages published right after
-// subscribing must not be missed: core NATS delivers only to
-// subscriptions the server already knows, and Subscribe returns after the
-// server confirmed the subscription.
-func (s *CoreSubscriber) Subscribe(ctx context.Context) (run func() error, err error) {
+// Ready is closed once Run's subscription is confirmed by the server.
+func (s *CoreSubscriber) Ready() <-chan struct{} { return s.state.Ready() }
+
+// Run subscribes and applies messages until ctx is cancelled, then drains
+// the subscription (the server stops sending, what it sent is applied,
+// within ShutdownGrace) and returns nil. It returns an error if the
+// subscription fails, the connection is closed, a Test.BeforeAck hook
+// vetoed, or ([idemq.ErrRunning]) another Run is active.
+func (s *CoreSubscriber) Run(ctx context.Context) error {
+	ready, end, err := s.state.Begin()
+	if err != nil {
+		return err
+	}
+	defer end()
 	var sub *nats.Subscription
 	if s.cfg.Queue != "" {
 		sub, err = s.nc.QueueSubscribeSync(s.subject, s.cfg.Queue)
@@ -99,39 +109,16 @@ func (s *CoreSubscriber) Subscribe(ctx context.Context) (run func() error, err e
 		sub, err = s.nc.SubscribeSync(s.subject)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("idemq/nats: subscribe to %s: %w", s.subject, err)
+		return fmt.Errorf("idemq/nats: subscribe to %s: %w", s.subject, err)
 	}
-	if err := s.nc.FlushWithContext(ctx); err != nil {
+	if err := flush(ctx, s.nc, ackTimeout); err != nil {
 		_ = sub.Unsubscribe()
-		return nil, fmt.Errorf("idemq/nats: subscribe to %s: %w", s.subject, err)
+		return fmt.Errorf("idemq/nats: subscribe to %s: %w", s.subject, err)
 	}
-	return func() error { return s.loop(ctx, sub) }, nil
-}
+	ready()
 
-// Run subscribes and applies messages until ctx is cancelled, then drains
-// the subscription (the server stops sending, what it sent is applied,
-// within ShutdownTimeout) and returns nil. It returns an error if the
-// subscription fails, the connection is closed, or a BeforeAck hook vetoed
-// (wrapping [ErrCrash]).
-func (s *CoreSubscriber) Run(ctx context.Context) error {
-	run, err := s.Subscribe(ctx)
-	if err != nil {
-		return err
-	}
-	return run()
-}
-
-func (s *CoreSubscriber) loop(ctx context.Context, sub *nats.Subscription) error {
-	pctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	var wg sync.WaitGroup
-	defer wg.Wait()
+	pctx, cancel := lifecycle.Grace(ctx, s.cfg.ShutdownGrace)
 	defer cancel()
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		graceAfter(ctx, pctx, s.cfg.ShutdownTimeout, cancel)
-	}()
-
 	for {
 		raw, err := sub.NextMsgWithContext(ctx)
 		if err != nil {
@@ -181,9 +168,9 @@ func (s *CoreSubscriber) apply(ctx context.Context, raw *nats.Msg) error {
 		msg.ID = vals[0]
 	}
 	r := s.c.Process(ctx, msg)
-	if s.cfg.BeforeAck != nil {
-		if err := s.cfg.BeforeAck(ctx, []*consumer.Message{msg}, []consumer.Result{r}); err != nil {
-			return fmt.Errorf("%w: %w", ErrCrash, err)
+	if hook := s.cfg.Test.BeforeAck; hook != nil {
+		if err := hook(ctx, []*consumer.Message{msg}, []consumer.Result{r}); err != nil {
+			return fmt.Errorf("%w: %w", errCrash, err)
 		}
 	}
 	if r.Outcome == consumer.Retry {

@@ -3,36 +3,37 @@ package nats_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
 	idemqnats "github.com/idemq/idemq/transports/nats"
+	"github.com/idemq/idemq/transports/transporttest"
 )
 
-// startCore subscribes (confirmed by the server) and runs the loop.
-func (w *world) startCore(c *consumer.Consumer, subject string, cfg idemqnats.CoreConfig) *subscription {
+// startCore runs a CoreSubscriber on a connection of its own until the
+// test ends (or Stop); it returns once the subscription is confirmed.
+func (w *world) startCore(c *consumer.Consumer, subject string, cfg idemqnats.CoreSubscriberConfig) *idemq.Running {
 	w.t.Helper()
 	nc, err := w.e.n.Connect()
 	if err != nil {
 		w.t.Fatal(err)
 	}
+	w.t.Cleanup(nc.Close)
 	s, err := idemqnats.NewCoreSubscriber(c, nc, subject, cfg)
 	if err != nil {
 		w.t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(w.ctx)
-	loop, err := s.Subscribe(ctx)
+	running, err := idemq.Start(w.ctx, s)
 	if err != nil {
-		cancel()
 		w.t.Fatal(err)
 	}
-	sub := run(ctx, func(context.Context) error { return loop() }, nc.Close)
-	stop := sub.cancel
-	sub.cancel = func() { stop(); cancel() }
-	w.t.Cleanup(func() { _ = sub.Stop() })
-	return sub
+	w.t.Cleanup(func() { _ = running.Stop() })
+	return running
 }
 
 // A relay re-publish through the core Sink reaches a queue group of two
@@ -41,8 +42,8 @@ func TestCoreQueueGroupDropsPublisherDuplicates(t *testing.T) {
 	w := newWorld(t)
 	subject := w.e.n.Name("events")
 	c := w.consumer(consumer.Config{}, nil)
-	a := w.startCore(c, subject, idemqnats.CoreConfig{Queue: "q"})
-	w.startCore(c, subject, idemqnats.CoreConfig{Queue: "q"})
+	a := w.startCore(c, subject, idemqnats.CoreSubscriberConfig{Queue: "q"})
+	w.startCore(c, subject, idemqnats.CoreSubscriberConfig{Queue: "q"})
 
 	sink, err := idemqnats.NewCoreSink(w.e.nc, idemqnats.SinkConfig{})
 	if err != nil {
@@ -74,13 +75,13 @@ func TestCoreMessageWithoutIDIsDeadLettered(t *testing.T) {
 	w := newWorld(t)
 	subject := w.e.n.Name("events")
 	var results []consumer.Result
-	w.startCore(w.consumer(consumer.Config{}, nil), subject, idemqnats.CoreConfig{
-		BeforeAck: func(_ context.Context, _ []*consumer.Message, rs []consumer.Result) error {
+	w.startCore(w.consumer(consumer.Config{}, nil), subject, idemqnats.CoreSubscriberConfig{
+		Test: idemqnats.TestConfig{BeforeAck: func(_ context.Context, _ []*consumer.Message, rs []consumer.Result) error {
 			w.mu.Lock()
 			defer w.mu.Unlock()
 			results = append(results, rs...)
 			return nil
-		},
+		}},
 	})
 	if err := w.e.nc.PublishMsg(&nats.Msg{Subject: subject, Data: []byte("no id")}); err != nil {
 		t.Fatal(err)
@@ -100,10 +101,28 @@ func TestCoreMessageWithoutIDIsDeadLettered(t *testing.T) {
 func TestNewCoreSubscriberValidates(t *testing.T) {
 	w := newWorld(t)
 	c := w.consumer(consumer.Config{}, nil)
-	if _, err := idemqnats.NewCoreSubscriber(c, w.e.nc, "", idemqnats.CoreConfig{}); !errors.Is(err, idemqnats.ErrConfig) {
+	if _, err := idemqnats.NewCoreSubscriber(c, w.e.nc, "", idemqnats.CoreSubscriberConfig{}); !errors.Is(err, idemq.ErrConfig) {
 		t.Errorf("empty subject: %v", err)
 	}
-	if _, err := idemqnats.NewCoreSubscriber(nil, w.e.nc, "x", idemqnats.CoreConfig{}); !errors.Is(err, idemqnats.ErrConfig) {
+	if _, err := idemqnats.NewCoreSubscriber(nil, w.e.nc, "x", idemqnats.CoreSubscriberConfig{}); !errors.Is(err, idemq.ErrConfig) {
 		t.Errorf("nil consumer: %v", err)
 	}
+}
+
+func TestCoreSubscriberRunsAgainAfterRun(t *testing.T) {
+	w := newWorld(t)
+	subject := w.e.n.Name("events")
+	s, err := idemqnats.NewCoreSubscriber(w.consumer(consumer.Config{}, nil), w.e.nc, subject, idemqnats.CoreSubscriberConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	transporttest.RunTwice(t, s, func(round int) {
+		// Ready means subscribed: a message published now is delivered.
+		m := nats.NewMsg(subject)
+		m.Header.Set(jetstream.MsgIDHeader, fmt.Sprint("m-", round))
+		if err := w.e.nc.PublishMsg(m); err != nil {
+			t.Fatal(err)
+		}
+		w.waitFor("the message applied", func() bool { return len(w.effects()) == round+1 })
+	})
 }

@@ -5,9 +5,9 @@
 //
 // [JetStreamSubscriber] wraps a consumer.Consumer around a durable (or
 // ephemeral) pull consumer with explicit acknowledgements. It fetches up
-// to [JetStreamConfig.MaxBatch] messages at a time and applies them in
+// to [JetStreamSubscriberConfig.MaxBatch] messages at a time and applies them in
 // stream order, with consumer.Process per message or, in
-// [JetStreamConfig.Batch] mode, with consumer.ProcessBatch per fetched
+// [JetStreamSubscriberConfig.Batch] mode, with consumer.ProcessBatch per fetched
 // batch (one transaction, a savepoint per message). Each message is then
 // settled by its result:
 //
@@ -16,7 +16,7 @@
 //     after the backoff delay (with consumer.Config.Redeliver the consumer
 //     counts attempts by the delivery count);
 //   - Conflict, DeadLettered: published to
-//     [JetStreamConfig.DeadLetterSubject] if set, then Term.
+//     [JetStreamSubscriberConfig.DeadLetterSubject] if set, then Term.
 //
 // While messages are fetched and not yet settled they are reported
 // InProgress at an interval below the consumer's AckWait, so a long handler
@@ -26,18 +26,21 @@
 //
 // Message identity: the Nats-Msg-Id header (configurable), which the Sinks
 // of this package set to the outbox message id; without it
-// "stream/sequence" ([JetStreamFallbackID]), stable across redeliveries.
+// "stream/sequence" ([FallbackID]), stable across redeliveries.
 // A header that is present but unusable (empty, over the inbox key limit,
 // not UTF-8) dead-letters the message by default (terminated, copied to the
 // dead-letter subject), or gets the fallback id with
-// [JetStreamConfig.FallbackOnInvalidID]; either way the stream moves on. The
+// [JetStreamSubscriberConfig.FallbackOnInvalidID]; either way the stream moves on. The
 // handler sees the headers in consumer.Message.Headers, the delivery count
 // (NumDelivered) in Message.Delivery, and the jetstream.Msg (subject,
-// metadata) as Message.Source, also through [JetStreamMsg] and [Subject].
+// metadata) as Message.Source, also through [JetStreamSource] and [Subject].
 //
-// Shutdown: cancelling Run's context stops fetching; the messages already
+// Both subscribers are idemq.Services: idemq.Start returns once the
+// JetStreamSubscriber sent its first fetch, or once the server confirmed
+// the CoreSubscriber's subscription. Shutdown: cancelling Run's context
+// stops fetching; the messages already
 // fetched are applied and acknowledged (within
-// [JetStreamConfig.ShutdownTimeout]) before Run returns.
+// [JetStreamSubscriberConfig.ShutdownGrace]) before Run returns.
 //
 // # Inbound: core NATS
 //
@@ -53,7 +56,8 @@
 // the outbox message id in the Nats-Msg-Id header, so the stream's
 // duplicate window drops what a relay re-publishes after a crash between
 // publish and delete before any consumer sees it. It publishes
-// asynchronously with a bounded number of acknowledgements in flight and
+// asynchronously with a bounded number of acknowledgements in flight (one
+// per key, so a failure holds back the rest of its key) and
 // classifies each message's failure for the relay (permanent: no stream for
 // the subject, message too large, invalid subject; the rest retryable).
 // [CoreSink] publishes on core NATS, for subjects without a stream.

@@ -10,10 +10,11 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
 	"github.com/idemq/idemq/testenv"
 	idemqnats "github.com/idemq/idemq/transports/nats"
@@ -31,16 +32,11 @@ func Example() {
 		panic(err)
 	}
 	defer n.Close()
-	dsn, drop, err := testenv.CreateDatabase(ctx, "idemq_example") // or your database
+	pool, done, err := testenv.ScratchPool(ctx, "idemq_example") // or your pgxpool.Pool
 	if err != nil {
 		panic(err)
 	}
-	defer drop()
-	pool, err := pgxpool.New(ctx, dsn)
-	if err != nil {
-		panic(err)
-	}
-	defer pool.Close()
+	defer done()
 	if _, err := pool.Exec(ctx, `CREATE TABLE shipments (order_id text NOT NULL)`); err != nil {
 		panic(err)
 	}
@@ -66,7 +62,7 @@ func Example() {
 	}
 	var batch []relay.Message
 	for _, order := range []string{"o-1", "o-2", "o-3"} {
-		batch = append(batch, relay.Message{ID: uuid.Must(uuid.NewV7()), Destination: n.Name("orders"), Key: order, Payload: []byte(order)})
+		batch = append(batch, relay.Message{Message: outbox.Message{ID: uuid.Must(uuid.NewV7()), Destination: n.Name("orders"), Key: order, Payload: []byte(order)}})
 	}
 	if err := sink.Publish(ctx, batch); err != nil {
 		panic(err)
@@ -83,12 +79,13 @@ func Example() {
 	// Inbound: the handler's writes commit with the inbox record; the ack
 	// follows the commit.
 	var applied atomic.Int32
+	all := make(chan struct{})
 	c, err := consumer.New(pool, "shipping", func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
 		_, err := tx.Exec(ctx, `INSERT INTO shipments (order_id) VALUES ($1)`, msg.Payload)
 		return err
-	}, consumer.Config{Redeliver: true, Hooks: consumer.Hooks{OnResult: func(_ string, r consumer.Result) {
-		if r.Outcome == consumer.Applied {
-			applied.Add(1)
+	}, consumer.Config{Redeliver: true, Hooks: consumer.Hooks{OnResult: func(r consumer.ResultEvent) {
+		if r.Outcome == consumer.Applied && applied.Add(1) == 3 {
+			close(all)
 		}
 	}}})
 	if err != nil {
@@ -101,21 +98,19 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	sub, err := idemqnats.NewJetStreamSubscriber(c, durable, js, idemqnats.JetStreamConfig{
+	sub, err := idemqnats.NewJetStreamSubscriber(c, durable, js, idemqnats.JetStreamSubscriberConfig{
 		Batch:  true,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	if err != nil {
 		panic(err)
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error)
-	go func() { done <- sub.Run(runCtx) }()
-	for applied.Load() < 3 {
-		time.Sleep(10 * time.Millisecond)
+	running, err := idemq.Start(ctx, sub) // returns once it fetches
+	if err != nil {
+		panic(err)
 	}
-	stop() // graceful: finish what was fetched, ack it
-	if err := <-done; err != nil {
+	<-all
+	if err := running.Stop(); err != nil { // graceful: finish what was fetched, ack it
 		panic(err)
 	}
 

@@ -1,6 +1,7 @@
 package nats
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -8,104 +9,122 @@ import (
 	"strconv"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/internal/retry"
+	"github.com/idemq/idemq/internal/errtext"
+	"github.com/idemq/idemq/internal/lifecycle"
+	"github.com/idemq/idemq/transports/internal/inbound"
 )
 
-// Dead-letter headers a subscriber adds to a message it publishes to its
-// dead-letter subject.
-const (
-	// HeaderDeadLetterReason carries the error that made the message a
-	// dead letter or a conflict.
-	HeaderDeadLetterReason = "Idemq-Dead-Letter-Reason"
-	// HeaderDeadLetterOutcome is "dead-lettered" or "conflict" (the
-	// consumer.Outcome's String).
-	HeaderDeadLetterOutcome = "Idemq-Dead-Letter-Outcome"
-	// HeaderDeadLetterSource is the original subject, and for JetStream
-	// the original "stream/sequence".
-	HeaderDeadLetterSource = "Idemq-Dead-Letter-Source"
-)
+// HeaderDeadLetterID is the original message's id on the copy a
+// [JetStreamSubscriber] publishes to its dead-letter subject, beside the
+// consumer.HeaderDeadLetter* headers. The copy's Nats-Msg-Id is its own,
+// "dead-letter/stream/sequence".
+const HeaderDeadLetterID = "Idemq-Dead-Letter-Id"
 
 // ackTimeout bounds the wait for an acknowledgement's confirmation.
 const ackTimeout = 5 * time.Second
 
-// ErrCrash is returned (wrapped) by Run when a BeforeAck hook vetoed the
-// acknowledgements: the subscriber stopped without acknowledging anything
-// more, as a killed process would.
-var ErrCrash = errors.New("idemq/nats: acknowledgement vetoed by BeforeAck")
+// errCrash marks Run's error after a Test.BeforeAck veto.
+var errCrash = errors.New("idemq/nats: acknowledgement vetoed by Test.BeforeAck")
 
-// JetStreamConfig configures a [JetStreamSubscriber]. The zero value is
-// ready to use.
-type JetStreamConfig struct {
-	// IDHeader names the header carrying the message id. Defaults to
-	// "Nats-Msg-Id", the header JetStream deduplicates publishes by and the
-	// Sinks of this package set to the outbox id. A message without it gets
-	// [JetStreamFallbackID], "stream/sequence": unique per stored message,
-	// so a redelivery is recognised, but a producer's retry stored twice
-	// (outside the stream's duplicate window) is not.
+// IDHeaderDefault is the header carrying a message id: the one JetStream
+// deduplicates publishes by, which the Sinks of this package set to the
+// outbox id.
+const IDHeaderDefault = jetstream.MsgIDHeader
+
+// The defaults of [JetStreamSubscriberConfig] and [CoreSubscriberConfig].
+const (
+	MaxBatchDefault      = 100
+	FetchWaitDefault     = 500 * time.Millisecond
+	ShutdownGraceDefault = 30 * time.Second
+)
+
+// RetryDefault is the default [JetStreamSubscriberConfig.Retry].
+var RetryDefault = idemq.Retry{BaseDelay: 100 * time.Millisecond, MaxDelay: 5 * time.Second}
+
+// JetStreamSubscriberConfig configures a [JetStreamSubscriber]. The zero
+// value is ready to use.
+type JetStreamSubscriberConfig struct {
+	// IDHeader names the header carrying the message id. A message without
+	// it gets [FallbackID], "stream/sequence": unique per stored message, so
+	// a redelivery is recognised, but a producer's retry stored twice
+	// (outside the stream's duplicate window) is not. Defaults to
+	// [IDHeaderDefault].
 	IDHeader string
 	// FallbackOnInvalidID gives a message whose id header is present but
-	// unusable as a key (inbox.Store.Validate rejects it: empty, over the
-	// key limit, not valid UTF-8, with NUL) the
-	// "stream/sequence" id instead, and processes it. Defaults to false:
-	// the header is passed through unchanged and the consumer dead-letters
-	// the message with consumer.ErrInvalidMessage (published to
-	// DeadLetterSubject if set, then terminated), so a producer bug is seen
-	// rather than half-deduplicated. Either way the stream moves on.
+	// unusable as a key (empty, over the key limit, not valid UTF-8, with
+	// NUL) the "stream/sequence" id instead, and processes it. Defaults to
+	// false: the consumer dead-letters the message with
+	// consumer.ErrInvalidMessage (published to DeadLetterSubject if set,
+	// then terminated), so a producer bug is seen rather than
+	// half-deduplicated. Either way the stream moves on.
 	FallbackOnInvalidID bool
 
 	// Batch applies every fetched batch with consumer.ProcessBatch (one
-	// transaction, a savepoint per message), then acknowledges it.
+	// transaction, a savepoint per message where a handler fails), then
+	// acknowledges it; a consumer made by consumer.NewBatched gets the
+	// batch's new messages in one call of its batch handler.
 	// Defaults to false: consumer.Process, one transaction per message,
 	// each acknowledged after its commit.
 	Batch bool
-	// MaxBatch bounds the messages one fetch asks for. Defaults to 100.
+	// MaxBatch bounds the messages one fetch asks for. Defaults to
+	// [MaxBatchDefault].
 	MaxBatch int
 	// FetchWait bounds how long one fetch waits for MaxBatch messages; it
 	// is also how long Run may take to notice a cancelled context while
-	// the stream is idle. Defaults to 500 ms.
+	// the stream is idle. Defaults to [FetchWaitDefault].
 	FetchWait time.Duration
 
 	// InProgressInterval is how often the messages fetched and not yet
 	// acknowledged are reported in progress (jetstream.Msg.InProgress),
 	// which restarts their AckWait, so a long handler never makes the
-	// server deliver its message again in parallel. Defaults to a third of
-	// the consumer's AckWait; it must be below AckWait.
+	// server deliver its message again in parallel. It must be below
+	// AckWait. Defaults to a third of the consumer's AckWait.
 	InProgressInterval time.Duration
 
 	// DeadLetterSubject, if set, receives a copy of every dead letter and
-	// conflict (payload, headers, the Idemq-Dead-Letter-* headers and the
-	// message id in Nats-Msg-Id), published through JetStream (a stream
-	// must capture the subject) before the message is terminated. If the
-	// publish fails the message is not terminated but redelivered, and
-	// published again: at least once, and the id lets a stream drop the
-	// copies.
+	// conflict (payload, headers, the consumer.HeaderDeadLetter* headers, the
+	// message id in [HeaderDeadLetterID]), published through JetStream (a
+	// stream must capture the subject; it may be the input's own) before
+	// the message is terminated. If the publish fails the message is not
+	// terminated but redelivered, and published again: at least once, and
+	// the copy's Nats-Msg-Id, "dead-letter/stream/sequence", lets the
+	// stream drop the repeats.
 	DeadLetterSubject string
 
-	// BeforeAck, if set, is called with the messages and their results
-	// after they were processed and before any of them is acknowledged. A
-	// non-nil error stops Run at once without acknowledging anything more
-	// (Run returns it wrapped in [ErrCrash]). It exists to simulate a crash
-	// between the database commit and the ack in tests and demos.
-	BeforeAck func(ctx context.Context, msgs []*consumer.Message, results []consumer.Result) error
-
-	// ShutdownTimeout bounds the time Run spends, after ctx is cancelled,
+	// ShutdownGrace bounds the time Run spends, after ctx is cancelled,
 	// finishing and acknowledging the messages already fetched; then their
 	// processing is cancelled (their outcome is Retry, they are redelivered
-	// later). Defaults to 30 seconds.
-	ShutdownTimeout time.Duration
-	// RetryBaseDelay and RetryMaxDelay shape the backoff with full jitter
-	// between fetches that failed (server restarting, connection lost).
-	// Default to 100 ms and 5 s.
-	RetryBaseDelay, RetryMaxDelay time.Duration
+	// later). Defaults to [ShutdownGraceDefault].
+	ShutdownGrace time.Duration
+	// Retry shapes the backoff with full jitter between fetches that failed
+	// (server restarting, connection lost) and before a dead letter whose
+	// copy could not be published is redelivered. Only BaseDelay and
+	// MaxDelay apply: the consumer counts attempts. Defaults to
+	// [RetryDefault].
+	Retry idemq.Retry
 	// Logger receives fetch errors and ack failures. Defaults to
 	// slog.Default().
 	Logger *slog.Logger
+
+	// Test holds crash points for tests; leave it zero in production.
+	Test TestConfig
+}
+
+// TestConfig holds a subscriber's crash points, for tests and chaos
+// drills.
+type TestConfig struct {
+	// BeforeAck, if set, is called with the messages and their results
+	// after they were processed and before any of them is acknowledged. A
+	// non-nil error stops Run at once without acknowledging anything more
+	// (Run returns it wrapped), as a killed process would. Core NATS has no
+	// acknowledgement: there it only stops Run.
+	BeforeAck func(ctx context.Context, msgs []*consumer.Message, results []consumer.Result) error
 }
 
 // JetStreamSubscriber applies the messages of a JetStream pull consumer
@@ -120,27 +139,25 @@ type JetStreamConfig struct {
 //     redelivers it later (set consumer.Config.Redeliver so the consumer
 //     counts attempts by the delivery count instead of retrying in place);
 //   - a Conflict or DeadLettered outcome is copied to
-//     [JetStreamConfig.DeadLetterSubject] if set, then terminated;
+//     [JetStreamSubscriberConfig.DeadLetterSubject] if set, then terminated;
 //   - every fetched message not yet acknowledged is reported in progress
-//     at [JetStreamConfig.InProgressInterval], so AckWait never expires
-//     under a long handler or a long batch.
+//     at [JetStreamSubscriberConfig.InProgressInterval], so AckWait never
+//     expires under a long handler or a long batch.
 //
 // Messages are processed one fetched batch at a time, in stream order.
 // consumer.Message.Headers holds the first value of each header; all of
 // them, the subject and the metadata are on the jetstream.Msg in
-// Message.Source ([JetStreamMsg]). A JetStreamSubscriber runs once: call
-// Run.
+// Message.Source ([JetStreamSource]).
+//
+// A JetStreamSubscriber is an idemq.Service: one Run at a time, and Run
+// may be called again after it returned.
 type JetStreamSubscriber struct {
-	c         *consumer.Consumer
-	cons      jetstream.Consumer
-	cfg       JetStreamConfig
-	js        jetstream.JetStream // for dead letters
-	log       *slog.Logger
-	policy    retry.Policy
-	maxKeyLen int
-
-	crashMu sync.Mutex
-	crash   error
+	c     *consumer.Consumer
+	cons  jetstream.Consumer
+	cfg   JetStreamSubscriberConfig
+	js    jetstream.JetStream // for dead letters
+	log   *slog.Logger
+	state lifecycle.State
 }
 
 // NewJetStreamSubscriber returns a subscriber applying the messages of
@@ -149,63 +166,34 @@ type JetStreamSubscriber struct {
 // DeadLetterSubject.
 //
 // Leave the JetStream consumer's MaxDeliver unlimited (-1, the default):
-// the idemq consumer's MaxAttempts decides when a message becomes a dead
+// the idemq consumer's attempts decide when a message becomes a dead
 // letter, while a message exceeding MaxDeliver would be dropped by the
 // server without one.
-func NewJetStreamSubscriber(c *consumer.Consumer, cons jetstream.Consumer, js jetstream.JetStream, cfg JetStreamConfig) (*JetStreamSubscriber, error) {
-	if c == nil || cons == nil {
-		return nil, fmt.Errorf("%w: nil consumer", ErrConfig)
+func NewJetStreamSubscriber(c *consumer.Consumer, cons jetstream.Consumer, js jetstream.JetStream, cfg JetStreamSubscriberConfig) (*JetStreamSubscriber, error) {
+	const component = "nats.JetStreamSubscriber"
+	switch {
+	case c == nil:
+		return nil, idemq.NewConfigError(component, "consumer", "is nil")
+	case cons == nil:
+		return nil, idemq.NewConfigError(component, "cons", "is nil")
 	}
 	info := cons.CachedInfo()
-	if info == nil {
-		return nil, fmt.Errorf("%w: the JetStream consumer has no info", ErrConfig)
+	switch {
+	case info == nil:
+		return nil, idemq.NewConfigError(component, "cons", "the JetStream consumer has no info")
+	case info.Config.AckPolicy != jetstream.AckExplicitPolicy:
+		return nil, idemq.NewConfigError(component, "cons", "consumer %s has AckPolicy %v; idemq needs AckExplicitPolicy", info.Name, info.Config.AckPolicy)
+	case cfg.DeadLetterSubject != "" && js == nil:
+		return nil, idemq.NewConfigError(component, "DeadLetterSubject", "needs a JetStream to publish with (js is nil)")
 	}
-	if info.Config.AckPolicy != jetstream.AckExplicitPolicy {
-		return nil, fmt.Errorf("%w: consumer %s has AckPolicy %v; idemq needs AckExplicitPolicy", ErrConfig, info.Name, info.Config.AckPolicy)
-	}
-	if cfg.DeadLetterSubject != "" && js == nil {
-		return nil, fmt.Errorf("%w: DeadLetterSubject needs a JetStream to publish with", ErrConfig)
-	}
-	if cfg.MaxBatch < 0 || cfg.FetchWait < 0 || cfg.InProgressInterval < 0 || cfg.ShutdownTimeout < 0 ||
-		cfg.RetryBaseDelay < 0 || cfg.RetryMaxDelay < 0 {
-		return nil, fmt.Errorf("%w: durations and MaxBatch must not be negative", ErrConfig)
-	}
-	if cfg.IDHeader == "" {
-		cfg.IDHeader = jetstream.MsgIDHeader
-	}
-	if cfg.MaxBatch == 0 {
-		cfg.MaxBatch = 100
-	}
-	if cfg.FetchWait == 0 {
-		cfg.FetchWait = 500 * time.Millisecond
-	}
-	ackWait := info.Config.AckWait
-	if ackWait <= 0 {
-		ackWait = 30 * time.Second // the server's default
-	}
-	if cfg.InProgressInterval == 0 {
-		cfg.InProgressInterval = ackWait / 3
-	}
-	if cfg.InProgressInterval >= ackWait {
-		return nil, fmt.Errorf("%w: InProgressInterval %v must be below the consumer's AckWait %v", ErrConfig, cfg.InProgressInterval, ackWait)
-	}
-	if cfg.ShutdownTimeout == 0 {
-		cfg.ShutdownTimeout = 30 * time.Second
-	}
-	if cfg.RetryBaseDelay == 0 {
-		cfg.RetryBaseDelay = 100 * time.Millisecond
-	}
-	if cfg.RetryMaxDelay == 0 {
-		cfg.RetryMaxDelay = 5 * time.Second
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
+	ackWait := cmp.Or(info.Config.AckWait, 30*time.Second) // the server's default
+	cfg = cfg.withDefaults(ackWait)
+	if err := cfg.validate(component, ackWait); err != nil {
+		return nil, err
 	}
 	s := &JetStreamSubscriber{
 		c: c, cons: cons, cfg: cfg, js: js,
-		log:       cfg.Logger.With(slog.String("stream", info.Stream), slog.String("consumer", info.Name), slog.String("scope", c.Scope())),
-		policy:    retry.Policy{Base: cfg.RetryBaseDelay, Cap: cfg.RetryMaxDelay},
-		maxKeyLen: c.Store().Config().MaxKeyLen,
+		log: cfg.Logger.With(slog.String("stream", info.Stream), slog.String("consumer", info.Name), slog.String("scope", c.Scope())),
 	}
 	if md := info.Config.MaxDeliver; md > 0 {
 		s.log.Warn("idemq/nats: the JetStream consumer's MaxDeliver drops a message without a dead letter after that many deliveries; leave it unlimited (-1)", slog.Int("max_deliver", md))
@@ -213,54 +201,79 @@ func NewJetStreamSubscriber(c *consumer.Consumer, cons jetstream.Consumer, js je
 	return s, nil
 }
 
+func (c JetStreamSubscriberConfig) withDefaults(ackWait time.Duration) JetStreamSubscriberConfig {
+	c.IDHeader = cmp.Or(c.IDHeader, IDHeaderDefault)
+	c.MaxBatch = cmp.Or(c.MaxBatch, MaxBatchDefault)
+	c.FetchWait = cmp.Or(c.FetchWait, FetchWaitDefault)
+	c.InProgressInterval = cmp.Or(c.InProgressInterval, ackWait/3)
+	c.ShutdownGrace = cmp.Or(c.ShutdownGrace, ShutdownGraceDefault)
+	c.Retry = c.Retry.WithDefaults(RetryDefault)
+	c.Logger = cmp.Or(c.Logger, slog.Default())
+	return c
+}
+
+func (c JetStreamSubscriberConfig) validate(component string, ackWait time.Duration) error {
+	switch {
+	case c.MaxBatch < 0:
+		return idemq.NewConfigError(component, "MaxBatch", "%d is negative", c.MaxBatch)
+	case c.FetchWait < 0:
+		return idemq.NewConfigError(component, "FetchWait", "%v is negative", c.FetchWait)
+	case c.InProgressInterval <= 0 || c.InProgressInterval >= ackWait:
+		return idemq.NewConfigError(component, "InProgressInterval", "%v must be positive and below the consumer's AckWait %v", c.InProgressInterval, ackWait)
+	case c.ShutdownGrace < 0:
+		return idemq.NewConfigError(component, "ShutdownGrace", "%v is negative", c.ShutdownGrace)
+	}
+	return c.Retry.Validate(component)
+}
+
+// Ready is closed once Run has sent its first fetch request.
+func (s *JetStreamSubscriber) Ready() <-chan struct{} { return s.state.Ready() }
+
 // Run fetches and applies messages until ctx is cancelled, then finishes
-// and acknowledges what it already fetched (within ShutdownTimeout) and
+// and acknowledges what it already fetched (within ShutdownGrace) and
 // returns nil. Fetch failures (a server restarting, a lost connection) are
-// logged and retried with backoff; Run returns an error only when the
-// JetStream consumer was deleted, the connection was closed, or a
-// BeforeAck hook vetoed (an error wrapping [ErrCrash]).
+// logged and retried with backoff; Run returns an error when the
+// JetStream consumer was deleted, the connection was closed, a
+// Test.BeforeAck hook vetoed, or ([idemq.ErrRunning]) another Run is
+// active.
 func (s *JetStreamSubscriber) Run(ctx context.Context) error {
-	// Processing outlives ctx by at most ShutdownTimeout, so that what was
+	ready, end, err := s.state.Begin()
+	if err != nil {
+		return err
+	}
+	defer end()
+	// Processing outlives ctx by at most ShutdownGrace, so that what was
 	// fetched is finished and acknowledged rather than abandoned.
-	pctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	var wg sync.WaitGroup
-	defer wg.Wait()
+	pctx, cancel := lifecycle.Grace(ctx, s.cfg.ShutdownGrace)
 	defer cancel()
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		graceAfter(ctx, pctx, s.cfg.ShutdownTimeout, cancel)
-	}()
 
 	failures := 0
 	for ctx.Err() == nil {
 		batch, err := s.cons.Fetch(s.cfg.MaxBatch, jetstream.FetchMaxWait(s.cfg.FetchWait))
 		if err == nil {
+			ready()
 			err = s.handle(pctx, batch)
 		}
 		switch {
 		case err == nil:
 			failures = 0
 			continue
-		case errors.Is(err, ErrCrash):
+		case errors.Is(err, errCrash):
 			return err
 		case errors.Is(err, jetstream.ErrConsumerDeleted), errors.Is(err, jetstream.ErrConsumerNotFound),
 			errors.Is(err, nats.ErrConnectionClosed):
 			return fmt.Errorf("idemq/nats: fetch: %w", err)
 		}
 		failures++
-		delay := s.policy.Delay(failures)
+		delay := s.cfg.Retry.Delay(failures, 0)
 		s.log.Warn("idemq/nats: fetch failed; retrying", slog.Any("error", err), slog.Duration("delay", delay))
-		select {
-		case <-ctx.Done():
-		case <-time.After(delay):
-		}
+		_ = lifecycle.Sleep(ctx, delay)
 	}
 	return nil
 }
 
 // handle processes one fetched batch. It returns the batch's fetch error
-// (after processing what arrived) or an ErrCrash.
+// (after processing what arrived) or an errCrash.
 func (s *JetStreamSubscriber) handle(ctx context.Context, batch jetstream.MessageBatch) error {
 	live := newInProgress(s.cfg.InProgressInterval)
 	defer live.stop()
@@ -281,29 +294,28 @@ func (s *JetStreamSubscriber) handle(ctx context.Context, batch jetstream.Messag
 		}
 		return batch.Error()
 	}
+	var crash error
 	for raw := range batch.Messages() {
 		live.add(raw)
-		if s.crashed() {
+		if crash != nil {
 			continue // a killed process would not see the rest
 		}
 		msg := s.message(raw)
 		r := s.c.Process(ctx, msg)
-		if err := s.settle(ctx, []jetstream.Msg{raw}, []*consumer.Message{msg}, []consumer.Result{r}, live); err != nil {
-			s.setCrash(err)
-		}
+		crash = s.settle(ctx, []jetstream.Msg{raw}, []*consumer.Message{msg}, []consumer.Result{r}, live)
 	}
-	if err := s.getCrash(); err != nil {
-		return err
+	if crash != nil {
+		return crash
 	}
 	return batch.Error()
 }
 
 // settle acknowledges, naks or terminates processed messages.
 func (s *JetStreamSubscriber) settle(ctx context.Context, raws []jetstream.Msg, msgs []*consumer.Message, results []consumer.Result, live *inProgress) error {
-	if s.cfg.BeforeAck != nil {
-		if err := s.cfg.BeforeAck(ctx, msgs, results); err != nil {
+	if hook := s.cfg.Test.BeforeAck; hook != nil {
+		if err := hook(ctx, msgs, results); err != nil {
 			live.stop()
-			return fmt.Errorf("%w: %w", ErrCrash, err)
+			return fmt.Errorf("%w: %w", errCrash, err)
 		}
 	}
 	// Acks go out without waiting, except the batch's last one: JetStream
@@ -333,7 +345,7 @@ func (s *JetStreamSubscriber) settle(ctx context.Context, raws []jetstream.Msg, 
 		default: // Conflict, DeadLettered
 			if err = s.deadLetter(ctx, raw, msgs[i], r); err != nil {
 				s.log.Error("idemq/nats: publish dead letter; the message will be redelivered", slog.String("key", r.Key), slog.Any("error", err))
-				err = raw.NakWithDelay(s.policy.Delay(max(1, msgs[i].Delivery)))
+				err = raw.NakWithDelay(s.cfg.Retry.Delay(max(1, msgs[i].Delivery), 0))
 				break
 			}
 			// Term, not TermWithReason: servers before 2.10.4 ignore the
@@ -363,12 +375,17 @@ func (s *JetStreamSubscriber) deadLetter(ctx context.Context, raw jetstream.Msg,
 	if md, err := raw.Metadata(); err == nil {
 		source += " " + md.Stream + "/" + strconv.FormatUint(md.Sequence.Stream, 10)
 	}
-	out.Header.Set(HeaderDeadLetterReason, truncate(errString(r.Err), 1024))
-	out.Header.Set(HeaderDeadLetterOutcome, r.Outcome.String())
-	out.Header.Set(HeaderDeadLetterSource, source)
-	if id := truncate(msg.ID, s.maxKeyLen); id != "" {
-		out.Header.Set(jetstream.MsgIDHeader, id)
+	out.Header.Set(consumer.HeaderDeadLetterReason, errtext.Of(r.Err))
+	out.Header.Set(consumer.HeaderDeadLetterOutcome, r.Outcome.String())
+	out.Header.Set(consumer.HeaderDeadLetterSource, source)
+	if id := errtext.Truncate(msg.ID, errtext.MaxLen); id != "" {
+		out.Header.Set(HeaderDeadLetterID, id)
 	}
+	// The copy has its own id: with the original's, a stream capturing both
+	// subjects would drop the copy as a duplicate of the original. The
+	// original's stream position is unique per stored message and the same
+	// on every redelivery, so the copies a failed Term leads to are dropped.
+	out.Header.Set(jetstream.MsgIDHeader, "dead-letter/"+FallbackID(raw))
 	_, err := s.js.PublishMsg(ctx, out)
 	return err
 }
@@ -382,53 +399,19 @@ func (s *JetStreamSubscriber) message(raw jetstream.Msg) *consumer.Message {
 	if md, err := raw.Metadata(); err == nil {
 		msg.Delivery = int(md.NumDelivered)
 	}
+	var id string
 	vals, found := raw.Headers()[s.cfg.IDHeader]
 	if found && len(vals) > 0 {
-		msg.ID = vals[0]
+		id = vals[0]
 	}
-	if !found || (s.cfg.FallbackOnInvalidID && s.c.Store().Validate(msg.ID, nil) != nil) {
-		msg.ID = JetStreamFallbackID(raw)
-	}
+	msg.ID = inbound.ID(s.c, id, found, s.cfg.FallbackOnInvalidID, func() string { return FallbackID(raw) })
 	return msg
 }
 
-func (s *JetStreamSubscriber) setCrash(err error) {
-	s.crashMu.Lock()
-	defer s.crashMu.Unlock()
-	if s.crash == nil {
-		s.crash = err
-	}
-}
-
-func (s *JetStreamSubscriber) getCrash() error {
-	s.crashMu.Lock()
-	defer s.crashMu.Unlock()
-	return s.crash
-}
-
-func (s *JetStreamSubscriber) crashed() bool { return s.getCrash() != nil }
-
-// graceAfter calls cancel ShutdownTimeout after ctx ended, unless pctx
-// ends first.
-func graceAfter(ctx, pctx context.Context, timeout time.Duration, cancel context.CancelFunc) {
-	select {
-	case <-pctx.Done():
-		return
-	case <-ctx.Done():
-	}
-	t := time.NewTimer(timeout)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		cancel()
-	case <-pctx.Done():
-	}
-}
-
-// JetStreamFallbackID returns the id of a JetStream message without an id
-// header: "stream/sequence" (the stream sequence, unique and stable across
+// FallbackID returns the id of a JetStream message without an id header:
+// "stream/sequence" (the stream sequence, unique and stable across
 // redeliveries). It returns "" for a message without JetStream metadata.
-func JetStreamFallbackID(raw jetstream.Msg) string {
+func FallbackID(raw jetstream.Msg) string {
 	md, err := raw.Metadata()
 	if err != nil {
 		return ""
@@ -436,9 +419,9 @@ func JetStreamFallbackID(raw jetstream.Msg) string {
 	return md.Stream + "/" + strconv.FormatUint(md.Sequence.Stream, 10)
 }
 
-// JetStreamMsg returns the JetStream message msg was made from (its
+// JetStreamSource returns the JetStream message msg was made from (its
 // subject, metadata, reply), if it came from a [JetStreamSubscriber].
-func JetStreamMsg(msg *consumer.Message) (jetstream.Msg, bool) {
+func JetStreamSource(msg *consumer.Message) (jetstream.Msg, bool) {
 	raw, ok := msg.Source.(jetstream.Msg)
 	return raw, ok
 }
@@ -516,22 +499,4 @@ func flatten(h nats.Header) map[string]string {
 		}
 	}
 	return out
-}
-
-func errString(err error) string {
-	if err == nil {
-		return ""
-	}
-	return err.Error()
-}
-
-// truncate cuts s to at most n bytes without splitting a UTF-8 sequence.
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return s[:n]
 }

@@ -16,10 +16,12 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/relay"
 	"github.com/idemq/idemq/testenv"
 	idemqnats "github.com/idemq/idemq/transports/nats"
+	"github.com/idemq/idemq/transports/transporttest"
 )
 
 // world is one test's NATS stream, database and bookkeeping.
@@ -47,13 +49,13 @@ func newWorld(t *testing.T) *world {
 // consumer returns a migrated consumer whose handler records an effects
 // row after calling extra (if not nil).
 func (w *world) consumer(cfg consumer.Config, extra func(ctx context.Context, msg *consumer.Message) error) *consumer.Consumer {
-	cfg.Hooks.OnResult = func(_ string, r consumer.Result) {
+	cfg.Hooks.OnResult = func(r consumer.ResultEvent) {
 		w.mu.Lock()
 		w.outcomes[r.Outcome]++
 		w.mu.Unlock()
 	}
-	if cfg.BaseDelay == 0 {
-		cfg.BaseDelay, cfg.MaxDelay = 5*time.Millisecond, 50*time.Millisecond
+	if cfg.Retry.BaseDelay == 0 {
+		cfg.Retry.BaseDelay, cfg.Retry.MaxDelay = 5*time.Millisecond, 50*time.Millisecond
 	}
 	c, err := consumer.New(w.pool, "orders", func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
 		w.mu.Lock()
@@ -145,7 +147,7 @@ func (w *world) durable(name string, cfg jetstream.ConsumerConfig) jetstream.Con
 }
 
 // start runs a subscriber until the test ends (or Stop).
-func (w *world) start(c *consumer.Consumer, cons jetstream.Consumer, cfg idemqnats.JetStreamConfig) *subscription {
+func (w *world) start(c *consumer.Consumer, cons jetstream.Consumer, cfg idemqnats.JetStreamSubscriberConfig) *idemq.Running {
 	w.t.Helper()
 	if cfg.FetchWait == 0 {
 		cfg.FetchWait = 200 * time.Millisecond
@@ -154,9 +156,12 @@ func (w *world) start(c *consumer.Consumer, cons jetstream.Consumer, cfg idemqna
 	if err != nil {
 		w.t.Fatal(err)
 	}
-	sub := run(w.ctx, s.Run, func() {})
-	w.t.Cleanup(func() { _ = sub.Stop() })
-	return sub
+	running, err := idemq.Start(w.ctx, s)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	w.t.Cleanup(func() { _ = running.Stop() })
+	return running
 }
 
 func (w *world) consumerInfo(cons jetstream.Consumer) *jetstream.ConsumerInfo {
@@ -171,13 +176,13 @@ func (w *world) consumerInfo(cons jetstream.Consumer) *jetstream.ConsumerInfo {
 func TestJetStreamMessageReachesHandler(t *testing.T) {
 	w := newWorld(t)
 	w.publish("order-1", "")
-	w.start(w.consumer(consumer.Config{}, nil), w.durable("d", jetstream.ConsumerConfig{}), idemqnats.JetStreamConfig{})
+	w.start(w.consumer(consumer.Config{}, nil), w.durable("d", jetstream.ConsumerConfig{}), idemqnats.JetStreamSubscriberConfig{})
 	w.waitFor("both applied", func() bool { return w.count(consumer.Applied) == 2 })
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for i, want := range []string{"order-1", w.e.n.Name("ORDERS") + "/2"} {
 		m := w.seen[i]
-		raw, ok := idemqnats.JetStreamMsg(m)
+		raw, ok := idemqnats.JetStreamSource(m)
 		switch {
 		case m.ID != want:
 			t.Errorf("message %d: ID %q, want %q", i, m.ID, want)
@@ -200,20 +205,21 @@ func TestJetStreamCrashBetweenCommitAndAck(t *testing.T) {
 	cons := w.durable("d", jetstream.ConsumerConfig{AckWait: time.Second})
 	c := w.consumer(consumer.Config{}, nil)
 	var hookSeen []*consumer.Message
-	first := w.start(c, cons, idemqnats.JetStreamConfig{
-		BeforeAck: func(_ context.Context, msgs []*consumer.Message, rs []consumer.Result) error {
+	errKilled := errors.New("killed")
+	first := w.start(c, cons, idemqnats.JetStreamSubscriberConfig{
+		Test: idemqnats.TestConfig{BeforeAck: func(_ context.Context, msgs []*consumer.Message, rs []consumer.Result) error {
 			hookSeen = append(hookSeen, msgs...)
 			if msgs[0].ID == "b" {
-				return errors.New("killed")
+				return errKilled
 			}
 			return nil
-		},
+		}},
 	})
 	<-first.Done()
-	if err := first.Stop(); !errors.Is(err, idemqnats.ErrCrash) {
-		t.Fatalf("Run after the crash = %v, want ErrCrash", err)
+	if err := first.Stop(); !errors.Is(err, errKilled) {
+		t.Fatalf("Run after the crash = %v, want the hook's error", err)
 	}
-	w.start(c, cons, idemqnats.JetStreamConfig{})
+	w.start(c, cons, idemqnats.JetStreamSubscriberConfig{})
 	w.waitFor("all three settled after the restart", func() bool { return len(w.effects()) == 3 && w.count(consumer.Duplicate) == 1 })
 	for id, n := range w.effects() {
 		if n != 1 {
@@ -243,9 +249,9 @@ func TestJetStreamTwoConsumersRaceOnOneMessage(t *testing.T) {
 		return nil
 	})
 	w.publish("race-1")
-	w.start(c, w.durable("a", jetstream.ConsumerConfig{}), idemqnats.JetStreamConfig{})
+	w.start(c, w.durable("a", jetstream.ConsumerConfig{}), idemqnats.JetStreamSubscriberConfig{})
 	w.waitFor("the first handler running", func() bool { return entered.Load() == 1 })
-	w.start(c, w.durable("b", jetstream.ConsumerConfig{}), idemqnats.JetStreamConfig{})
+	w.start(c, w.durable("b", jetstream.ConsumerConfig{}), idemqnats.JetStreamSubscriberConfig{})
 	// The second claim waits on the first transaction's row lock.
 	w.waitFor("the second claim blocked on the first", func() bool {
 		var n int
@@ -279,7 +285,7 @@ func TestJetStreamServerRestartMidRun(t *testing.T) {
 		time.Sleep(time.Millisecond)
 		return nil
 	})
-	sub := w.start(c, w.durable("d", jetstream.ConsumerConfig{AckWait: 2 * time.Second}), idemqnats.JetStreamConfig{MaxBatch: 10})
+	sub := w.start(c, w.durable("d", jetstream.ConsumerConfig{AckWait: 2 * time.Second}), idemqnats.JetStreamSubscriberConfig{MaxBatch: 10})
 	w.waitFor("some applied", func() bool { return w.count(consumer.Applied) >= 20 })
 	if err := w.e.n.Restart(); err != nil {
 		t.Fatal(err)
@@ -337,7 +343,7 @@ func TestJetStreamMissingAndOversizedMsgID(t *testing.T) {
 			oversized := strings.Repeat("x", 2000)
 			w.publish("", oversized, "ok")
 			cons := w.durable("d", jetstream.ConsumerConfig{})
-			w.start(w.consumer(consumer.Config{}, nil), cons, idemqnats.JetStreamConfig{FallbackOnInvalidID: fallback, DeadLetterSubject: dlqSubj})
+			w.start(w.consumer(consumer.Config{}, nil), cons, idemqnats.JetStreamSubscriberConfig{FallbackOnInvalidID: fallback, DeadLetterSubject: dlqSubj})
 			w.waitFor("all three settled", func() bool { return w.consumerInfo(cons).AckFloor.Stream == 3 })
 			stream := w.e.n.Name("ORDERS")
 			want := map[string]int{stream + "/1": 1, "ok": 1}
@@ -379,7 +385,7 @@ func TestJetStreamLongHandlerIsNotRedeliveredInParallel(t *testing.T) {
 	cons := w.durable("d", jetstream.ConsumerConfig{AckWait: time.Second})
 	w.publish("slow")
 	for range 2 {
-		w.start(c, cons, idemqnats.JetStreamConfig{})
+		w.start(c, cons, idemqnats.JetStreamSubscriberConfig{})
 	}
 	w.waitFor("applied", func() bool { return w.count(consumer.Applied) == 1 })
 	w.waitFor("acked", func() bool { return w.consumerInfo(cons).AckFloor.Stream == 1 })
@@ -395,7 +401,7 @@ func TestJetStreamRetryIsRedelivered(t *testing.T) {
 		t.Run(fmt.Sprintf("Batch=%v", batch), func(t *testing.T) {
 			w := newWorld(t)
 			var deliveries []int
-			c := w.consumer(consumer.Config{Redeliver: true, MaxAttempts: 5}, func(_ context.Context, msg *consumer.Message) error {
+			c := w.consumer(consumer.Config{Redeliver: true, Retry: idemq.Retry{MaxAttempts: 5}}, func(_ context.Context, msg *consumer.Message) error {
 				deliveries = append(deliveries, msg.Delivery)
 				if msg.Delivery < 3 {
 					return errors.New("flaky")
@@ -403,7 +409,7 @@ func TestJetStreamRetryIsRedelivered(t *testing.T) {
 				return nil
 			})
 			w.publish("flaky")
-			w.start(c, w.durable("d", jetstream.ConsumerConfig{}), idemqnats.JetStreamConfig{Batch: batch})
+			w.start(c, w.durable("d", jetstream.ConsumerConfig{}), idemqnats.JetStreamSubscriberConfig{Batch: batch})
 			w.waitFor("applied", func() bool { return w.count(consumer.Applied) == 1 })
 			w.mu.Lock()
 			defer w.mu.Unlock()
@@ -431,7 +437,7 @@ func TestJetStreamGracefulShutdownAcksInFlight(t *testing.T) {
 				return nil
 			})
 			cons := w.durable("d", jetstream.ConsumerConfig{})
-			sub := w.start(c, cons, idemqnats.JetStreamConfig{Batch: batch, MaxBatch: 30})
+			sub := w.start(c, cons, idemqnats.JetStreamSubscriberConfig{Batch: batch, MaxBatch: 30})
 			<-started
 			if err := sub.Stop(); err != nil {
 				t.Fatalf("Stop: %v", err)
@@ -449,16 +455,18 @@ func TestNewJetStreamSubscriberValidates(t *testing.T) {
 	w := newWorld(t)
 	c := w.consumer(consumer.Config{}, nil)
 	none := w.durable("none", jetstream.ConsumerConfig{AckPolicy: jetstream.AckNonePolicy})
-	if _, err := idemqnats.NewJetStreamSubscriber(c, none, nil, idemqnats.JetStreamConfig{}); !errors.Is(err, idemqnats.ErrConfig) {
+	if _, err := idemqnats.NewJetStreamSubscriber(c, none, nil, idemqnats.JetStreamSubscriberConfig{}); !errors.Is(err, idemq.ErrConfig) {
 		t.Errorf("AckNone consumer: %v", err)
 	}
 	explicit := w.durable("explicit", jetstream.ConsumerConfig{AckWait: time.Second})
-	for _, cfg := range []idemqnats.JetStreamConfig{
+	for _, cfg := range []idemqnats.JetStreamSubscriberConfig{
 		{InProgressInterval: time.Second},
 		{DeadLetterSubject: "dlq"}, // no JetStream to publish with
 		{MaxBatch: -1},
+		{Retry: idemq.Retry{BaseDelay: time.Second, MaxDelay: time.Millisecond}},
+		{Retry: idemq.Retry{BaseDelay: time.Minute}}, // above the default MaxDelay
 	} {
-		if _, err := idemqnats.NewJetStreamSubscriber(c, explicit, nil, cfg); !errors.Is(err, idemqnats.ErrConfig) {
+		if _, err := idemqnats.NewJetStreamSubscriber(c, explicit, nil, cfg); !errors.Is(err, idemq.ErrConfig) {
 			t.Errorf("%+v: %v", cfg, err)
 		}
 	}
@@ -484,7 +492,7 @@ func TestJetStreamConflictIsDeadLetteredAndTerminated(t *testing.T) {
 		}
 	}
 	cons := w.durable("d", jetstream.ConsumerConfig{})
-	w.start(w.consumer(consumer.Config{}, nil), cons, idemqnats.JetStreamConfig{IDHeader: "Idempotency-Key", DeadLetterSubject: dlqSubj})
+	w.start(w.consumer(consumer.Config{}, nil), cons, idemqnats.JetStreamSubscriberConfig{IDHeader: "Idempotency-Key", DeadLetterSubject: dlqSubj})
 	w.waitFor("both settled", func() bool { return w.consumerInfo(cons).AckFloor.Stream == 2 })
 	if a, c, n := w.count(consumer.Applied), w.count(consumer.Conflict), w.effects()["order-7"]; a != 1 || c != 1 || n != 1 {
 		t.Fatalf("applied %d, conflicts %d, effects %d; want 1, 1, 1", a, c, n)
@@ -493,8 +501,92 @@ func TestJetStreamConflictIsDeadLetteredAndTerminated(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if string(got.Data) != "qty=2" || got.Header.Get(idemqnats.HeaderDeadLetterOutcome) != consumer.Conflict.String() ||
-		got.Header.Get(idemqnats.HeaderDeadLetterReason) == "" || got.Header.Get(jetstream.MsgIDHeader) != "order-7" {
+	if string(got.Data) != "qty=2" || got.Header.Get(consumer.HeaderDeadLetterOutcome) != consumer.Conflict.String() ||
+		got.Header.Get(consumer.HeaderDeadLetterReason) == "" || got.Header.Get(idemqnats.HeaderDeadLetterID) != "order-7" {
 		t.Fatalf("dead letter %q with headers %v", got.Data, got.Header)
+	}
+}
+
+// A dead-letter subject that the input's own stream captures gets its
+// copy: with the original's Nats-Msg-Id the stream would drop it as a
+// duplicate of the original.
+func TestJetStreamDeadLetterIntoTheInputStream(t *testing.T) {
+	w := newWorld(t)
+	dlqSubj := w.e.subject + "-dlq"
+	info, err := w.e.stream.Info(w.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := info.Config
+	cfg.Subjects = append(cfg.Subjects, dlqSubj)
+	if _, err := w.e.js.UpdateStream(w.ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	w.publish("poison-1")
+	cons := w.durable("d", jetstream.ConsumerConfig{FilterSubject: w.e.subject})
+	c := w.consumer(consumer.Config{}, func(context.Context, *consumer.Message) error {
+		return idemq.Permanent(errors.New("poison"))
+	})
+	w.start(c, cons, idemqnats.JetStreamSubscriberConfig{DeadLetterSubject: dlqSubj})
+	w.waitFor("the poison message terminated", func() bool { return w.consumerInfo(cons).AckFloor.Stream == 1 })
+	got, err := w.e.stream.GetLastMsgForSubject(w.ctx, dlqSubj)
+	if err != nil {
+		t.Fatalf("the dead-letter copy is not in the stream: %v", err)
+	}
+	if got.Header.Get(idemqnats.HeaderDeadLetterID) != "poison-1" || got.Header.Get(jetstream.MsgIDHeader) == "poison-1" {
+		t.Errorf("dead letter headers %v", got.Header)
+	}
+	if n := len(w.effects()); n != 0 || w.count(consumer.DeadLettered) != 1 {
+		t.Errorf("%d effects, %d dead letters; want 0 and 1", n, w.count(consumer.DeadLettered))
+	}
+}
+
+// Run after Run, and a second concurrent Run refused; Ready once the first
+// fetch is out.
+func TestJetStreamSubscriberRunsAgainAfterRun(t *testing.T) {
+	w := newWorld(t)
+	cons := w.durable("d", jetstream.ConsumerConfig{})
+	s, err := idemqnats.NewJetStreamSubscriber(w.consumer(consumer.Config{}, nil), cons, w.e.js,
+		idemqnats.JetStreamSubscriberConfig{FetchWait: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	transporttest.RunTwice(t, s, func(round int) {
+		w.publish(fmt.Sprint("m-", round))
+		w.waitFor("the message applied", func() bool { return len(w.effects()) == round+1 })
+	})
+}
+
+// A Run after a crashed Run starts clean: the crash of the first (a
+// Test.BeforeAck veto) does not keep the second from applying.
+func TestJetStreamSubscriberRunsAgainAfterACrash(t *testing.T) {
+	w := newWorld(t)
+	errKilled := errors.New("killed")
+	var crashed atomic.Bool
+	s, err := idemqnats.NewJetStreamSubscriber(w.consumer(consumer.Config{}, nil), w.durable("d", jetstream.ConsumerConfig{AckWait: time.Second}), w.e.js,
+		idemqnats.JetStreamSubscriberConfig{FetchWait: 100 * time.Millisecond, Test: idemqnats.TestConfig{
+			BeforeAck: func(context.Context, []*consumer.Message, []consumer.Result) error {
+				if crashed.CompareAndSwap(false, true) {
+					return errKilled
+				}
+				return nil
+			}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.publish("a")
+	if err := s.Run(w.ctx); !errors.Is(err, errKilled) {
+		t.Fatalf("first Run: %v, want the crash", err)
+	}
+	running, err := idemq.Start(w.ctx, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.publish("b")
+	w.waitFor("the redelivery and the new message settled", func() bool {
+		return w.count(consumer.Duplicate) == 1 && len(w.effects()) == 2
+	})
+	if err := running.Stop(); err != nil {
+		t.Fatalf("second Run: %v, want nil", err)
 	}
 }

@@ -1,6 +1,7 @@
 package nats
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -28,33 +29,48 @@ type SinkConfig struct {
 	// ([ErrNoSubject]).
 	Subject func(destination string) string
 	// MaxInFlight bounds the messages published and not yet acknowledged
-	// by JetStream within one Publish call. Defaults to 256. Keep it below
-	// the JetStream context's async publish limit
-	// (jetstream.WithPublishAsyncMaxPending, default 4000). Ignored by
-	// [CoreSink].
+	// by JetStream within one Publish call. Keep it below the JetStream
+	// context's async publish limit (jetstream.WithPublishAsyncMaxPending,
+	// default 4000). Ignored by [CoreSink]. Defaults to
+	// [MaxInFlightDefault].
 	MaxInFlight int
 	// AckTimeout bounds the wait for one acknowledgement (or, for
 	// [CoreSink], for the flush of a batch) when ctx has no earlier
 	// deadline; a message not acknowledged in time is reported as a
 	// retryable timeout (a duplicate it causes is dropped by the stream's
-	// duplicate window). Defaults to 10 seconds.
+	// duplicate window). Defaults to [AckTimeoutDefault].
 	AckTimeout time.Duration
 }
 
-func (c SinkConfig) withDefaults() (SinkConfig, error) {
-	if c.MaxInFlight < 0 || c.AckTimeout < 0 {
-		return c, fmt.Errorf("%w: MaxInFlight and AckTimeout must not be negative", ErrConfig)
-	}
+// The defaults of [SinkConfig].
+const (
+	MaxInFlightDefault = 256
+	AckTimeoutDefault  = 10 * time.Second
+)
+
+func (c SinkConfig) withDefaults() SinkConfig {
 	if c.Subject == nil {
 		c.Subject = func(d string) string { return d }
 	}
-	if c.MaxInFlight == 0 {
-		c.MaxInFlight = 256
+	c.MaxInFlight = cmp.Or(c.MaxInFlight, MaxInFlightDefault)
+	c.AckTimeout = cmp.Or(c.AckTimeout, AckTimeoutDefault)
+	return c
+}
+
+func (c SinkConfig) validate(component string) error {
+	switch {
+	case c.MaxInFlight < 0:
+		return idemq.NewConfigError(component, "MaxInFlight", "%d is negative", c.MaxInFlight)
+	case c.AckTimeout < 0:
+		return idemq.NewConfigError(component, "AckTimeout", "%v is negative", c.AckTimeout)
 	}
-	if c.AckTimeout == 0 {
-		c.AckTimeout = 10 * time.Second
-	}
-	return c, nil
+	return nil
+}
+
+// newSinkConfig fills cfg's defaults and validates it.
+func newSinkConfig(component string, cfg SinkConfig) (SinkConfig, error) {
+	cfg = cfg.withDefaults()
+	return cfg, cfg.validate(component)
 }
 
 // JetStreamSink is a [relay.Sink] publishing outbox messages to JetStream:
@@ -68,8 +84,7 @@ func (c SinkConfig) withDefaults() (SinkConfig, error) {
 //     outbox key goes into [HeaderKey];
 //   - the batch is published asynchronously, at most
 //     [SinkConfig.MaxInFlight] messages awaiting their acknowledgement at
-//     once, in batch order on one connection, so the stream stores the
-//     messages of a key in relay order.
+//     once, and at most one per key.
 //
 // Per-message failures come back as a *[relay.PublishError]. Errors that a
 // retry cannot fix are marked with [idemq.Permanent] so the relay
@@ -80,14 +95,12 @@ func (c SinkConfig) withDefaults() (SinkConfig, error) {
 // subject. Timeouts, a lost connection, a stream at its limits with
 // DiscardNew and a cancelled context are retryable.
 //
-// Order: once a message of a key failed, the later messages of that key
-// in the batch not yet sent are not sent but reported as relay.ErrSkipped.
-// A message whose acknowledgement fails after it was sent (a timeout, a
-// connection lost with acks in flight) cannot hold back the later messages
-// of its key already in flight; if the stream stored it after all, its
-// retry is dropped as a duplicate and order holds, but if it was lost, its
-// retry lands after them. Set MaxInFlight to 1 where that must never
-// happen (at the cost of one round trip per message).
+// Order: a message is published only once the previous message of its
+// key in the batch was acknowledged, so the stream stores a key's messages
+// in relay order even when an acknowledgement fails; once a message of a
+// key failed, the later messages of that key are not sent but reported as
+// relay.ErrSkipped. Messages of different keys are pipelined, up to
+// MaxInFlight at once.
 //
 // A JetStreamSink is safe for concurrent use; it does not close the
 // connection.
@@ -101,9 +114,9 @@ type JetStreamSink struct {
 // async publish can wait for its acknowledgement forever.
 func NewJetStreamSink(js jetstream.JetStream, cfg SinkConfig) (*JetStreamSink, error) {
 	if js == nil {
-		return nil, fmt.Errorf("%w: nil JetStream", ErrConfig)
+		return nil, idemq.NewConfigError("nats.JetStreamSink", "js", "is nil")
 	}
-	cfg, err := cfg.withDefaults()
+	cfg, err := newSinkConfig("nats.JetStreamSink", cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -124,38 +137,42 @@ func (s *JetStreamSink) Publish(ctx context.Context, batch []relay.Message) erro
 	if len(batch) == 0 {
 		return nil
 	}
-	failed := make(map[int]error)
-	blocked := make(map[string]bool) // keys with a message that failed before sending
+	f := relay.NewFailures(batch)
 	type pending struct {
-		i   int
-		fut jetstream.PubAckFuture
+		i    int
+		fut  jetstream.PubAckFuture
+		done bool
 	}
-	window := make([]pending, 0, min(len(batch), s.cfg.MaxInFlight))
+	var window []*pending             // in flight, in publish order
+	last := make(map[string]*pending) // key -> its latest message in flight
 	noStream := make(map[string]bool) // subject -> no stream captures it (looked up once)
-
-	wait := func(p pending) {
+	settle := func(p *pending) {
+		if p.done {
+			return
+		}
+		p.done = true
 		if err := s.await(ctx, p.fut); err != nil {
-			failed[p.i] = s.classify(ctx, p.fut.Msg().Subject, err, noStream)
-			if k := batch[p.i].Key; k != "" {
-				blocked[k] = true // hold back what of its key is not sent yet
-			}
+			f.Fail(p.i, s.classify(ctx, p.fut.Msg().Subject, err, noStream))
 		}
 	}
 	for i := range batch {
-		m := &batch[i]
-		if m.Key != "" && blocked[m.Key] {
-			failed[i] = relay.ErrSkipped
+		if p := last[batch[i].Key]; p != nil {
+			// The key's previous message must be stored (or failed, so
+			// that this one is skipped) before this one is sent.
+			settle(p)
+		}
+		if f.Skip(i) {
 			continue
 		}
 		if ctx.Err() != nil {
-			failed[i] = ctx.Err()
+			f.Fail(i, ctx.Err())
 			continue
 		}
-		msg, err := natsMsg(m, s.cfg.Subject)
+		msg, err := natsMsg(&batch[i], s.cfg.Subject)
 		var fut jetstream.PubAckFuture
 		if err == nil {
-			if len(window) == cap(window) {
-				wait(window[0])
+			for len(window) > 0 && (window[0].done || len(window) >= s.cfg.MaxInFlight) {
+				settle(window[0])
 				window = window[1:]
 			}
 			fut, err = s.js.PublishMsgAsync(msg)
@@ -164,18 +181,19 @@ func (s *JetStreamSink) Publish(ctx context.Context, batch []relay.Message) erro
 			}
 		}
 		if err != nil {
-			failed[i] = err
-			if m.Key != "" {
-				blocked[m.Key] = true
-			}
+			f.Fail(i, err)
 			continue
 		}
-		window = append(window, pending{i, fut})
+		p := &pending{i: i, fut: fut}
+		window = append(window, p)
+		if k := batch[i].Key; k != "" {
+			last[k] = p
+		}
 	}
 	for _, p := range window {
-		wait(p)
+		settle(p)
 	}
-	return result(ctx, batch, failed)
+	return f.Err(ctx)
 }
 
 // await waits for fut's acknowledgement, for ctx, or for AckTimeout.
@@ -236,8 +254,8 @@ func (s *JetStreamSink) classify(ctx context.Context, subject string, err error,
 // returns once the server has received every message (a flush), which
 // says nothing about subscribers; a subscriber that is not connected at
 // that moment never gets the message. The outbox id still travels in the
-// Nats-Msg-Id header, so a subscriber wrapped with [NewSubscription]
-// drops the copies a relay re-publish creates.
+// Nats-Msg-Id header, so a [CoreSubscriber] drops the copies a relay
+// re-publish creates.
 //
 // Errors that a retry cannot fix are permanent: a message over the
 // server's payload limit, an invalid subject, a destination mapping to no
@@ -254,9 +272,9 @@ type CoreSink struct {
 // NewCoreSink returns a Sink publishing on nc.
 func NewCoreSink(nc *nats.Conn, cfg SinkConfig) (*CoreSink, error) {
 	if nc == nil {
-		return nil, fmt.Errorf("%w: nil connection", ErrConfig)
+		return nil, idemq.NewConfigError("nats.CoreSink", "nc", "is nil")
 	}
-	cfg, err := cfg.withDefaults()
+	cfg, err := newSinkConfig("nats.CoreSink", cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -269,16 +287,17 @@ func (s *CoreSink) Publish(ctx context.Context, batch []relay.Message) error {
 	if len(batch) == 0 {
 		return nil
 	}
-	failed := make(map[int]error)
-	blocked := make(map[string]bool)
+	f := relay.NewFailures(batch)
 	var sent []int
 	for i := range batch {
-		m := &batch[i]
-		if m.Key != "" && blocked[m.Key] {
-			failed[i] = relay.ErrSkipped
+		if f.Skip(i) {
 			continue
 		}
-		msg, err := natsMsg(m, s.cfg.Subject)
+		if ctx.Err() != nil {
+			f.Fail(i, ctx.Err())
+			continue
+		}
+		msg, err := natsMsg(&batch[i], s.cfg.Subject)
 		if err == nil {
 			err = s.nc.PublishMsg(msg)
 		}
@@ -286,28 +305,30 @@ func (s *CoreSink) Publish(ctx context.Context, batch []relay.Message) error {
 			if errors.Is(err, nats.ErrMaxPayload) || errors.Is(err, nats.ErrBadSubject) || errors.Is(err, nats.ErrHeadersNotSupported) {
 				err = idemq.Permanent(fmt.Errorf("idemq/nats: publish to %s: %w", msg.Subject, err))
 			}
-			failed[i] = err
-			if m.Key != "" {
-				blocked[m.Key] = true
-			}
+			f.Fail(i, err)
 			continue
 		}
 		sent = append(sent, i)
 	}
 	if len(sent) > 0 {
-		fctx, cancel := ctx, context.CancelFunc(func() {})
-		if _, ok := ctx.Deadline(); !ok {
-			fctx, cancel = context.WithTimeout(ctx, s.cfg.AckTimeout)
-		}
-		err := s.nc.FlushWithContext(fctx)
-		cancel()
-		if err != nil {
+		if err := flush(ctx, s.nc, s.cfg.AckTimeout); err != nil {
 			for _, i := range sent {
-				failed[i] = fmt.Errorf("idemq/nats: flush: %w", err)
+				f.Fail(i, fmt.Errorf("idemq/nats: flush: %w", err))
 			}
 		}
 	}
-	return result(ctx, batch, failed)
+	return f.Err(ctx)
+}
+
+// flush waits for the server to have received everything published on nc,
+// for ctx or, when ctx has no deadline, for timeout.
+func flush(ctx context.Context, nc *nats.Conn, timeout time.Duration) error {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
+	return nc.FlushWithContext(ctx)
 }
 
 // natsMsg builds the NATS message for an outbox message.
@@ -326,14 +347,4 @@ func natsMsg(m *relay.Message, subject func(string) string) (*nats.Msg, error) {
 	}
 	msg.Header.Set(jetstream.MsgIDHeader, m.ID.String())
 	return msg, nil
-}
-
-func result(ctx context.Context, batch []relay.Message, failed map[int]error) error {
-	if len(failed) == 0 {
-		return nil
-	}
-	if ctx.Err() != nil && len(failed) == len(batch) {
-		return ctx.Err()
-	}
-	return &relay.PublishError{Failed: failed}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
 	"github.com/idemq/idemq/testenv"
 	idemqnats "github.com/idemq/idemq/transports/nats"
@@ -58,8 +59,8 @@ func (e *env) msgs(t *testing.T) uint64 {
 func relayBatch(dest string, n int, keys int) []relay.Message {
 	batch := make([]relay.Message, n)
 	for i := range batch {
-		batch[i] = relay.Message{ID: uuid.Must(uuid.NewV7()), Destination: dest, Key: fmt.Sprintf("k%d", i%keys),
-			Payload: fmt.Appendf(nil, "m%d", i), Headers: map[string]string{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}}
+		batch[i] = relay.Message{Message: outbox.Message{ID: uuid.Must(uuid.NewV7()), Destination: dest, Key: fmt.Sprintf("k%d", i%keys),
+			Payload: fmt.Appendf(nil, "m%d", i), Headers: map[string]string{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}}}
 	}
 	return batch
 }
@@ -138,13 +139,13 @@ func TestJetStreamSinkClassifiesFailures(t *testing.T) {
 	}
 	id := func() uuid.UUID { return uuid.Must(uuid.NewV7()) }
 	batch := []relay.Message{
-		{ID: id(), Destination: e.subject, Key: "a", Payload: []byte("ok-1")},
-		{ID: id(), Destination: e.n.Name("unrouted"), Payload: []byte("no stream")},
-		{ID: id(), Destination: e.subject, Key: "b", Payload: make([]byte, 4096)},      // over the stream's MaxMsgSize
-		{ID: id(), Destination: e.subject, Key: "c", Payload: make([]byte, 2<<20)},     // over the server's max payload
-		{ID: id(), Destination: e.subject, Key: "c", Payload: []byte("after too big")}, // must not overtake
-		{ID: id(), Destination: "nowhere", Payload: []byte("x")},
-		{ID: id(), Destination: e.subject, Key: "a", Payload: []byte("ok-2")},
+		{Message: outbox.Message{ID: id(), Destination: e.subject, Key: "a", Payload: []byte("ok-1")}},
+		{Message: outbox.Message{ID: id(), Destination: e.n.Name("unrouted"), Payload: []byte("no stream")}},
+		{Message: outbox.Message{ID: id(), Destination: e.subject, Key: "b", Payload: make([]byte, 4096)}},      // over the stream's MaxMsgSize
+		{Message: outbox.Message{ID: id(), Destination: e.subject, Key: "c", Payload: make([]byte, 2<<20)}},     // over the server's max payload
+		{Message: outbox.Message{ID: id(), Destination: e.subject, Key: "c", Payload: []byte("after too big")}}, // must not overtake
+		{Message: outbox.Message{ID: id(), Destination: "nowhere", Payload: []byte("x")}},
+		{Message: outbox.Message{ID: id(), Destination: e.subject, Key: "a", Payload: []byte("ok-2")}},
 	}
 	err = sink.Publish(context.Background(), batch)
 	var perr *relay.PublishError
@@ -204,7 +205,7 @@ func TestCoreSinkPublishes(t *testing.T) {
 		t.Fatal(err)
 	}
 	batch := relayBatch(subject, 5, 2)
-	big := relay.Message{ID: uuid.Must(uuid.NewV7()), Destination: subject, Payload: make([]byte, 2<<20)}
+	big := relay.Message{Message: outbox.Message{ID: uuid.Must(uuid.NewV7()), Destination: subject, Payload: make([]byte, 2<<20)}}
 	err = sink.Publish(context.Background(), append(batch, big))
 	var perr *relay.PublishError
 	if !errors.As(err, &perr) || len(perr.Failed) != 1 || !idemq.IsPermanent(perr.Failed[5]) {
@@ -222,15 +223,15 @@ func TestCoreSinkPublishes(t *testing.T) {
 }
 
 func TestNewSinkRejectsBadConfig(t *testing.T) {
-	if _, err := idemqnats.NewJetStreamSink(nil, idemqnats.SinkConfig{}); !errors.Is(err, idemqnats.ErrConfig) {
+	if _, err := idemqnats.NewJetStreamSink(nil, idemqnats.SinkConfig{}); !errors.Is(err, idemq.ErrConfig) {
 		t.Errorf("nil JetStream: %v", err)
 	}
-	if _, err := idemqnats.NewCoreSink(nil, idemqnats.SinkConfig{}); !errors.Is(err, idemqnats.ErrConfig) {
+	if _, err := idemqnats.NewCoreSink(nil, idemqnats.SinkConfig{}); !errors.Is(err, idemq.ErrConfig) {
 		t.Errorf("nil conn: %v", err)
 	}
 	n := testenv.NATS(t)
 	nc := n.ConnectTB(t)
-	if _, err := idemqnats.NewCoreSink(nc, idemqnats.SinkConfig{MaxInFlight: -1}); !errors.Is(err, idemqnats.ErrConfig) || !strings.Contains(err.Error(), "negative") {
+	if _, err := idemqnats.NewCoreSink(nc, idemqnats.SinkConfig{MaxInFlight: -1}); !errors.Is(err, idemq.ErrConfig) || !strings.Contains(err.Error(), "negative") {
 		t.Errorf("negative MaxInFlight: %v", err)
 	}
 }

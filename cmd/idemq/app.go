@@ -1,0 +1,77 @@
+package main
+
+import (
+	"context"
+	"io"
+
+	"github.com/urfave/cli/v3"
+
+	"github.com/idemq/idemq/transports/http/webhook"
+)
+
+// Names of the global flags, read by the commands.
+const (
+	flagDatabaseURL    = "database-url"
+	flagConnectTimeout = "connect-timeout"
+	flagSchema         = "schema"
+	flagOutboxTable    = "outbox-table"
+	flagInboxTable     = "inbox-table"
+	flagJSON           = "json"
+)
+
+// newApp returns the command tree. Flags are read from the command line,
+// then from the environment variables named in their help, then take their
+// defaults.
+func newApp(stdout, stderr io.Writer) *cli.Command {
+	app := &cli.Command{
+		Name:  "idemq",
+		Usage: "migrate, relay and inspect idemq's Postgres tables",
+		Description: "The database comes from --database-url, IDEMQ_DATABASE_URL or DATABASE_URL,\n" +
+			"else from the libpq variables PGHOST, PGPORT, PGDATABASE, PGUSER, PGPASSWORD, PGSSLMODE.\n\n" +
+			exitCodesHelp,
+		Writer:    stdout,
+		ErrWriter: stderr,
+		// main prints the error and picks the exit code.
+		ExitErrHandler: func(context.Context, *cli.Command, error) {},
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: flagDatabaseURL, Usage: "Postgres connection string (empty: the libpq PG* variables)",
+				Sources: cli.EnvVars("IDEMQ_DATABASE_URL", "DATABASE_URL")},
+			&cli.DurationFlag{Name: flagConnectTimeout, Value: defaultConnectTimeout, Usage: "how long to try reaching the database",
+				Sources: cli.EnvVars("IDEMQ_CONNECT_TIMEOUT")},
+			&cli.StringFlag{Name: flagSchema, Value: "public", Usage: "schema of the idemq tables",
+				Sources: cli.EnvVars("IDEMQ_SCHEMA")},
+			&cli.StringFlag{Name: flagOutboxTable, Value: "idemq_outbox", Usage: "outbox table (dead letters in <table>_dead)",
+				Sources: cli.EnvVars("IDEMQ_OUTBOX_TABLE")},
+			&cli.StringFlag{Name: flagInboxTable, Value: "idemq_inbox", Usage: "inbox table",
+				Sources: cli.EnvVars("IDEMQ_INBOX_TABLE")},
+			&cli.StringFlag{Name: flagWebhookTable, Value: webhook.TableDefault, Usage: "webhook endpoint table (keys in <table>_keys)",
+				Sources: cli.EnvVars("IDEMQ_WEBHOOK_TABLE")},
+			&cli.BoolFlag{Name: flagJSON, Usage: "print JSON instead of tables", Sources: cli.EnvVars("IDEMQ_JSON")},
+		},
+		Commands: []*cli.Command{migrateCommand(), relayCommand(), dlqCommand(), gcCommand(), statsCommand(), webhookCommand()},
+		Action:   groupAction,
+	}
+	markUsageErrors(app)
+	return app
+}
+
+// groupAction runs a command that only groups subcommands: its help, or a
+// usage error for an unknown subcommand.
+func groupAction(ctx context.Context, cmd *cli.Command) error {
+	if cmd.Args().Present() {
+		return usageError("unknown command %q; see %s --help", cmd.Args().First(), cmd.FullName())
+	}
+	return cli.ShowSubcommandHelp(cmd)
+}
+
+// markUsageErrors makes every flag-parsing error of cmd and its subcommands
+// exit with exitUsage.
+func markUsageErrors(cmd *cli.Command) {
+	cmd.OnUsageError = func(_ context.Context, _ *cli.Command, err error, _ bool) error {
+		return usageError("%w", err)
+	}
+	cmd.CommandNotFound = nil
+	for _, sub := range cmd.Commands {
+		markUsageErrors(sub)
+	}
+}

@@ -1,0 +1,143 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/urfave/cli/v3"
+
+	"github.com/idemq/idemq/inbox"
+)
+
+// inboxDead is an inbox dead letter or, with --conflicts, a conflict, as
+// the dlq commands print it.
+type inboxDead struct {
+	Scope     string    `json:"scope"`
+	Key       string    `json:"key"`
+	Failures  int       `json:"failures,omitempty"`
+	Seen      int       `json:"seen,omitempty"` // conflicts: deliveries of the conflicting message
+	LastError string    `json:"last_error,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+	FailedAt  time.Time `json:"failed_at"` // conflicts: last seen
+}
+
+// openInbox connects and returns the inbox and the filter the flags select;
+// done closes the pool.
+func openInbox(ctx context.Context, cmd *cli.Command) (*inbox.Store, inbox.DeadFilter, func(), error) {
+	for _, f := range []string{"destination", "destination-prefix", "id"} {
+		if cmd.IsSet(f) {
+			return nil, inbox.DeadFilter{}, nil, usageError("--%s selects outbox dead letters: drop --inbox", f)
+		}
+	}
+	f := inbox.DeadFilter{Scope: cmd.String("scope"), Key: cmd.String("key"), Limit: cmd.Int("limit")}
+	if f.Limit < 0 {
+		return nil, f, nil, usageError("--limit must not be negative")
+	}
+	if d := cmd.Duration("older-than"); d > 0 {
+		f.FailedBefore = time.Now().Add(-d)
+	}
+	if d := cmd.Duration("newer-than"); d > 0 {
+		f.FailedAfter = time.Now().Add(-d)
+	}
+	pool, err := connect(ctx, cmd)
+	if err != nil {
+		return nil, f, nil, err
+	}
+	_, ib, err := stores(cmd, pool)
+	if err != nil {
+		pool.Close()
+		return nil, f, nil, err
+	}
+	return ib, f, pool.Close, nil
+}
+
+// inboxDeadLetters lists what the flags select: dead letters, or conflicts.
+func inboxDeadLetters(ctx context.Context, cmd *cli.Command, ib *inbox.Store, f inbox.DeadFilter) ([]inboxDead, error) {
+	out := []inboxDead{}
+	if cmd.Bool("conflicts") {
+		cs, err := ib.Conflicts(ctx, f)
+		for _, c := range cs {
+			out = append(out, inboxDead{Scope: c.Scope, Key: c.Key, Seen: c.Seen, CreatedAt: c.CreatedAt, FailedAt: c.UpdatedAt,
+				LastError: fmt.Sprintf("conflict: fingerprint %x differs from the applied message's", c.Fingerprint)})
+		}
+		return out, err
+	}
+	recs, err := ib.DeadLetters(ctx, f)
+	for _, r := range recs {
+		out = append(out, inboxDead{Scope: r.Scope, Key: r.Key, Failures: r.Failures, LastError: r.LastError, CreatedAt: r.CreatedAt, FailedAt: r.UpdatedAt})
+	}
+	return out, err
+}
+
+func inboxDeadList(ctx context.Context, cmd *cli.Command) error {
+	ib, f, done, err := openInbox(ctx, cmd)
+	if err != nil {
+		return err
+	}
+	defer done()
+	dead, err := inboxDeadLetters(ctx, cmd, ib, f)
+	if err != nil {
+		return err
+	}
+	return output(cmd, dead, func(t *table) {
+		t.header("SCOPE", "KEY", "FAILURES", "FAILED", "ERROR")
+		for _, d := range dead {
+			t.row(d.Scope, d.Key, fmt.Sprint(d.Failures), age(d.FailedAt)+" ago", clip(d.LastError, 80))
+		}
+		t.note("%d %s", len(dead), map[bool]string{false: "dead letters", true: "conflicts"}[cmd.Bool("conflicts")])
+	})
+}
+
+func inboxDeadShow(ctx context.Context, cmd *cli.Command) error {
+	if cmd.Args().Len() != 2 {
+		return usageError("dlq show --inbox: want SCOPE KEY")
+	}
+	scope, key := cmd.Args().Get(0), cmd.Args().Get(1)
+	ib, _, done, err := openInbox(ctx, cmd)
+	if err != nil {
+		return err
+	}
+	defer done()
+	dead, err := inboxDeadLetters(ctx, cmd, ib, inbox.DeadFilter{Scope: scope, Key: key})
+	if errors.Is(err, inbox.ErrInvalidKey) {
+		return usageError("%w", err)
+	}
+	if err != nil {
+		return err
+	}
+	if len(dead) == 0 {
+		return withCode(exitNotFound, "no inbox dead letter or conflict for scope %q key %q", scope, key)
+	}
+	d := dead[0]
+	return output(cmd, d, func(t *table) {
+		t.row("scope", d.Scope)
+		t.row("key", d.Key)
+		t.row("failures", fmt.Sprint(d.Failures))
+		t.row("created", timestamp(d.CreatedAt))
+		t.row("failed", timestamp(d.FailedAt))
+		t.row("error", d.LastError)
+	})
+}
+
+// inboxDeadMove releases (purge false) or purges the selected dead letters
+// or conflicts. A released message is applied at its next delivery, its
+// retries starting afresh; a purged one is forgotten.
+func inboxDeadMove(ctx context.Context, cmd *cli.Command, purge bool) (int64, error) {
+	ib, f, done, err := openInbox(ctx, cmd)
+	if err != nil {
+		return 0, err
+	}
+	defer done()
+	switch conflicts := cmd.Bool("conflicts"); {
+	case purge && conflicts:
+		return ib.PurgeConflicts(ctx, f)
+	case purge:
+		return ib.Purge(ctx, f)
+	case conflicts:
+		return ib.ReleaseConflicts(ctx, f)
+	default:
+		return ib.Release(ctx, f)
+	}
+}

@@ -1,0 +1,254 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/urfave/cli/v3"
+
+	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/relay"
+)
+
+func relayCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "relay",
+		Usage: "run the outbox relay: publish outbox messages to Kafka, NATS and webhook endpoints",
+		Description: "Routes map destinations to sinks: --route 'orders.*=kafka' --route 'shipping.*=jetstream:SHIPPING.in'.\n" +
+			"SIGTERM or Ctrl-C stops claiming; batches in flight get --shutdown-grace to finish, the rest is released, not lost.\n" +
+			"--http-addr serves /metrics (Prometheus), /healthz (the relay loop is running) and /readyz\n" +
+			"(database reachable, schema current, relay claiming).\n" +
+			"Each message sent gets a span whose traceparent goes on in its headers; with OTEL_EXPORTER_OTLP_ENDPOINT set,\n" +
+			"metrics and spans are also exported over OTLP/HTTP.\n" +
+			"It exits 4 when migrations are pending, unless --migrate applies them first.",
+		Flags: []cli.Flag{
+			&cli.StringSliceFlag{Name: "route", Usage: "PATTERN=SINK[:TARGET]; SINK is kafka, jetstream or nats; PATTERN may end in *",
+				Sources: cli.EnvVars("IDEMQ_ROUTES")},
+			&cli.StringSliceFlag{Name: "kafka-brokers", Usage: "Kafka bootstrap brokers host:port", Sources: cli.EnvVars("IDEMQ_KAFKA_BROKERS")},
+			&cli.StringFlag{Name: "nats-url", Usage: "NATS server URL", Sources: cli.EnvVars("IDEMQ_NATS_URL", "NATS_URL")},
+			&cli.BoolFlag{Name: "webhooks", Usage: "deliver webhook/<endpoint> destinations to the registered webhook endpoints",
+				Sources: cli.EnvVars("IDEMQ_WEBHOOKS")},
+			&cli.StringSliceFlag{Name: "webhook-allow-network", Usage: "CIDR the webhook SSRF guard lets through (repeatable)",
+				Sources: cli.EnvVars("IDEMQ_WEBHOOK_ALLOW_NETWORKS")},
+			&cli.StringFlag{Name: "config", Usage: "JSON file with routes, kafka_brokers, nats_url, webhooks and webhook_allow_networks, for what the flags leave unset",
+				Sources: cli.EnvVars("IDEMQ_CONFIG")},
+			&cli.StringFlag{Name: "http-addr", Usage: "address for /metrics, /healthz and /readyz (empty: none)",
+				Sources: cli.EnvVars("IDEMQ_HTTP_ADDR")},
+			&cli.BoolFlag{Name: "migrate", Usage: "apply pending migrations before starting", Sources: cli.EnvVars("IDEMQ_MIGRATE")},
+			&cli.IntFlag{Name: "workers", Usage: "batches in flight at once", Value: relay.WorkersDefault, Sources: cli.EnvVars("IDEMQ_RELAY_WORKERS")},
+			&cli.IntFlag{Name: "batch-size", Usage: "rows per claim", Value: relay.BatchSizeDefault, Sources: cli.EnvVars("IDEMQ_RELAY_BATCH_SIZE")},
+			&cli.IntFlag{Name: "max-attempts", Usage: "failed publishes before a dead letter", Value: relay.RetryDefault.MaxAttempts,
+				Sources: cli.EnvVars("IDEMQ_RELAY_MAX_ATTEMPTS")},
+			&cli.DurationFlag{Name: "poll-interval", Value: relay.PollIntervalDefault, Usage: "how often an idle relay looks for rows without a NOTIFY", Sources: cli.EnvVars("IDEMQ_RELAY_POLL_INTERVAL")},
+			&cli.DurationFlag{Name: "shutdown-grace", Value: relay.ShutdownGraceDefault, Usage: "time in-flight batches get after SIGTERM",
+				Sources: cli.EnvVars("IDEMQ_SHUTDOWN_GRACE")},
+			&cli.DurationFlag{Name: "stats-interval", Value: relay.StatsIntervalDefault, Usage: "how often the backlog gauges refresh",
+				Sources: cli.EnvVars("IDEMQ_RELAY_STATS_INTERVAL")},
+			&cli.BoolFlag{Name: "park-followers", Usage: "hold a key's later messages while an earlier one is a dead letter",
+				Sources: cli.EnvVars("IDEMQ_RELAY_PARK_FOLLOWERS")},
+			componentsFlag("outbox"),
+		},
+		Action: runRelay,
+	}
+}
+
+func runRelay(ctx context.Context, cmd *cli.Command) error {
+	sc := sinkConfig{Routes: cmd.StringSlice("route"), KafkaBrokers: cmd.StringSlice("kafka-brokers"), NATSURL: cmd.String("nats-url"),
+		Webhooks: cmd.Bool("webhooks"), WebhookAllowNetworks: cmd.StringSlice("webhook-allow-network")}
+	if path := cmd.String("config"); path != "" {
+		file, err := readSinkConfig(path)
+		if err != nil {
+			return err
+		}
+		if !cmd.IsSet("route") {
+			sc.Routes = file.Routes
+		}
+		if !cmd.IsSet("kafka-brokers") {
+			sc.KafkaBrokers = file.KafkaBrokers
+		}
+		if !cmd.IsSet("nats-url") {
+			sc.NATSURL = file.NATSURL
+		}
+		if !cmd.IsSet("webhooks") {
+			sc.Webhooks = file.Webhooks
+		}
+		if !cmd.IsSet("webhook-allow-network") {
+			sc.WebhookAllowNetworks = file.WebhookAllowNetworks
+		}
+	}
+	pool, comps, err := connectComponents(ctx, cmd)
+	if err != nil {
+		return err
+	}
+	if sc.Webhooks && !slices.ContainsFunc(comps, func(c component) bool { return c.name == "webhook" }) {
+		// The webhook Sink reads the registry: its tables must be current too.
+		comps = append(comps, allComponents(cmd)["webhook"])
+	}
+	defer pool.Close()
+	ob, _, err := stores(cmd, pool)
+	if err != nil {
+		return err
+	}
+	if cmd.Bool("migrate") {
+		if err := applyMigrations(ctx, pool, comps); err != nil {
+			return err
+		}
+	}
+	if _, pending, err := migrationPlan(ctx, pool, comps); err != nil {
+		return err
+	} else if len(pending) > 0 {
+		return withCode(exitPending, "%d migrations pending: run idemq migrate, or start the relay with --migrate", len(pending))
+	}
+	schema, err := readMigrationLog(ctx, pool, comps)
+	if err != nil {
+		return err
+	}
+	reg, err := registry(cmd, pool)
+	if err != nil {
+		return err
+	}
+
+	logger := slog.New(slog.NewJSONHandler(os.Stderr, nil))
+	tel, err := newTelemetry(ctx)
+	if err != nil {
+		return err
+	}
+	defer tel.shutdown() //nolint:errcheck // best effort on exit
+	s, err := buildSinks(sc, reg, tel.Telemetry)
+	if err != nil {
+		return err
+	}
+	defer s.close()
+	r, err := relay.New(pool, ob, s.router, relay.Config{
+		Workers:       cmd.Int("workers"),
+		BatchSize:     cmd.Int("batch-size"),
+		PollInterval:  cmd.Duration("poll-interval"),
+		ShutdownGrace: cmd.Duration("shutdown-grace"),
+		StatsInterval: cmd.Duration("stats-interval"),
+		ParkFollowers: cmd.Bool("park-followers"),
+		Retry:         idemq.Retry{MaxAttempts: cmd.Int("max-attempts")},
+		Hooks:         tel.RelayHooks(relay.Hooks{}),
+		Logger:        logger,
+	})
+	if err != nil {
+		return configError(err)
+	}
+
+	h := &health{pool: pool, relay: r, comps: comps, schema: schema}
+	if addr := cmd.String("http-addr"); addr != "" {
+		stop, err := serveHTTP(addr, h.handler(tel.registry), logger)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
+	h.running.Store(true)
+	logger.Info("relay starting", "schema", ob.Config().Schema, "outbox", ob.Config().Table, "routes", sc.Routes)
+	err = r.Run(ctx)
+	h.running.Store(false)
+	if err != nil {
+		return fmt.Errorf("relay: %w", err)
+	}
+	return nil
+}
+
+// health answers /healthz and /readyz.
+type health struct {
+	pool    *pgxpool.Pool
+	relay   *relay.Relay
+	comps   []component
+	schema  []migration // the migration log as it was at start
+	running atomic.Bool // the relay's Run loop has not returned
+}
+
+func (h *health) handler(reg *prometheus.Registry) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		// Liveness needs no database: a restart would not fix an outage.
+		check(w, map[string]error{"relay_loop": h.loop()})
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		checks := map[string]error{"relay_loop": h.loop(), "database": h.pool.Ping(ctx), "schema": h.schemaCurrent(ctx)}
+		select {
+		case <-h.relay.Ready():
+			checks["claiming"] = nil
+		default:
+			checks["claiming"] = errors.New("the relay is not claiming yet")
+		}
+		check(w, checks)
+	})
+	return mux
+}
+
+func (h *health) loop() error {
+	if !h.running.Load() {
+		return errors.New("the relay loop is not running")
+	}
+	return nil
+}
+
+// schemaCurrent reports whether the migration log still holds what it held
+// at start, when no migration was pending: a dropped or downgraded schema
+// makes the relay unready.
+func (h *health) schemaCurrent(ctx context.Context) error {
+	now, err := readMigrationLog(ctx, h.pool, h.comps)
+	if err != nil {
+		return err
+	}
+	if missing := newMigrations(now, h.schema); len(missing) > 0 {
+		return fmt.Errorf("migration %s %s is no longer applied", missing[0].Component, missing[0].Name)
+	}
+	return nil
+}
+
+// check writes the checks as JSON: 200 when all passed, 503 otherwise.
+func check(w http.ResponseWriter, checks map[string]error) {
+	status, body := http.StatusOK, map[string]string{}
+	for name, err := range checks {
+		body[name] = "ok"
+		if err != nil {
+			status, body[name] = http.StatusServiceUnavailable, err.Error()
+		}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(body) //nolint:errcheck // the client went away
+}
+
+// serveHTTP serves h on addr until stop is called.
+func serveHTTP(addr string, h http.Handler, logger *slog.Logger) (stop func(), err error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, usageError("--http-addr: %v", err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			logger.Error("http server", "err", err)
+		}
+	}()
+	logger.Info("serving /metrics, /healthz, /readyz", "addr", ln.Addr().String())
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		srv.Shutdown(ctx) //nolint:errcheck // closing on exit
+		<-done
+	}, nil
+}

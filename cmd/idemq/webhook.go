@@ -1,0 +1,244 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/urfave/cli/v3"
+
+	"github.com/idemq/idemq/transports/http/webhook"
+)
+
+const flagWebhookTable = "webhook-table"
+
+// registry builds the webhook endpoint registry on db from the flags.
+func registry(cmd *cli.Command, db webhook.DB) (*webhook.Registry, error) {
+	reg, err := webhook.NewRegistry(db, webhook.RegistryConfig{Schema: cmd.String(flagSchema), Table: cmd.String(flagWebhookTable)})
+	if err != nil {
+		return nil, usageError("%w", err)
+	}
+	return reg, nil
+}
+
+// endpointJSON is an endpoint as the webhook commands print it: without its
+// keys, which only add prints, once.
+type endpointJSON struct {
+	ID             string     `json:"id"`
+	URL            string     `json:"url"`
+	EventTypes     []string   `json:"event_types"`
+	Enabled        bool       `json:"enabled"`
+	DisabledAt     *time.Time `json:"disabled_at,omitempty"`
+	DisabledReason string     `json:"disabled_reason,omitempty"`
+	FailingSince   *time.Time `json:"failing_since,omitempty"`
+	Keys           int        `json:"keys"`
+	CreatedAt      time.Time  `json:"created_at"`
+}
+
+func toEndpointJSON(e webhook.Endpoint) endpointJSON {
+	j := endpointJSON{ID: e.ID, URL: e.URL, EventTypes: e.EventTypes, Enabled: e.Enabled(), DisabledReason: e.DisabledReason,
+		Keys: len(e.Keys), CreatedAt: e.CreatedAt}
+	if !e.DisabledAt.IsZero() {
+		j.DisabledAt = &e.DisabledAt
+	}
+	if !e.FailingSince.IsZero() {
+		j.FailingSince = &e.FailingSince
+	}
+	if j.EventTypes == nil {
+		j.EventTypes = []string{}
+	}
+	return j
+}
+
+func webhookCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "webhook",
+		Usage: "add, list, rotate the keys of, enable and disable webhook endpoints",
+		Description: "Endpoints receive the outbox rows whose destination is webhook/<id> (the relay's --webhooks).\n" +
+			"Migrate their tables with: idemq migrate --components webhook. Commands naming an unknown endpoint exit 5.",
+		Action: groupAction,
+		Commands: []*cli.Command{
+			{Name: "add", Usage: "register an endpoint; prints its signing secret once", Action: webhookAdd, Flags: []cli.Flag{
+				&cli.StringFlag{Name: "url", Required: true, Usage: "http(s) URL the deliveries are POSTed to"},
+				&cli.StringFlag{Name: "id", Usage: "endpoint id (letters, digits, _.-); default a UUIDv7"},
+				&cli.StringSliceFlag{Name: "event-type", Usage: "event types it receives (repeatable); default all"},
+				&cli.StringFlag{Name: "secret", Usage: "signing key (whsec_... or whsk_...); default a fresh whsec_ secret"},
+				&cli.DurationFlag{Name: "timeout", Usage: "per-delivery timeout; default the relay's"},
+				&cli.IntFlag{Name: "concurrency", Usage: "deliveries in flight; default the relay's"},
+				&cli.FloatFlag{Name: "rate-limit", Usage: "deliveries per second; default unlimited"},
+			}},
+			{Name: "list", Usage: "list the endpoints", Action: webhookList},
+			{Name: "rotate", Usage: "add a new signing key; the old ones sign on for --grace", ArgsUsage: "ID", Action: webhookRotate,
+				Flags: []cli.Flag{
+					&cli.StringFlag{Name: "secret", Usage: "the new key; default a fresh whsec_ secret"},
+					&cli.DurationFlag{Name: "grace", Value: 24 * time.Hour, Usage: "how long the old keys keep signing"},
+				}},
+			{Name: "enable", Usage: "deliver again, held rows first", ArgsUsage: "ID", Action: webhookEnable},
+			{Name: "disable", Usage: "hold deliveries (rows stay in the outbox)", ArgsUsage: "ID", Action: webhookDisable,
+				Flags: []cli.Flag{&cli.StringFlag{Name: "reason", Value: "disabled by an operator"}}},
+		},
+	}
+}
+
+// withRegistry connects, builds the registry and runs f with it.
+func withRegistry(ctx context.Context, cmd *cli.Command, f func(*webhook.Registry) error) error {
+	pool, err := connect(ctx, cmd)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	reg, err := registry(cmd, pool)
+	if err != nil {
+		return err
+	}
+	err = f(reg)
+	if errors.Is(err, webhook.ErrEndpointNotFound) {
+		return withCode(exitNotFound, "%w", err)
+	}
+	return err
+}
+
+// endpointArg returns the one ID argument.
+func endpointArg(cmd *cli.Command) (string, error) {
+	if cmd.Args().Len() != 1 {
+		return "", usageError("%s: want one endpoint ID", cmd.FullName())
+	}
+	return cmd.Args().First(), nil
+}
+
+func webhookAdd(ctx context.Context, cmd *cli.Command) error {
+	secret := cmp(cmd.String("secret"), webhook.NewSecret)
+	ep := webhook.Endpoint{ID: cmd.String("id"), URL: cmd.String("url"), EventTypes: cmd.StringSlice("event-type"), Keys: []string{secret},
+		Timeout: cmd.Duration("timeout"), Concurrency: cmd.Int("concurrency"), RateLimit: cmd.Float("rate-limit")}
+	return withRegistry(ctx, cmd, func(reg *webhook.Registry) error {
+		added, err := reg.Add(ctx, ep)
+		if err != nil {
+			return addError(err, ep.ID)
+		}
+		out := struct {
+			endpointJSON
+			Secret string `json:"secret"`
+		}{toEndpointJSON(added), secret}
+		return output(cmd, out, func(t *table) {
+			t.row("id", added.ID)
+			t.row("url", added.URL)
+			t.row("secret", secret)
+			t.note("keep the secret: receivers verify deliveries with it, and it is not shown again")
+		})
+	})
+}
+
+func webhookList(ctx context.Context, cmd *cli.Command) error {
+	return withRegistry(ctx, cmd, func(reg *webhook.Registry) error {
+		eps, err := reg.List(ctx)
+		if err != nil {
+			return err
+		}
+		out := []endpointJSON{}
+		for _, e := range eps {
+			out = append(out, toEndpointJSON(e))
+		}
+		return output(cmd, out, func(t *table) {
+			t.header("ID", "URL", "EVENTS", "STATE", "FAILING", "KEYS")
+			for _, e := range out {
+				state := "enabled"
+				if !e.Enabled {
+					state = "disabled: " + clip(e.DisabledReason, 40)
+				}
+				failing := "-"
+				if e.FailingSince != nil {
+					failing = age(*e.FailingSince)
+				}
+				events := strings.Join(e.EventTypes, ",")
+				if events == "" {
+					events = "*"
+				}
+				t.row(e.ID, e.URL, events, state, failing, fmt.Sprint(e.Keys))
+			}
+		})
+	})
+}
+
+func webhookRotate(ctx context.Context, cmd *cli.Command) error {
+	id, err := endpointArg(cmd)
+	if err != nil {
+		return err
+	}
+	if cmd.Duration("grace") < 0 {
+		return usageError("--grace must not be negative")
+	}
+	secret := cmp(cmd.String("secret"), webhook.NewSecret)
+	return withRegistry(ctx, cmd, func(reg *webhook.Registry) error {
+		if err := reg.RotateKey(ctx, id, secret, cmd.Duration("grace")); err != nil {
+			if errors.Is(err, webhook.ErrInvalidKey) {
+				return usageError("%w", err)
+			}
+			return err
+		}
+		return output(cmd, map[string]string{"id": id, "secret": secret}, func(t *table) {
+			t.row("id", id)
+			t.row("secret", secret)
+			t.note("the old keys sign on for %v", cmd.Duration("grace"))
+		})
+	})
+}
+
+func webhookEnable(ctx context.Context, cmd *cli.Command) error {
+	return webhookSetState(ctx, cmd, func(reg *webhook.Registry, id string) error { return reg.Enable(ctx, id) })
+}
+
+func webhookDisable(ctx context.Context, cmd *cli.Command) error {
+	return webhookSetState(ctx, cmd, func(reg *webhook.Registry, id string) error { return reg.Disable(ctx, id, cmd.String("reason")) })
+}
+
+// webhookSetState enables or disables the endpoint named by the argument
+// and prints it.
+func webhookSetState(ctx context.Context, cmd *cli.Command, set func(*webhook.Registry, string) error) error {
+	id, err := endpointArg(cmd)
+	if err != nil {
+		return err
+	}
+	return withRegistry(ctx, cmd, func(reg *webhook.Registry) error {
+		if err := set(reg, id); err != nil {
+			return err
+		}
+		ep, err := reg.Get(ctx, id)
+		if err != nil {
+			return err
+		}
+		j := toEndpointJSON(ep)
+		return output(cmd, j, func(t *table) {
+			t.note("endpoint %s %s", id, map[bool]string{true: "enabled", false: "disabled"}[j.Enabled])
+		})
+	})
+}
+
+// addError classifies an error of Registry.Add: the database's own errors
+// are failures, except a taken id; any other error is the registry refusing
+// the flags before it wrote anything (the package has no sentinel for that).
+func addError(err error, id string) error {
+	var (
+		pgErr  *pgconn.PgError
+		netErr net.Error
+	)
+	switch {
+	case errors.As(err, &pgErr) && pgErr.Code == "23505": // unique_violation
+		return usageError("endpoint %s exists already", id)
+	case errors.As(err, &pgErr), errors.As(err, &netErr), pgconn.Timeout(err), errors.Is(err, context.Canceled):
+		return err
+	default:
+		return usageError("%w", err)
+	}
+}
+
+// cmp returns s, or def() when s is empty.
+func cmp(s string, def func() string) string {
+	if s != "" {
+		return s
+	}
+	return def()
+}

@@ -1,0 +1,23 @@
+package request
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+)
+
+// Fingerprint returns the SHA-256 of parts, each prefixed by its length so
+// that no two different lists of parts share a fingerprint ("ab","c" and
+// "a","bc" differ). Front ends fingerprint a request as the method, the
+// route and a canonical digest of the body.
+func Fingerprint(parts ...[]byte) []byte {
+	h := sha256.New()
+	var n [binary.MaxVarintLen64]byte
+	for _, p := range parts {
+		h.Write(n[:binary.PutUvarint(n[:], uint64(len(p)))])
+		h.Write(p)
+	}
+	return h.Sum(nil)
+}
+
+// MaxFingerprintLen bounds a fingerprint: it is a digest, not a payload.
+const MaxFingerprintLen = 64

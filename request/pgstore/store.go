@@ -1,0 +1,206 @@
+// Package pgstore keeps request records in Postgres, the durable default
+// of package request: the leased mode of the inbox (package inbox) in a
+// table of its own.
+//
+// A claim is one INSERT … ON CONFLICT DO UPDATE that takes a new, released
+// or expired key and bumps its fencing token; Complete, Release and Extend
+// are UPDATEs that compare that token. [Store.CompleteTx] completes inside
+// the caller's transaction, so that a handler's writes and the request's
+// record commit together: if the key was taken over meanwhile, CompleteTx
+// fails and the caller rolls back, so the stale attempt's writes never
+// land.
+//
+// Records are kept for at least [Config.RecordTTL]; [Store.GC] deletes
+// expired ones in bounded batches (run it from a periodic job).
+package pgstore
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/inbox"
+	"github.com/idemq/idemq/request"
+)
+
+// Config configures a Store. The zero value is valid.
+type Config struct {
+	// Schema holds the table. Defaults to "public".
+	Schema string
+	// Table names the records table (and Table + "_scopes"). Keep it apart
+	// from the consumers' inbox, whose records live longer. Defaults to
+	// "idemq_requests".
+	Table string
+	// RecordTTL is how long a record is kept after its last change.
+	// Defaults to request.RecordTTLDefault (24 hours).
+	RecordTTL time.Duration
+}
+
+// TableDefault is the default Config.Table.
+const TableDefault = "idemq_requests"
+
+const component = "pgstore"
+
+func (c Config) withDefaults() Config {
+	c.Table = cmp.Or(c.Table, TableDefault)
+	c.RecordTTL = cmp.Or(c.RecordTTL, request.RecordTTLDefault)
+	return c
+}
+
+func (c Config) validate() error {
+	if c.RecordTTL < time.Second {
+		return idemq.NewConfigError(component, "RecordTTL", "%v is below one second", c.RecordTTL)
+	}
+	return nil
+}
+
+// Store is a [request.Store] on Postgres. It is safe for concurrent use.
+type Store struct {
+	in    *inbox.Store
+	ttl   time.Duration
+	owner string
+}
+
+var _ request.Store = (*Store)(nil)
+
+// New returns a Store on db (a *pgxpool.Pool); call [Store.Migrate] once
+// before use.
+func New(db inbox.DB, cfg Config) (*Store, error) {
+	if db == nil {
+		return nil, idemq.NewConfigError(component, "db", "is nil")
+	}
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	in, err := inbox.New(db, inbox.Config{Schema: cfg.Schema, Table: cfg.Table, Retention: cfg.RecordTTL, MaxKeyLen: 1024})
+	if err != nil {
+		return nil, err
+	}
+	var owner [6]byte
+	_, _ = rand.Read(owner[:])
+	return &Store{in: in, ttl: cfg.RecordTTL, owner: hex.EncodeToString(owner[:])}, nil
+}
+
+// Migrate creates or upgrades the table. It is idempotent and safe to run
+// from several processes at once.
+func (s *Store) Migrate(ctx context.Context) error { return s.in.Migrate(ctx) }
+
+// RecordTTL returns Config.RecordTTL.
+func (s *Store) RecordTTL() time.Duration { return s.ttl }
+
+// scope maps a request scope to an inbox scope, which must not be empty.
+func scope(id request.ID) string { return "r:" + id.Scope }
+
+// Claim implements [request.Store.Claim].
+func (s *Store) Claim(ctx context.Context, id request.ID, fingerprint []byte, lease time.Duration) (request.Claim, error) {
+	c, err := s.in.Acquire(ctx, scope(id), id.Key, fingerprint, s.owner, lease)
+	var conflict *inbox.ConflictError
+	switch {
+	case errors.As(err, &conflict):
+		stored, _ := record(id, conflict.Stored)
+		return request.Claim{}, &request.ConflictError{ID: id, Fingerprint: fingerprint, Stored: stored}
+	case errors.Is(err, inbox.ErrInvalidKey):
+		return request.Claim{}, fmt.Errorf("%w: %w", request.ErrInvalidKey, err)
+	case err != nil:
+		return request.Claim{}, err
+	case c.New:
+		return request.Claim{Acquired: true, Lease: request.Lease{ID: id, Token: c.Lease.Token, Until: c.Lease.Until}}, nil
+	}
+	rec, err := record(id, *c.Existing)
+	return request.Claim{Record: rec}, err
+}
+
+// Complete implements [request.Store.Complete].
+func (s *Store) Complete(ctx context.Context, lease request.Lease, resp request.Response) error {
+	return s.CompleteTx(ctx, nil, lease, resp)
+}
+
+// CompleteTx is [Store.Complete] in the caller's transaction tx: the
+// record completes if and only if tx commits. It returns
+// request.ErrLeaseLost when the key was taken over; roll tx back then, so
+// that the stale attempt's writes are undone and the successor's stand.
+// Until tx ends, the record's row stays locked: a concurrent claim of the
+// key waits for it.
+func (s *Store) CompleteTx(ctx context.Context, tx pgx.Tx, lease request.Lease, resp request.Response) error {
+	body, err := resp.MarshalBinary()
+	if err != nil {
+		return err
+	}
+	if tx == nil {
+		err = s.in.Complete(ctx, inboxLease(lease), body)
+	} else {
+		err = s.in.CompleteTx(ctx, tx, inboxLease(lease), body)
+	}
+	return leaseErr(err)
+}
+
+var errReleased = errors.New("released by the front end")
+
+// Release implements [request.Store.Release].
+func (s *Store) Release(ctx context.Context, lease request.Lease) error {
+	return leaseErr(s.in.Fail(ctx, inboxLease(lease), errReleased))
+}
+
+// Extend implements [request.Store.Extend].
+func (s *Store) Extend(ctx context.Context, lease request.Lease, d time.Duration) (request.Lease, error) {
+	l, err := s.in.Extend(ctx, inboxLease(lease), d)
+	lease.Until = l.Until
+	return lease, leaseErr(err)
+}
+
+// Get implements [request.Store.Get].
+func (s *Store) Get(ctx context.Context, id request.ID) (request.Record, error) {
+	r, err := s.in.Get(ctx, scope(id), id.Key)
+	if errors.Is(err, inbox.ErrNotFound) {
+		return request.Record{}, request.ErrNotFound
+	}
+	if err != nil {
+		return request.Record{}, err
+	}
+	return record(id, r)
+}
+
+// GC deletes expired records, batchSize at a time (<= 0 means 1000), and
+// returns how many it deleted. Records under a live lease are kept.
+func (s *Store) GC(ctx context.Context, batchSize int) (int64, error) {
+	return s.in.GC(ctx, batchSize)
+}
+
+func inboxLease(l request.Lease) inbox.Lease {
+	return inbox.Lease{Scope: scope(l.ID), Key: l.Key, Token: l.Token, Until: l.Until}
+}
+
+func leaseErr(err error) error {
+	if errors.Is(err, inbox.ErrLeaseLost) {
+		return request.ErrLeaseLost
+	}
+	return err
+}
+
+// record translates an inbox record; the request states are the inbox's
+// leased states under other names.
+func record(id request.ID, r inbox.Record) (request.Record, error) {
+	rec := request.Record{ID: id, Fingerprint: r.Fingerprint, Token: int64(r.Attempts), ExpiresAt: r.ExpiresAt}
+	switch r.Status {
+	case inbox.InProgress:
+		rec.State, rec.LeaseUntil = request.InProgress, r.LeaseUntil
+	case inbox.FailedRetryable:
+		rec.State = request.Released
+	case inbox.Succeeded:
+		rec.State, rec.Response = request.Completed, &request.Response{}
+		if err := rec.Response.UnmarshalBinary(r.Result); err != nil {
+			return rec, fmt.Errorf("pgstore: record %q: %w", id.Key, err)
+		}
+	default:
+		return rec, fmt.Errorf("pgstore: record %q has status %s, which request records never take", id.Key, r.Status)
+	}
+	return rec, nil
+}

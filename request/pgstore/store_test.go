@@ -1,0 +1,35 @@
+package pgstore_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemq/idemq/request"
+	"github.com/idemq/idemq/request/pgstore"
+	"github.com/idemq/idemq/request/requesttest"
+	"github.com/idemq/idemq/testenv"
+)
+
+func newStore(t testing.TB, pool *pgxpool.Pool, ttl time.Duration) *pgstore.Store {
+	s, err := pgstore.New(pool, pgstore.Config{RecordTTL: ttl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func TestConformance(t *testing.T) {
+	requesttest.Run(t, requesttest.Harness{
+		New: func(t *testing.T, ttl time.Duration) request.Store { return newStore(t, testenv.Postgres(t), ttl) },
+		Collect: func(ctx context.Context, s request.Store) error {
+			_, err := s.(*pgstore.Store).GC(ctx, 0)
+			return err
+		},
+	})
+}

@@ -1,0 +1,67 @@
+// Package webhook delivers webhooks from the outbox, effectively once, and
+// receives them the same way. It follows Standard Webhooks
+// (https://www.standardwebhooks.com).
+//
+// # Sending
+//
+// A [Registry] keeps the endpoints in Postgres: URL, event-type filter,
+// key ring, enabled state, timeout, concurrency and rate limit.
+// [Publisher.PublishTx] fans a business event out inside the caller's
+// transaction: one outbox row per subscribed endpoint, destination
+// "webhook/<endpoint id>", ordering key "<endpoint id>/<event key>", so
+// every endpoint's deliveries are ordered, retried and dead-lettered on
+// their own. The relay hands those rows to a [Sink] (route
+// [DestinationPrefix] to it), which POSTs each one with
+//
+//	webhook-id:        the outbox row's id, the same on every retry
+//	webhook-timestamp: the attempt's Unix time
+//	webhook-signature: "v1,<HMAC-SHA256>" per whsec_ secret and
+//	                   "v1a,<ed25519>" per whsk_ key, space-separated,
+//	                   over "id.timestamp.body"
+//	Idempotency-Key:   the webhook-id again
+//
+// plus the row's own headers (content type, trace context).
+//
+// # Outcomes
+//
+// A 2xx is delivered. 3xx (never followed), 408, 425, 429, 5xx, timeouts and
+// connection errors are retried by the relay with its backoff, no sooner
+// than a Retry-After (bounded by [Config.MaxRetryAfter]). Other 4xx, a
+// "webhook-delivery: abort-message" answer and an address the SSRF guard
+// refuses are permanent: the row becomes a dead letter whose error keeps
+// the status and the first [Config.ErrorBody] bytes of the body. A 410
+// disables the endpoint, and so does [Config.DisableAfter] of failures
+// without a success. A disabled endpoint's rows are held in the outbox,
+// neither sent nor counted as attempts, and flow in key order once
+// [Registry.Enable] runs.
+//
+// # Isolation
+//
+// Each endpoint has its own concurrency bound, token-bucket rate limit and
+// breaker: after [Config.BreakerFailures] retryable failures in a row its
+// rows are held out of the relay's batches, without burning attempts,
+// for [Config.BreakerCooldown] (doubling while the probes fail), then one
+// delivery probes it. A relay batch waits for its slowest delivery, so a
+// hanging endpoint costs a batch its timeout once per cooldown; run the
+// relay with several Workers so that the other workers' batches flow
+// meanwhile.
+//
+// # SSRF
+//
+// The Sink's dialer checks every resolved address on every connection
+// (code.dny.dev/ssrf): loopback, private, link-local, metadata and the
+// other special-purpose addresses are refused unless
+// [Config.AllowedNetworks] lets them through, whether they come as a
+// literal, a DNS name or (never followed anyway) a redirect.
+//
+// # Receiving
+//
+// A [Receiver] verifies the signature (constant-time, both schemes, any
+// key of its ring, timestamp within [ReceiverConfig.Tolerance]) and
+// applies each webhook-id once: the [Handler] runs in the transaction that
+// records the id in an inbox, so a redelivery after a sender's crash is
+// answered 200 without running it again. Bad or stale signatures get 401
+// and record nothing. For effects outside Postgres, [Receiver.Leased]
+// holds the id under an inbox lease instead, with a fencing token for the
+// downstream call.
+package webhook

@@ -1,0 +1,166 @@
+package webhook
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"math"
+	"sync"
+	"time"
+
+	"golang.org/x/time/rate"
+
+	"github.com/idemq/idemq"
+)
+
+// endpointState is the Sink's copy of one endpoint and its runtime state.
+type endpointState struct {
+	mu      sync.Mutex
+	ep      Endpoint
+	keys    []Key
+	loaded  time.Time
+	sem     chan struct{}
+	limiter *rate.Limiter
+	// breaker
+	failures  int // consecutive retryable failures
+	trips     int // times opened since the last success
+	openUntil time.Time
+	probing   bool
+}
+
+// maxTrips caps the doubling of the breaker's cooldown at 2^4.
+const maxTrips = 4
+
+func (st *endpointState) loadedAt() time.Time {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.loaded
+}
+
+// refresh installs a fresh read of the endpoint, keeping the breaker.
+func (st *endpointState) refresh(ep Endpoint, cfg Config, now time.Time) {
+	keys, err := ParseKeys(ep.Keys...)
+	if err != nil {
+		keys = nil // refused at delivery; Add and RotateKey validate keys
+	}
+	conc := cmp.Or(ep.Concurrency, cfg.Concurrency)
+	limit := rate.Inf
+	if ep.RateLimit > 0 {
+		limit = rate.Limit(ep.RateLimit)
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.ep, st.keys, st.loaded = ep, keys, now
+	if st.sem == nil || cap(st.sem) != conc {
+		st.sem = make(chan struct{}, conc)
+	}
+	burst := max(1, int(math.Ceil(ep.RateLimit)))
+	if st.limiter == nil {
+		st.limiter = rate.NewLimiter(limit, burst)
+	} else if st.limiter.Limit() != limit || st.limiter.Burst() != burst {
+		st.limiter.SetLimit(limit)
+		st.limiter.SetBurst(burst)
+	}
+}
+
+func (st *endpointState) slots() chan struct{} {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.sem
+}
+
+// admit decides whether m may be sent now: nil, or a hold error.
+func (s *Sink) admit(st *endpointState, now time.Time) (Endpoint, []Key, error) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	ep := st.ep
+	switch {
+	case !ep.Enabled():
+		return ep, nil, hold(s.cfg.HoldInterval, "endpoint %s disabled: %s", ep.ID, ep.DisabledReason)
+	case now.Before(st.openUntil):
+		return ep, nil, hold(st.openUntil.Sub(now), "endpoint %s: breaker open after %d failures", ep.ID, st.failures)
+	case st.probing:
+		return ep, nil, hold(s.cfg.BreakerCooldown, "endpoint %s: breaker probing", ep.ID)
+	case !st.openUntil.IsZero():
+		st.probing = true // half open: this delivery is the probe
+	}
+	if len(st.keys) == 0 {
+		return ep, nil, idemq.Permanent(fmt.Errorf("webhook: endpoint %s has no valid signing key", ep.ID))
+	}
+	return ep, st.keys, nil
+}
+
+// settle updates the endpoint's breaker and failure clock after a
+// delivery, and disables the endpoint on a 410 or when it has failed for
+// DisableAfter.
+func (s *Sink) settle(ctx context.Context, st *endpointState, out outcome) {
+	st.mu.Lock()
+	ep := st.ep
+	wasProbe := st.probing
+	st.probing = false
+	var clockRuns bool
+	switch out {
+	case outcomeHeld:
+		st.mu.Unlock()
+		return
+	case outcomeDelivered:
+		st.failures, st.trips, st.openUntil = 0, 0, time.Time{}
+		clockRuns = !st.ep.FailingSince.IsZero()
+		st.ep.FailingSince = time.Time{}
+	case outcomeRetry:
+		st.failures++
+		if wasProbe || st.failures >= s.cfg.BreakerFailures {
+			// Every failed probe doubles the cooldown: a dead endpoint
+			// costs the batches one timeout per cooldown.
+			st.openUntil = time.Now().Add(s.cfg.BreakerCooldown << min(st.trips, maxTrips))
+			st.trips++
+		}
+	}
+	st.mu.Unlock()
+
+	switch {
+	case out == outcomeDelivered:
+		if clockRuns {
+			if err := s.reg.succeeded(ctx, ep.ID); err != nil {
+				s.log.Warn("webhook: clearing the failure clock failed", "endpoint", ep.ID, "err", err)
+			}
+		}
+		return
+	case out == outcomeGone:
+		s.disable(ctx, st, "the endpoint answered 410 Gone")
+		return
+	}
+	since := ep.FailingSince
+	if since.IsZero() {
+		var err error
+		if since, err = s.reg.failing(ctx, ep.ID); err != nil {
+			s.log.Warn("webhook: starting the failure clock failed", "endpoint", ep.ID, "err", err)
+			return
+		}
+		st.mu.Lock()
+		st.ep.FailingSince = since
+		st.mu.Unlock()
+	}
+	if time.Since(since) >= s.cfg.DisableAfter {
+		s.disable(ctx, st, fmt.Sprintf("deliveries failing since %s", since.UTC().Format(time.RFC3339)))
+	}
+}
+
+func (s *Sink) disable(ctx context.Context, st *endpointState, reason string) {
+	st.mu.Lock()
+	id := st.ep.ID
+	already := !st.ep.Enabled()
+	st.ep.DisabledAt, st.ep.DisabledReason = time.Now(), reason
+	st.mu.Unlock()
+	if already {
+		return
+	}
+	if _, err := s.reg.db.Exec(ctx, s.reg.sql.disable, id, reason); err != nil {
+		s.log.Warn("webhook: disabling an endpoint failed", "endpoint", id, "err", err)
+		return
+	}
+	s.log.Warn("webhook: endpoint disabled; its rows are held until it is enabled", "endpoint", id, "reason", reason)
+	if h := s.cfg.Hooks.OnDisabled; h != nil {
+		h(DisabledEvent{Endpoint: id, Reason: reason})
+	}
+}
