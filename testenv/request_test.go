@@ -72,6 +72,11 @@ func TestDynaliteKeepsDataAcrossRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A new table is CREATING for a moment even with --createTableMs 0.
+	exists := dynamodb.NewTableExistsWaiter(db, func(o *dynamodb.TableExistsWaiterOptions) { o.MinDelay = 20 * time.Millisecond })
+	if err := exists.Wait(ctx, &dynamodb.DescribeTableInput{TableName: table}, time.Minute); err != nil {
+		t.Fatal(err)
+	}
 	item := map[string]types.AttributeValue{"pk": &types.AttributeValueMemberS{Value: "a"}}
 	if _, err := db.PutItem(ctx, &dynamodb.PutItemInput{TableName: table, Item: item}); err != nil {
 		t.Fatal(err)
