@@ -166,6 +166,12 @@ func (s *Store) Migrate(ctx context.Context) error {
 	return pgutil.Migrate(ctx, s.db, migrations, "migrations", "inbox", s.table)
 }
 
+// PendingMigrations returns the names of the migrations Migrate would
+// apply, in order; none once the tables are up to date.
+func (s *Store) PendingMigrations(ctx context.Context) ([]string, error) {
+	return pgutil.Pending(ctx, s.db, migrations, "migrations", "inbox", s.table)
+}
+
 // Config returns the configuration with its defaults filled in.
 func (s *Store) Config() Config { return s.cfg }
 

@@ -21,7 +21,13 @@ type component struct {
 	schema string
 	table  string
 	// open builds the component's store on db, a pool or a transaction.
-	open func(db outbox.DB) (interface{ Migrate(context.Context) error }, error)
+	open func(db outbox.DB) (migrator, error)
+}
+
+// migrator is what every component's store offers for its tables.
+type migrator interface {
+	Migrate(context.Context) error
+	PendingMigrations(context.Context) ([]string, error)
 }
 
 // owner is the key under which the library's migrator records the
@@ -50,17 +56,17 @@ func allComponents(cmd *cli.Command) map[string]component {
 	schema := cmd.String(flagSchema)
 	return map[string]component{
 		"outbox": {name: "outbox", schema: schema, table: cmd.String(flagOutboxTable),
-			open: func(db outbox.DB) (interface{ Migrate(context.Context) error }, error) {
+			open: func(db outbox.DB) (migrator, error) {
 				ob, _, err := stores(cmd, db)
 				return ob, err
 			}},
 		"inbox": {name: "inbox", schema: schema, table: cmd.String(flagInboxTable),
-			open: func(db outbox.DB) (interface{ Migrate(context.Context) error }, error) {
+			open: func(db outbox.DB) (migrator, error) {
 				_, ib, err := stores(cmd, db)
 				return ib, err
 			}},
 		"webhook": {name: "webhook", schema: schema, table: cmd.String(flagWebhookTable),
-			open: func(db outbox.DB) (interface{ Migrate(context.Context) error }, error) {
+			open: func(db outbox.DB) (migrator, error) {
 				return registry(cmd, db)
 			}},
 	}
@@ -203,43 +209,12 @@ func migrationPlan(ctx context.Context, pool *pgxpool.Pool, comps []component) (
 }
 
 // pending returns the names of c's migrations not applied yet, in order.
-// Stores without PendingMigrations get a dry run: their migrations run in a
-// transaction that is rolled back, and what they add to the migration log
-// is what is pending. The dry run waits for a concurrent migrate and
-// briefly takes the locks of the DDL it rehearses; with nothing pending it
-// changes nothing.
 func (c component) pending(ctx context.Context, pool *pgxpool.Pool) ([]string, error) {
 	store, err := c.open(pool)
 	if err != nil {
 		return nil, err
 	}
-	if p, ok := store.(interface {
-		PendingMigrations(context.Context) ([]string, error)
-	}); ok {
-		return p.PendingMigrations(ctx)
-	}
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		return nil, err
-	}
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // the dry run is always rolled back
-	comps := []component{c}
-	before, err := readMigrationLog(ctx, tx, comps)
-	if err != nil {
-		return nil, err
-	}
-	if err := applyMigrations(ctx, tx, comps); err != nil {
-		return nil, err
-	}
-	after, err := readMigrationLog(ctx, tx, comps)
-	if err != nil {
-		return nil, err
-	}
-	var names []string
-	for _, m := range newMigrations(before, after) {
-		names = append(names, m.Name)
-	}
-	return names, nil
+	return store.PendingMigrations(ctx)
 }
 
 // applyMigrations migrates each component on db, a pool or a transaction.

@@ -93,6 +93,12 @@ func New(db inbox.DB, cfg Config) (*Store, error) {
 // from several processes at once.
 func (s *Store) Migrate(ctx context.Context) error { return s.in.Migrate(ctx) }
 
+// PendingMigrations returns the names of the migrations Migrate would
+// apply, in order; none once the table is up to date.
+func (s *Store) PendingMigrations(ctx context.Context) ([]string, error) {
+	return s.in.PendingMigrations(ctx)
+}
+
 // RecordTTL returns Config.RecordTTL.
 func (s *Store) RecordTTL() time.Duration { return s.ttl }
 

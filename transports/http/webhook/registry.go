@@ -114,6 +114,12 @@ func (r *Registry) Migrate(ctx context.Context) error {
 	return pgutil.Migrate(ctx, r.db, migrations, "migrations", "webhook", r.table)
 }
 
+// PendingMigrations returns the names of the migrations Migrate would
+// apply, in order; none once the tables are up to date.
+func (r *Registry) PendingMigrations(ctx context.Context) ([]string, error) {
+	return pgutil.Pending(ctx, r.db, migrations, "migrations", "webhook", r.table)
+}
+
 type registrySQL struct {
 	insert, insertKey, update, expireKeys, disable, enable, remove, get, failing, succeeded, enabled string
 }
