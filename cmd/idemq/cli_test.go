@@ -39,7 +39,7 @@ func TestMigrateValidateExitCodes(t *testing.T) {
 		t.Fatalf("validate --json on an empty database: %+v, %v; want the outbox's and the inbox's migrations pending", report, err)
 	}
 	n := len(report.Pending)
-	// The dry run of validate changed nothing: still pending.
+	// validate changed nothing: still pending.
 	wantCode(t, url, exitPending, "migrate", "validate", "--components", "inbox")
 
 	var applied []migration

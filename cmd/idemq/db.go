@@ -41,8 +41,7 @@ func connect(ctx context.Context, cmd *cli.Command) (*pgxpool.Pool, error) {
 	return pool, nil
 }
 
-// stores builds the outbox and inbox from the table flags on db (the pool,
-// or a transaction for a dry run of the migrations).
+// stores builds the outbox and inbox from the table flags on db.
 func stores(cmd *cli.Command, db outbox.DB) (*outbox.Outbox, *inbox.Store, error) {
 	ob, err := outbox.New(db, outbox.Config{Schema: cmd.String(flagSchema), Table: cmd.String(flagOutboxTable)})
 	if err != nil {

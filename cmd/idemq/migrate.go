@@ -217,7 +217,7 @@ func (c component) pending(ctx context.Context, pool *pgxpool.Pool) ([]string, e
 	return store.PendingMigrations(ctx)
 }
 
-// applyMigrations migrates each component on db, a pool or a transaction.
+// applyMigrations migrates each component on db.
 func applyMigrations(ctx context.Context, db outbox.DB, comps []component) error {
 	for _, c := range comps {
 		store, err := c.open(db)
