@@ -47,6 +47,8 @@
 // the outbox ([Config.Table]+"_dead"), with its error. [Outbox.DeadLetters]
 // lists them, [Outbox.Replay] puts them back (attempts reset, same id, same
 // place in their key's order) and [Outbox.Purge] deletes them.
+// [Outbox.RetryNow] sends the pending messages of a destination that works
+// again without waiting out their retry delays.
 //
 // # Storage and vacuum
 //

@@ -215,6 +215,27 @@ type DB = pgutil.DB
 // relay reads the tables, channel and notify interval from it.
 func (o *Outbox) Config() Config { return o.cfg }
 
+// RetryNow makes the pending messages of destination that wait for a
+// later time (a retry's backoff, a Sink's hold) due now, and returns how
+// many; their attempts are kept. Use it when a destination is working
+// again, say a re-enabled webhook endpoint or a fixed topic, to send its
+// backlog at once instead of when each message's delay runs out. Messages
+// parked behind a dead letter wait for Replay or Purge, and those in a
+// batch being published are left to that batch. Order per key is kept: the
+// relay still publishes a key's messages in order.
+func (o *Outbox) RetryNow(ctx context.Context, destination string) (int64, error) {
+	var n int64
+	if err := o.db.QueryRow(ctx, o.q.RetryNow, destination).Scan(&n); err != nil {
+		return 0, fmt.Errorf("outbox: retry %s now: %w", destination, err)
+	}
+	if n > 0 && !o.cfg.DisableNotify {
+		if _, err := o.db.Exec(ctx, o.q.Notify, o.cfg.Channel); err != nil {
+			return n, fmt.Errorf("outbox: notify: %w", err)
+		}
+	}
+	return n, nil
+}
+
 // shouldNotify reports whether this Enqueue sends NOTIFY.
 func (o *Outbox) shouldNotify() bool {
 	if o.cfg.DisableNotify {

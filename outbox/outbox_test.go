@@ -467,3 +467,63 @@ func TestDefaultChannelFitsNotify(t *testing.T) {
 		t.Fatalf("notification %+v, %v", n, err)
 	}
 }
+
+// TestRetryNow: the waiting rows of one destination become due and the
+// relays are woken; parked rows, locked rows and other destinations keep
+// their time, and no row loses its attempts.
+func TestRetryNow(t *testing.T) {
+	b := setup(t, outbox.Config{})
+	var msgs []outbox.Message
+	for i := range 5 {
+		msgs = append(msgs, outbox.Message{Destination: "hook/a", Key: "k", Payload: fmt.Appendf(nil, "%d", i)})
+	}
+	msgs = append(msgs, outbox.Message{Destination: "hook/b", Payload: []byte("b")})
+	if err := b.ob.Enqueue(b.ctx, msgs...); err != nil {
+		t.Fatal(err)
+	}
+	// Rows 1-4 of hook/a wait an hour with 3 attempts (retried), row 5 is
+	// parked behind a dead letter, and hook/b waits too.
+	if _, err := b.pool.Exec(b.ctx, `UPDATE `+b.table()+` SET attempts = 3,
+		available_at = CASE WHEN payload = '4' THEN 'infinity' ELSE now() + interval '1 hour' END`); err != nil {
+		t.Fatal(err)
+	}
+	// A relay has row 1 in flight.
+	inFlight, err := b.pool.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer inFlight.Rollback(b.ctx) //nolint:errcheck
+	if _, err := inFlight.Exec(b.ctx, `SELECT 1 FROM `+b.table()+` WHERE payload = '0' FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := b.pool.Acquire(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(b.ctx, `LISTEN `+pgx.Identifier{b.ob.Config().Channel}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+
+	n, err := b.ob.RetryNow(b.ctx, "hook/a")
+	if err != nil || n != 3 {
+		t.Fatalf("RetryNow = %d, %v; want the 3 waiting, unlocked, unparked rows", n, err)
+	}
+	ctx, cancel := context.WithTimeout(b.ctx, 10*time.Second)
+	defer cancel()
+	if _, err := conn.Conn().WaitForNotification(ctx); err != nil {
+		t.Fatalf("no NOTIFY after RetryNow: %v", err)
+	}
+	r, err := b.pool.Query(b.ctx, `SELECT destination || ':' || convert_from(payload, 'UTF8') FROM `+b.table()+`
+		WHERE available_at <= now() AND attempts = 3 ORDER BY seq`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	due, err := pgx.CollectRows(r, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"hook/a:1", "hook/a:2", "hook/a:3"}; fmt.Sprint(due) != fmt.Sprint(want) {
+		t.Fatalf("due rows %v, want %v", due, want)
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/urfave/cli/v3"
 
 	"github.com/idemq/idemq/transports/http/webhook"
@@ -77,7 +78,7 @@ func webhookCommand() *cli.Command {
 					&cli.StringFlag{Name: "secret", Usage: "the new key; default a fresh whsec_ secret"},
 					&cli.DurationFlag{Name: "grace", Value: 24 * time.Hour, Usage: "how long the old keys keep signing"},
 				}},
-			{Name: "enable", Usage: "deliver again, held rows first", ArgsUsage: "ID", Action: webhookEnable},
+			{Name: "enable", Usage: "deliver again, the held rows at once and first", ArgsUsage: "ID", Action: webhookEnable},
 			{Name: "disable", Usage: "hold deliveries (rows stay in the outbox)", ArgsUsage: "ID", Action: webhookDisable,
 				Flags: []cli.Flag{&cli.StringFlag{Name: "reason", Value: "disabled by an operator"}}},
 		},
@@ -85,7 +86,7 @@ func webhookCommand() *cli.Command {
 }
 
 // withRegistry connects, builds the registry and runs f with it.
-func withRegistry(ctx context.Context, cmd *cli.Command, f func(*webhook.Registry) error) error {
+func withRegistry(ctx context.Context, cmd *cli.Command, f func(*webhook.Registry, *pgxpool.Pool) error) error {
 	pool, err := connect(ctx, cmd)
 	if err != nil {
 		return err
@@ -95,7 +96,7 @@ func withRegistry(ctx context.Context, cmd *cli.Command, f func(*webhook.Registr
 	if err != nil {
 		return err
 	}
-	err = f(reg)
+	err = f(reg, pool)
 	if errors.Is(err, webhook.ErrEndpointNotFound) {
 		return withCode(exitNotFound, "%w", err)
 	}
@@ -114,7 +115,7 @@ func webhookAdd(ctx context.Context, cmd *cli.Command) error {
 	secret := cmp(cmd.String("secret"), webhook.NewSecret)
 	ep := webhook.Endpoint{ID: cmd.String("id"), URL: cmd.String("url"), EventTypes: cmd.StringSlice("event-type"), Keys: []string{secret},
 		Timeout: cmd.Duration("timeout"), Concurrency: cmd.Int("concurrency"), RateLimit: cmd.Float("rate-limit")}
-	return withRegistry(ctx, cmd, func(reg *webhook.Registry) error {
+	return withRegistry(ctx, cmd, func(reg *webhook.Registry, _ *pgxpool.Pool) error {
 		added, err := reg.Add(ctx, ep)
 		if err != nil {
 			return addError(err, ep.ID)
@@ -133,7 +134,7 @@ func webhookAdd(ctx context.Context, cmd *cli.Command) error {
 }
 
 func webhookList(ctx context.Context, cmd *cli.Command) error {
-	return withRegistry(ctx, cmd, func(reg *webhook.Registry) error {
+	return withRegistry(ctx, cmd, func(reg *webhook.Registry, _ *pgxpool.Pool) error {
 		eps, err := reg.List(ctx)
 		if err != nil {
 			return err
@@ -172,7 +173,7 @@ func webhookRotate(ctx context.Context, cmd *cli.Command) error {
 		return usageError("--grace must not be negative")
 	}
 	secret := cmp(cmd.String("secret"), webhook.NewSecret)
-	return withRegistry(ctx, cmd, func(reg *webhook.Registry) error {
+	return withRegistry(ctx, cmd, func(reg *webhook.Registry, _ *pgxpool.Pool) error {
 		if err := reg.RotateKey(ctx, id, secret, cmd.Duration("grace")); err != nil {
 			if errors.Is(err, webhook.ErrInvalidKey) {
 				return usageError("%w", err)
@@ -188,22 +189,37 @@ func webhookRotate(ctx context.Context, cmd *cli.Command) error {
 }
 
 func webhookEnable(ctx context.Context, cmd *cli.Command) error {
-	return webhookSetState(ctx, cmd, func(reg *webhook.Registry, id string) error { return reg.Enable(ctx, id) })
+	return webhookSetState(ctx, cmd, func(reg *webhook.Registry, pool *pgxpool.Pool, id string) (string, error) {
+		if err := reg.Enable(ctx, id); err != nil {
+			return "", err
+		}
+		// Send the rows held while it was disabled now, not at the relay's
+		// next hold interval.
+		ob, _, err := stores(cmd, pool)
+		if err != nil {
+			return "", err
+		}
+		n, err := ob.RetryNow(ctx, webhook.DestinationPrefix+id)
+		return fmt.Sprintf("%d held messages due now", n), err
+	})
 }
 
 func webhookDisable(ctx context.Context, cmd *cli.Command) error {
-	return webhookSetState(ctx, cmd, func(reg *webhook.Registry, id string) error { return reg.Disable(ctx, id, cmd.String("reason")) })
+	return webhookSetState(ctx, cmd, func(reg *webhook.Registry, _ *pgxpool.Pool, id string) (string, error) {
+		return "", reg.Disable(ctx, id, cmd.String("reason"))
+	})
 }
 
 // webhookSetState enables or disables the endpoint named by the argument
-// and prints it.
-func webhookSetState(ctx context.Context, cmd *cli.Command, set func(*webhook.Registry, string) error) error {
+// and prints it, with what set has to say.
+func webhookSetState(ctx context.Context, cmd *cli.Command, set func(*webhook.Registry, *pgxpool.Pool, string) (string, error)) error {
 	id, err := endpointArg(cmd)
 	if err != nil {
 		return err
 	}
-	return withRegistry(ctx, cmd, func(reg *webhook.Registry) error {
-		if err := set(reg, id); err != nil {
+	return withRegistry(ctx, cmd, func(reg *webhook.Registry, pool *pgxpool.Pool) error {
+		said, err := set(reg, pool, id)
+		if err != nil {
 			return err
 		}
 		ep, err := reg.Get(ctx, id)
@@ -213,6 +229,9 @@ func webhookSetState(ctx context.Context, cmd *cli.Command, set func(*webhook.Re
 		j := toEndpointJSON(ep)
 		return output(cmd, j, func(t *table) {
 			t.note("endpoint %s %s", id, map[bool]string{true: "enabled", false: "disabled"}[j.Enabled])
+			if said != "" {
+				t.note("%s", said)
+			}
 		})
 	})
 }

@@ -17,7 +17,7 @@ import (
 func TestWebhookEndpoints(t *testing.T) {
 	t.Parallel()
 	url, pool, _ := database(t)
-	mustRun(t, url, "migrate", "--components", "webhook")
+	mustRun(t, url, "migrate", "--components", "webhook,outbox")
 
 	var added struct {
 		endpointJSON
@@ -41,9 +41,19 @@ func TestWebhookEndpoints(t *testing.T) {
 	if stats.WebhookEndpoints == nil || *stats.WebhookEndpoints != 1 || *stats.WebhookDisabled != 1 {
 		t.Errorf("stats with a disabled endpoint: %+v", stats)
 	}
+	// A row held while the endpoint was disabled is due again at enable.
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `INSERT INTO idemq_outbox (id, destination, payload, available_at)
+		VALUES (gen_random_uuid(), 'webhook/shop', '{}', now() + interval '1 hour')`); err != nil {
+		t.Fatal(err)
+	}
 	mustJSON(t, url, &ep, "webhook", "enable", "shop")
 	if !ep.Enabled {
 		t.Errorf("webhook enable: %+v", ep)
+	}
+	var waiting int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM idemq_outbox WHERE available_at > now()`).Scan(&waiting); err != nil || waiting != 0 {
+		t.Errorf("after enable %d rows still wait (%v), want the held row due", waiting, err)
 	}
 	var rotated map[string]string
 	mustJSON(t, url, &rotated, "webhook", "rotate", "shop", "--grace", "1h")
@@ -54,7 +64,7 @@ func TestWebhookEndpoints(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stored, err := reg.Get(context.Background(), "shop")
+	stored, err := reg.Get(ctx, "shop")
 	if err != nil || len(stored.Keys) != 2 {
 		t.Errorf("after rotate with grace the endpoint signs with %d keys (%v), want the old and the new", len(stored.Keys), err)
 	}

@@ -54,6 +54,10 @@ type Queries struct {
 	Stats string
 	// Vacuum vacuums the outbox table (simple protocol, outside a tx).
 	Vacuum string
+	// RetryNow makes the rows of destination $1 that wait for a later
+	// time due now, and counts them; rows parked behind a dead letter and
+	// rows in a batch being published (locked) are left alone.
+	RetryNow string
 
 	// Scan, Claim, PutBack, Bury, Park and Bump are the relay's; see
 	// their comments below and the relay package's claim.go. ClaimParked
@@ -108,6 +112,13 @@ ORDER BY m.n`,
   (SELECT extract(epoch FROM clock_timestamp() - min(created_at))::float8 FROM ` + table + `),
   (SELECT count(*) FROM ` + dead + `)`,
 		Vacuum: `VACUUM ` + table,
+		RetryNow: `WITH due AS (
+  UPDATE ` + table + ` SET available_at = now()
+  WHERE seq IN (SELECT seq FROM ` + table + `
+                WHERE destination = $1 AND available_at > now() AND available_at < 'infinity'
+                FOR UPDATE SKIP LOCKED)
+  RETURNING 1)
+SELECT count(*) FROM due`,
 
 		// The first $2 due rows from seq $3 on, locked, each keyed row only
 		// if its key's lock was free and the key falls into this worker's

@@ -170,6 +170,45 @@ func TestGoneDisablesTheEndpointAndHoldsItsRows(t *testing.T) {
 	}
 }
 
+// TestRetryNowSendsHeldRowsAtOnce: with an hour-long HoldInterval and
+// RefreshInterval, the rows held while an endpoint was disabled arrive, in
+// key order and without lost attempts, as soon as it is enabled and its
+// destination retried now.
+func TestRetryNowSendsHeldRowsAtOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var gone atomic.Bool
+	gone.Store(true)
+	rc := newReceiver(t, func(i int, w http.ResponseWriter, r *http.Request) bool {
+		if gone.Load() {
+			w.WriteHeader(http.StatusGone)
+			return true
+		}
+		return false
+	})
+	ep, _ := addEndpoint(t, b, rc.srv.URL, nil)
+	sink := fastSink(t, b, webhook.Config{HoldInterval: time.Hour, RefreshInterval: time.Hour})
+	runRelay(t, b, sink, relay.Config{})
+	publish(t, b, event("k", 0), event("k", 1), event("k", 2))
+	waitFor(t, "the rows held", func() bool {
+		var held int
+		err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM idemq_outbox WHERE available_at > now() + interval '30 minutes' AND attempts = 0`).Scan(&held)
+		return err == nil && held == 3
+	})
+	gone.Store(false)
+	if err := b.reg.Enable(b.ctx, ep.ID); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := b.ob.RetryNow(b.ctx, webhook.DestinationPrefix+ep.ID); err != nil || n != 3 {
+		t.Fatalf("RetryNow = %d, %v; want 3", n, err)
+	}
+	waitFor(t, "the held rows", func() bool { n, _ := pending(t, b); return n == 0 })
+	hits := rc.all()[1:]
+	if len(hits) != 3 || hits[0].n != 0 || hits[1].n != 1 || hits[2].n != 2 {
+		t.Fatalf("deliveries after enabling %+v, want events 0, 1, 2", hits)
+	}
+}
+
 // TestHangingEndpointDoesNotStallOthers: an endpoint that never answers
 // times out, its breaker opens and holds its rows out of the batches, so a
 // healthy endpoint receives everything while the hanging one gets few

@@ -37,6 +37,12 @@ func (st *endpointState) loadedAt() time.Time {
 	return st.loaded
 }
 
+func (st *endpointState) disabled() bool {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return !st.ep.Enabled()
+}
+
 // refresh installs a fresh read of the endpoint, keeping the breaker.
 func (st *endpointState) refresh(ep Endpoint, cfg Config, now time.Time) {
 	keys, err := ParseKeys(ep.Keys...)

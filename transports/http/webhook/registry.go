@@ -298,7 +298,9 @@ func (r *Registry) Disable(ctx context.Context, id, reason string) error {
 }
 
 // Enable lets deliveries flow to the endpoint again, its held rows first
-// (in key order), and restarts its failure clock.
+// (in key order), and restarts its failure clock. The held rows come back
+// within the Sink's HoldInterval; to send them at once, call
+// Outbox.RetryNow with the destination [DestinationPrefix]+id after Enable.
 func (r *Registry) Enable(ctx context.Context, id string) error {
 	tag, err := r.db.Exec(ctx, r.sql.enable, id)
 	return affected(tag.RowsAffected(), err, "enable", id)

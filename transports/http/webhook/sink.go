@@ -65,8 +65,9 @@ type Config struct {
 	BreakerCooldown time.Duration
 	// HoldInterval is how often the rows of a disabled endpoint come back
 	// to see whether it was re-enabled: each time the relay claims and puts
-	// back the head of every held key and every held unkeyed row. Defaults
-	// to 1 minute.
+	// back the head of every held key and every held unkeyed row. After
+	// [Registry.Enable], Outbox.RetryNow on the endpoint's destination
+	// sends them at once. Defaults to 1 minute.
 	HoldInterval time.Duration
 	// RefreshInterval is how long the Sink trusts its copy of an endpoint
 	// (URL, keys, enabled state, limits) before reading it again. Defaults
@@ -291,7 +292,10 @@ func (s *Sink) states(ctx context.Context, batch []relay.Message) (map[string]*e
 		}
 		st := s.endpoints[id]
 		out[id] = st
-		if st == nil || now.Sub(st.loadedAt()) >= s.cfg.RefreshInterval {
+		// A disabled endpoint is read every time its rows come back (once
+		// per HoldInterval, or when Outbox.RetryNow sends them early), so
+		// that rows sent after Enable are not held once more.
+		if st == nil || st.disabled() || now.Sub(st.loadedAt()) >= s.cfg.RefreshInterval {
 			stale = append(stale, id)
 		}
 	}
