@@ -66,9 +66,10 @@
 //     propagator (otel.SetTextMapPropagator).
 //   - [Telemetry.Sink] wraps the relay's Sink: each message gets a
 //     "send <destination>" span (PRODUCER) whose parent is the stored
-//     context, which it also links to as the conventions ask, and its own context replaces the stored one in the headers
-//     the Sink publishes: Kafka record headers, NATS headers (lower-case
-//     names: NATS headers are case-sensitive) and webhook request headers.
+//     context, which it also links to as the conventions ask; its own
+//     context replaces the stored one in the headers the Sink publishes:
+//     Kafka record headers, NATS headers (lower-case names: NATS headers
+//     are case-sensitive) and webhook request headers.
 //     Its attributes: messaging.system, messaging.operation.name and
 //     .type (send), messaging.destination.name, messaging.message.id
 //     (the outbox id) and idemq.relay.attempt (1 for the first publish).
@@ -78,6 +79,8 @@
 //     with the messaging attributes above (operation process). It wraps
 //     the handler, so it works alike under Process and ProcessBatch; a
 //     duplicate, which never reaches the handler, gets no span.
+//   - [Telemetry.HTTPHooks] sets idemq.result (completed, replayed,
+//     conflict, ...) on the span of each protected request.
 //   - A webhook receiver continues the trace with any HTTP server
 //     instrumentation (otelhttp): the delivery carries traceparent.
 //

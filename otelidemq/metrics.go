@@ -8,6 +8,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/relay"
@@ -104,11 +105,13 @@ func (t *Telemetry) RelayHooks(next relay.Hooks) relay.Hooks {
 	}
 }
 
-// HTTPHooks returns middleware hooks that count requests by result, then
-// call next's.
+// HTTPHooks returns middleware hooks that count requests by result, put
+// the result on the request's span (idemq.result, on otelhttp's server
+// span for instance), then call next's.
 func (t *Telemetry) HTTPHooks(next idemhttp.Hooks) idemhttp.Hooks {
 	return idemhttp.Hooks{OnResult: func(e idemhttp.ResultEvent) {
 		t.countRequest("http", e.Result.String())
+		trace.SpanFromContext(e.Request.Context()).SetAttributes(keyResult.String(e.Result.String()))
 		if next.OnResult != nil {
 			next.OnResult(e)
 		}

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -336,7 +337,13 @@ func TestRequestMetrics(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		srv := httptest.NewServer(m.Wrap(created))
+		protected := m.Wrap(created)
+		// A server span around the middleware, as otelhttp makes one.
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			ctx, span := tel.tp.Tracer("test").Start(r.Context(), "POST /orders")
+			defer span.End()
+			protected.ServeHTTP(w, r.WithContext(ctx))
+		}))
 		t.Cleanup(srv.Close)
 		return srv.URL
 	}
@@ -362,6 +369,18 @@ func TestRequestMetrics(t *testing.T) {
 		}
 	}
 	tel.GRPCHooks(idemgrpc.ServerHooks{}).OnResult(idemgrpc.ResultEvent{Result: request.ResultInFlight, Code: codes.Aborted})
+
+	var results []string
+	for _, s := range tel.ended("POST /orders") {
+		for _, a := range s.Attributes() {
+			if a.Key == "idemq.result" {
+				results = append(results, a.Value.AsString())
+			}
+		}
+	}
+	if want := []string{"completed", "replayed", "conflict", "unavailable"}; !slices.Equal(results, want) {
+		t.Errorf("idemq.result on the request spans: %v, want %v", results, want)
+	}
 
 	m := collect(t, tel.reader)
 	for _, c := range []struct{ transport, result string }{
