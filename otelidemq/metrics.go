@@ -111,7 +111,9 @@ func (t *Telemetry) RelayHooks(next relay.Hooks) relay.Hooks {
 func (t *Telemetry) HTTPHooks(next idemhttp.Hooks) idemhttp.Hooks {
 	return idemhttp.Hooks{OnResult: func(e idemhttp.ResultEvent) {
 		t.countRequest("http", e.Result.String())
-		trace.SpanFromContext(e.Request.Context()).SetAttributes(keyResult.String(e.Result.String()))
+		if e.Request != nil {
+			trace.SpanFromContext(e.Request.Context()).SetAttributes(keyResult.String(e.Result.String()))
+		}
 		if next.OnResult != nil {
 			next.OnResult(e)
 		}
