@@ -1,0 +1,157 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"testing"
+
+	"github.com/google/uuid"
+
+	"github.com/idemq/idemq/outbox"
+	"github.com/idemq/idemq/testenv"
+)
+
+// TestFencing drives two workers of two relays by hand. A owns every
+// partition and has a batch in flight when its lease expires: B's takeover
+// skips the partitions A's batch holds, so it cannot take them until A's
+// batch committed. Then B takes them over (new tokens), and A, stale,
+// claims and publishes nothing more: its next batch sees the tokens it
+// held are gone. B publishes the rest, and no message is published twice
+// or out of order.
+func TestFencing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.Postgres(t)
+	ob, err := outbox.New(pool, outbox.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ob.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var msgs []outbox.Message
+	for i := range 40 {
+		msgs = append(msgs, outbox.Message{Destination: "d", Key: fmt.Sprint("k", i%10), Payload: fmt.Append(nil, i)})
+	}
+	if err := ob.Enqueue(ctx, msgs...); err != nil {
+		t.Fatal(err)
+	}
+
+	var mu sync.Mutex
+	var published []Message
+	calls := map[string]int{}
+	inFlight, release := make(chan struct{}), make(chan struct{})
+	sink := func(name string) Sink {
+		return SinkFunc(func(_ context.Context, batch []Message) error {
+			mu.Lock()
+			published = append(published, batch...)
+			calls[name]++
+			first := name == "A" && calls[name] == 1
+			mu.Unlock()
+			if first {
+				close(inFlight)
+				<-release
+			}
+			return nil
+		})
+	}
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	newWorker := func(name string) *worker {
+		r, err := New(pool, ob, sink(name), Config{BatchSize: 10, DisableListen: true, Logger: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.preflight(ctx); err != nil {
+			t.Fatal(err)
+		}
+		w := &worker{r: r, id: uuid.New()}
+		w.restart()
+		return w
+	}
+	a, b := newWorker("A"), newWorker("B")
+	if err := a.rebalance(ctx); err != nil || len(a.leases) != 64 {
+		t.Fatalf("A owns %d partitions (%v), want all 64", len(a.leases), err)
+	}
+
+	done := make(chan error, 1)
+	go func() {
+		n, _, err := a.batch(ctx, ctx)
+		if err == nil && n != 10 {
+			err = fmt.Errorf("A's batch claimed %d rows, want 10", n)
+		}
+		done <- err
+	}()
+	<-inFlight
+	expire := func(w *worker) {
+		t.Helper()
+		if _, err := pool.Exec(ctx, `UPDATE idemq_outbox_relays SET expires_at = now() - interval '1 second' WHERE owner = $1`, w.id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	expire(a)
+	if err := b.rebalance(ctx); err != nil || len(b.leases) != 0 {
+		t.Fatalf("B took %d partitions (%v) while A's batch holds them, want 0", len(b.leases), err)
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if err := b.rebalance(ctx); err != nil || len(b.leases) != 64 {
+		t.Fatalf("B owns %d partitions (%v) after A's batch, want all 64", len(b.leases), err)
+	}
+	for _, l := range b.leases {
+		if l.token != 2 {
+			t.Fatalf("partition %d has token %d after one takeover, want 2", l.part, l.token)
+		}
+	}
+
+	// A is stale: it still believes it owns everything.
+	if len(a.leases) != 64 {
+		t.Fatalf("A forgot its leases early: %d", len(a.leases))
+	}
+	n, again, err := a.batch(ctx, ctx)
+	if err != nil || n != 0 || !again {
+		t.Fatalf("stale A's batch: %d rows, again %v, %v; want 0 rows and again", n, again, err)
+	}
+	if len(a.leases) != 0 {
+		t.Fatalf("stale A still believes it owns %d partitions", len(a.leases))
+	}
+	for {
+		n, again, err := b.batch(ctx, ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 && !again {
+			break
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if calls["A"] != 1 || calls["B"] != 3 {
+		t.Fatalf("sink calls %v, want A 1 and B 3", calls)
+	}
+	seen := map[uuid.UUID]bool{}
+	last := map[string]int{}
+	for _, m := range published {
+		if seen[m.ID] {
+			t.Fatalf("message %s published twice", m.Payload)
+		}
+		seen[m.ID] = true
+		var i int
+		fmt.Sscan(string(m.Payload), &i)
+		if l, ok := last[m.Key]; ok && i < l {
+			t.Fatalf("key %s: %d published after %d", m.Key, i, l)
+		}
+		last[m.Key] = i
+	}
+	if len(seen) != 40 {
+		t.Fatalf("%d messages published, want 40", len(seen))
+	}
+	var left int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM idemq_outbox`).Scan(&left); err != nil || left != 0 {
+		t.Fatalf("%d rows left (%v)", left, err)
+	}
+}
