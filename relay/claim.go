@@ -12,6 +12,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq"
@@ -24,10 +25,11 @@ import (
 //
 //  1. fence and scan, pipelined: lock the worker's lease rows FOR SHARE
 //     and read their tokens and gens (see lease.go); read the horizon
-//     (below); then the first BatchSize rows from the cursor on that are
-//     unkeyed or fall into the worker's partitions, in seq order, FOR
-//     UPDATE SKIP LOCKED (only unkeyed rows are ever locked by another
-//     worker: the rows of a partition are scanned by its owner alone). If
+//     (below); then up to BatchSize rows, FOR UPDATE SKIP LOCKED, from the
+//     unkeyed rows (partition -1) and the worker's partitions, taking the
+//     partitions in turn, each in seq order from its cursor, through the
+//     outbox's (partition, seq) index. Only unkeyed rows are ever locked
+//     by another worker: a partition is scanned by its owner alone. If
 //     the leases are not the ones the worker believed it owned, it rolls
 //     back and starts over.
 //  2. pick, without the database: walking the window in seq order, a due
@@ -44,11 +46,12 @@ import (
 //     key blocked until it is due) or buried in the dead letters.
 //  6. commit: apply the decision and commit in one round trip.
 //
-// The cursor: the next scan starts after the last row of this one, so no
-// scan reads again through what was deleted (dead index entries that a
-// long-running transaction elsewhere keeps visible). It moves back to a
-// row the worker left behind once that row is due, to the start after a
-// lease change and every RescanInterval. And it never passes the horizon:
+// The cursors: the next scan of a partition starts after the last row this
+// one read from it, so no scan reads again through what was deleted (dead
+// index entries that a long-running transaction elsewhere keeps visible).
+// They move back to a row the worker left behind once that row is due, to
+// the start after a lease change and every RescanInterval. And they never
+// pass the horizon:
 // a transaction that drew a seq may commit after later seqs did. The
 // horizon is the highest seq such that every transaction that could have
 // drawn a seq up to it has ended: the sequence's last value, once every
@@ -66,12 +69,14 @@ type worker struct {
 	live   int     // live workers at the last rebalance
 
 	rebalanceAt time.Time
-	cursor      int64
+	cursors     map[int32]int64 // per partition (-1: unkeyed), the seq to scan from
+	next        int32           // the partition the next scan starts with
 	lastFull    time.Time
 	blocked     map[string]bool // keys whose head is behind the cursor, not due
 	back        rewind          // where the rows left behind are
 
 	horizon    int64    // every seq up to this one is settled
+	seen       int64    // the highest seq scanned
 	pendingTop int64    // a candidate horizon, once pending have ended
 	pending    []string // virtual transaction ids; nil: no candidate
 }
@@ -100,14 +105,16 @@ func (b *rewind) add(seq, wait int64) {
 // restart makes the next scan start from the beginning, forgetting what
 // the worker knew about its keys.
 func (w *worker) restart() {
-	w.cursor = 0
+	w.cursors = map[int32]int64{}
 	w.blocked = map[string]bool{}
 	w.back = rewind{}
 }
 
 // scanned is one row of a scan window.
 type scanned struct {
+	part int32
 	seq  int64
+	ctid pgtype.TID
 	key  *string
 	wait int64 // microseconds until due; 0: due, -1: parked
 }
@@ -146,7 +153,9 @@ func (w *worker) batch(ctx, work context.Context) (int, bool, error) {
 		w.restart()
 		w.lastFull = now
 	case !w.back.at.IsZero() && !now.Before(w.back.at):
-		w.cursor = min(w.cursor, w.back.seq)
+		for p, c := range w.cursors {
+			w.cursors[p] = min(c, w.back.seq)
+		}
 		w.blocked = map[string]bool{}
 		w.back = rewind{}
 	}
@@ -166,11 +175,6 @@ func (w *worker) batch(ctx, work context.Context) (int, bool, error) {
 		tx.rollback(ctx)
 		w.setLeases(held)
 		return 0, true, nil
-	}
-	from := w.cursor
-	next := from
-	if len(win) > 0 {
-		next = win[len(win)-1].seq + 1
 	}
 	picked := w.pick(win)
 	var rows []row
@@ -200,10 +204,10 @@ func (w *worker) batch(ctx, work context.Context) (int, bool, error) {
 		return 0, false, fmt.Errorf("relay: settle and commit: %w", err)
 	}
 	w.settled(d)
-	w.cursor = min(next, w.horizon+1)
+	moved := w.move(win)
 	r.claimedRows(len(rows))
 	r.report(d, took)
-	more := len(win) >= r.cfg.BatchSize && w.cursor > from
+	more := len(win) >= r.cfg.BatchSize && moved
 	if len(w.leases) > w.target() && time.Now().Before(w.rebalanceAt) {
 		w.rebalanceAt = time.Time{} // give up the extra partitions now
 	}
@@ -221,10 +225,19 @@ func (w *worker) scan(ctx context.Context, tx *claimTx) ([]lease, []scanned, err
 	// planning costs as much as executing them.
 	b.Queue("SELECT set_config('idle_in_transaction_session_timeout', $1, true), set_config('plan_cache_mode', 'force_generic_plan', true)", idle)
 	b.Queue(r.sql.Hold, w.id)
-	b.Queue(r.sql.Lock)
-	b.Queue(r.sql.Top, r.seqOID)
-	b.Queue(r.sql.Writers, r.sql.Table, w.pending)
-	b.Queue(r.sql.Scan, r.cfg.BatchSize, w.cursor, w.partitions())
+	// The horizon needs moving only while scans reach it.
+	horizon := w.pending != nil || w.horizon <= w.seen
+	if horizon {
+		b.Queue(r.sql.Lock)
+		b.Queue(r.sql.Top, r.seqOID)
+		b.Queue(r.sql.Writers, r.sql.Table, w.pending)
+	}
+	parts := w.partitions()
+	cursors := make([]int64, len(parts))
+	for i, p := range parts {
+		cursors[i] = w.cursors[p]
+	}
+	b.Queue(r.sql.Scan, r.cfg.BatchSize, parts, cursors)
 	tx.open = true
 	br := tx.conn.SendBatch(ctx, b)
 	var held []lease
@@ -247,26 +260,28 @@ func (w *worker) scan(ctx context.Context, tx *claimTx) ([]lease, []scanned, err
 		if err != nil {
 			return err
 		}
-		if _, err := br.Exec(); err != nil {
-			return err
+		if horizon {
+			if _, err := br.Exec(); err != nil {
+				return err
+			}
+			var top int64
+			if err := br.QueryRow().Scan(&top); err != nil {
+				return err
+			}
+			var writers []string
+			var ended bool
+			if err := br.QueryRow().Scan(&writers, &ended); err != nil {
+				return err
+			}
+			w.advance(top, writers, ended)
 		}
-		var top int64
-		if err := br.QueryRow().Scan(&top); err != nil {
-			return err
-		}
-		var writers []string
-		var ended bool
-		if err := br.QueryRow().Scan(&writers, &ended); err != nil {
-			return err
-		}
-		w.advance(top, writers, ended)
 		rows, err = br.Query()
 		if err != nil {
 			return err
 		}
 		win, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (scanned, error) {
 			var s scanned
-			err := row.Scan(&s.seq, &s.key, &s.wait)
+			err := row.Scan(&s.part, &s.seq, &s.ctid, &s.key, &s.wait)
 			return s, err
 		})
 		return err
@@ -275,6 +290,29 @@ func (w *worker) scan(ctx context.Context, tx *claimTx) ([]lease, []scanned, err
 		err = cerr
 	}
 	return held, win, err
+}
+
+// move moves the cursors of the partitions in the window past their last
+// row, but not past the horizon, and makes the next scan start after the
+// window's last partition, so that every partition gets its turn. It
+// reports whether a cursor moved.
+func (w *worker) move(win []scanned) bool {
+	last := map[int32]int64{}
+	for _, s := range win {
+		last[s.part] = max(last[s.part], s.seq)
+		w.seen = max(w.seen, s.seq)
+	}
+	moved := false
+	for p, seq := range last {
+		if c := min(seq+1, w.horizon+1); c > w.cursors[p] {
+			w.cursors[p] = c
+			moved = true
+		}
+	}
+	if len(win) > 0 {
+		w.next = win[len(win)-1].part + 1
+	}
+	return moved
 }
 
 // advance moves the horizon: the candidate becomes it once the transactions
@@ -320,10 +358,10 @@ func (w *worker) pick(win []scanned) (picked []scanned) {
 // keys are blocked: they are parked.
 func (w *worker) claim(ctx context.Context, tx *claimTx, picked []scanned) ([]row, error) {
 	r := w.r
-	seqs := make([]int64, len(picked))
+	ctids := make([]pgtype.TID, len(picked))
 	keyed := false
 	for i, s := range picked {
-		seqs[i] = s.seq
+		ctids[i] = s.ctid
 		keyed = keyed || s.key != nil
 	}
 	park := r.cfg.ParkFollowers && keyed
@@ -331,7 +369,7 @@ func (w *worker) claim(ctx context.Context, tx *claimTx, picked []scanned) ([]ro
 	if park {
 		stmt = r.sql.ClaimParked
 	}
-	rs, err := tx.conn.Query(ctx, stmt, seqs)
+	rs, err := tx.conn.Query(ctx, stmt, ctids)
 	if err != nil {
 		return nil, err
 	}

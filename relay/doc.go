@@ -100,25 +100,30 @@
 //
 // # Scanning and dead tuples
 //
-// Each worker scans the outbox in primary-key order from a cursor: the
-// next scan starts after the last row of the previous one, so it never
-// reads again through the rows it deleted. Deleted rows stay in the table
-// as dead tuples until vacuum removes them, and a long-running transaction
-// anywhere keeps them visible to itself, so a scan that started from the
-// beginning would read through all of them. The cursor goes back only to
-// rows the worker itself left behind once they are due (retries), to the
-// beginning after it took over a partition or a dead-letter operation
-// moved rows of its partitions, and every [Config.RescanInterval] (a
-// safety net, 1 minute by default).
+// Each worker reads the unkeyed rows and the rows of each of its
+// partitions in seq order, through the outbox's (partition, seq) index, from
+// a cursor per partition: the next scan of a partition starts after the
+// last row read from it, so it never reads again through the rows that
+// were deleted behind it. Deleted rows stay in the table as dead tuples
+// until vacuum removes them, and a long-running transaction anywhere keeps
+// them visible to itself, so a scan that started from the beginning would
+// read through all of them (the drain of a large backlog would slow down
+// with every row published). A batch takes the partitions in turn, so a
+// partition with a large backlog does not hold back the others. The
+// cursors go back only to rows the worker itself left behind once they
+// are due (retries), to the beginning after it took over a partition or a
+// dead-letter operation moved rows of its partitions, and every
+// [Config.RescanInterval] (a safety net, 1 minute by default).
 //
 // A transaction that draws seqs and commits after later seqs were
-// published must not be overtaken, so the cursor never passes the
+// published must not be overtaken, so the cursors never pass the
 // horizon: the sequence's value as of a moment after which every
 // transaction that then held the outbox table's RowExclusiveLock (which a
 // writer holds from before it draws a seq until it ends) has ended. A
-// long transaction that wrote to the outbox holds the cursor back until
+// long transaction that wrote to the outbox holds the cursors back until
 // it ends; a long transaction that did not, does not. (The outbox's
-// sequence must keep its default CACHE 1.)
+// sequence must keep its default CACHE 1, and the relay's role needs the
+// SELECT privilege on it.)
 //
 // Vacuum is still what removes dead tuples: the migration sets aggressive
 // per-table autovacuum parameters. A server where autovacuum is off or too

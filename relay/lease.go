@@ -104,16 +104,16 @@ func (w *worker) setLeases(held []lease) {
 	w.leases = held
 }
 
-// partitions is the scan's partition filter: nil for all of them.
+// partitions are the partitions the next scan reads, in order: -1 (the
+// unkeyed rows) and the owned ones, from w.next on, round.
 func (w *worker) partitions() []int32 {
-	if len(w.leases) == outboxsql.Partitions {
-		return nil
+	parts := make([]int32, 0, len(w.leases)+1)
+	parts = append(parts, -1)
+	for _, l := range w.leases {
+		parts = append(parts, l.part)
 	}
-	parts := make([]int32, len(w.leases))
-	for i, l := range w.leases {
-		parts[i] = l.part
-	}
-	return parts
+	i, _ := slices.BinarySearch(parts, w.next)
+	return slices.Concat(parts[i:], parts[:i])
 }
 
 // leave gives up the worker's partitions and deletes its row, so that the

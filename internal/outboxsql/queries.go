@@ -26,6 +26,10 @@ const (
 	Partitions = 64
 	// partOf is the partition of the key column or parameter k.
 	partOf = `mod(hashtext(%s)::int8 + 2147483648, 64)::int4`
+	// partition is a row's partition, -1 for unkeyed rows: the expression
+	// of the outbox's (partition, seq) index, which only this exact text
+	// uses.
+	partition = `coalesce(mod(hashtext(key)::int8 + 2147483648, 64)::int4, -1)`
 )
 
 // Columns are the columns Enqueue writes, in the order of Insert's arrays
@@ -151,22 +155,28 @@ DELETE FROM ` + relays + ` WHERE owner = $1`,
 		// The other transactions that may insert into table $1: those that
 		// hold its RowExclusiveLock (taken before a row's seq is drawn),
 		// by virtual transaction id; and whether none of the transactions
-		// in $2 is still running.
+		// in $2 is still running (NULL: none to check).
 		Writers: `SELECT ARRAY(SELECT virtualtransaction FROM pg_locks
               WHERE locktype = 'relation' AND relation = $1::regclass AND mode = 'RowExclusiveLock'
                 AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
                 AND pid <> pg_backend_pid()),
-       NOT EXISTS (SELECT 1 FROM pg_locks WHERE virtualtransaction = ANY($2::text[]))`,
-		// The first $1 rows from seq $2 on that are unkeyed or fall into
-		// partitions $3 (NULL: all), locked, with the microseconds until
-		// they are due (0: due, -1: parked).
-		Scan: `SELECT seq, key, CASE WHEN available_at <= now() THEN 0
-                         WHEN available_at = 'infinity' THEN -1
-                         ELSE ceil(extract(epoch FROM available_at - now()) * 1000000)::int8 END
-FROM ` + table + `
-WHERE seq >= $2 AND (key IS NULL OR $3::int4[] IS NULL OR ` + fmt.Sprintf(partOf, "key") + ` = ANY($3))
-ORDER BY seq LIMIT $1
-FOR UPDATE SKIP LOCKED`,
+       CASE WHEN $2::text[] IS NULL THEN true
+            ELSE NOT EXISTS (SELECT 1 FROM pg_locks WHERE virtualtransaction = ANY($2)) END`,
+		// Up to $1 rows (partition, seq, ctid, key, wait), locked, from partitions $2 (-1: unkeyed rows) in
+		// that order, each from seq $3[i] on in seq order, with the
+		// microseconds until they are due (0: due, -1: parked). The nested
+		// loop stops reading partitions once it has $1 rows.
+		Scan: `SELECT r.part, r.seq, r.ctid, r.key, r.wait
+FROM unnest($2::int4[], $3::int8[]) WITH ORDINALITY AS p(part, cursor, n)
+CROSS JOIN LATERAL (
+  SELECT p.part, seq, ctid, key, CASE WHEN available_at <= now() THEN 0
+                                     WHEN available_at = 'infinity' THEN -1
+                                     ELSE ceil(extract(epoch FROM available_at - now()) * 1000000)::int8 END AS wait
+  FROM ` + table + `
+  WHERE ` + partition + ` = p.part AND seq >= p.cursor
+  ORDER BY seq LIMIT $1
+  FOR UPDATE SKIP LOCKED) AS r
+LIMIT $1`,
 		// Failed rows go back with their seq (their place in their key's
 		// order), due after a delay in microseconds (negative: parked
 		// until a replay or purge releases them).
@@ -181,11 +191,14 @@ FROM unnest($1::int8[], $2::uuid[], $3::timestamptz[], $4::int4[], $5::text[], $
      AS u(s, i, c, a, dst, p, k, h, e)`,
 		// The followers of keys $1 whose head became a dead letter wait
 		// (ParkFollowers).
-		Park: `UPDATE ` + table + ` SET available_at = 'infinity' WHERE key = ANY($1) AND available_at <> 'infinity'`,
-		// Rows $1 are deleted and returned.
-		Claim: `DELETE FROM ` + table + ` WHERE seq = ANY($1)
+		Park: `UPDATE ` + table + ` SET available_at = 'infinity'
+WHERE ` + partition + ` IN (SELECT ` + fmt.Sprintf(partOf, "k") + ` FROM unnest($1::text[]) AS k)
+  AND key = ANY($1) AND available_at <> 'infinity'`,
+		// Rows $1 (ctids from Scan, stable while Scan's lock holds) are
+		// deleted and returned.
+		Claim: `DELETE FROM ` + table + ` WHERE ctid = ANY($1::tid[])
 RETURNING seq, id, destination, key, payload, headers, attempts, created_at`,
-		ClaimParked: `DELETE FROM ` + table + ` AS o WHERE seq = ANY($1)
+		ClaimParked: `DELETE FROM ` + table + ` AS o WHERE ctid = ANY($1::tid[])
   AND (o.key IS NULL OR NOT EXISTS (SELECT 1 FROM ` + dead + ` AS d WHERE d.key = o.key))
 RETURNING seq, id, destination, key, payload, headers, attempts, created_at`,
 
@@ -205,7 +218,8 @@ INSERT INTO ` + table + ` (seq, id, created_at, available_at, attempts, destinat
 SELECT seq, id, created_at, now(), 0, destination, payload, key, headers, last_error FROM moved`,
 		Purge: `DELETE FROM ` + dead + ` WHERE seq = ANY($1)`,
 		Unpark: `UPDATE ` + table + ` AS o SET available_at = now()
-WHERE o.key = ANY($1) AND o.available_at = 'infinity'
+WHERE ` + partition + ` IN (SELECT ` + fmt.Sprintf(partOf, "k") + ` FROM unnest($1::text[]) AS k)
+  AND o.key = ANY($1) AND o.available_at = 'infinity'
   AND NOT EXISTS (SELECT 1 FROM ` + dead + ` AS d WHERE d.key = o.key)`,
 	}
 	return q
