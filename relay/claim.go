@@ -222,8 +222,11 @@ func (w *worker) scan(ctx context.Context, tx *claimTx) ([]lease, []scanned, err
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
 	// Generic plans: the statements are the same every time and custom
-	// planning costs as much as executing them.
-	b.Queue("SELECT set_config('idle_in_transaction_session_timeout', $1, true), set_config('plan_cache_mode', 'force_generic_plan', true)", idle)
+	// planning costs as much as executing them. No sequential scans: a
+	// generic plan made while the outbox was empty would keep scanning
+	// it whole once it is not.
+	b.Queue(`SELECT set_config('idle_in_transaction_session_timeout', $1, true), set_config('plan_cache_mode', 'force_generic_plan', true),
+       set_config('enable_seqscan', 'off', true)`, idle)
 	b.Queue(r.sql.Hold, w.id)
 	// The horizon needs moving only while scans reach it.
 	horizon := w.pending != nil || w.horizon <= w.seen

@@ -165,7 +165,11 @@ DELETE FROM ` + relays + ` WHERE owner = $1`,
 		// Up to $1 rows (partition, seq, ctid, key, wait), locked, from partitions $2 (-1: unkeyed rows) in
 		// that order, each from seq $3[i] on in seq order, with the
 		// microseconds until they are due (0: due, -1: parked). The nested
-		// loop stops reading partitions once it has $1 rows.
+		// loop stops reading partitions once it has $1 rows. The
+		// conditions and the order are those of the (partition, seq) index
+		// and of no other: a plan cached while the table was empty would
+		// otherwise scan the primary key and filter (the relay also turns
+		// off sequential scans).
 		Scan: `SELECT r.part, r.seq, r.ctid, r.key, r.wait
 FROM unnest($2::int4[], $3::int8[]) WITH ORDINALITY AS p(part, cursor, n)
 CROSS JOIN LATERAL (
@@ -173,8 +177,8 @@ CROSS JOIN LATERAL (
                                      WHEN available_at = 'infinity' THEN -1
                                      ELSE ceil(extract(epoch FROM available_at - now()) * 1000000)::int8 END AS wait
   FROM ` + table + `
-  WHERE ` + partition + ` = p.part AND seq >= p.cursor
-  ORDER BY seq LIMIT $1
+  WHERE ` + partition + ` <= p.part AND (` + partition + `, seq) >= (p.part, p.cursor)
+  ORDER BY ` + partition + `, seq LIMIT $1
   FOR UPDATE SKIP LOCKED) AS r
 LIMIT $1`,
 		// Failed rows go back with their seq (their place in their key's

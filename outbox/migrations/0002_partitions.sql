@@ -32,21 +32,7 @@ INSERT INTO {{table_lease}} (part) SELECT generate_series(0, 63);
 -- index of the head probe, which is gone with the key advisory locks; the
 -- few statements that look rows up by key (parking and unparking a key's
 -- followers) go through their partitions. The expression is the one in
--- internal/outboxsql (partOf), exactly, or the index is not used.
+-- internal/outboxsql (partition), exactly, or the index is not used.
 CREATE INDEX ON {{table}} ((coalesce(mod(hashtext(key)::int8 + 2147483648, 64)::int4, -1)), seq);
-
--- No statistics on the partition expression: the relay's generic plans
--- compare it with a value from a join, and when ANALYZE saw one partition
--- only (an outbox of unkeyed rows), the planner would scan the primary key
--- and filter instead, reading the whole table for each partition. Without
--- statistics it assumes a partition is a small part of the table.
-DO $$
-DECLARE
-    idx regclass;
-BEGIN
-    SELECT indexrelid::regclass INTO idx FROM pg_index
-    WHERE indrelid = '{{table}}'::regclass AND indexprs IS NOT NULL;
-    EXECUTE format('ALTER INDEX %s ALTER COLUMN 1 SET STATISTICS 0', idx);
-END $$;
 
 DROP INDEX {{table_key_seq_idx}};
