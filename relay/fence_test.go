@@ -2,14 +2,18 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/testenv"
 )
@@ -153,5 +157,127 @@ func TestFencing(t *testing.T) {
 	var left int
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM idemq_outbox`).Scan(&left); err != nil || left != 0 {
 		t.Fatalf("%d rows left (%v)", left, err)
+	}
+}
+
+// TestReplayWaitsForTheOwnersBatch: a dead-letter Replay of a key locks the
+// lease row of the key's partition, so it waits while the partition's owner
+// has a batch in flight; once it committed, the owner's next batch sees the
+// lease's gen move, reads its partitions again from the start and
+// publishes the replayed message, which its cursor had long passed.
+func TestReplayWaitsForTheOwnersBatch(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := testenv.Postgres(t)
+	ob, err := outbox.New(pool, outbox.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ob.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var delivered []string
+	calls := 0
+	inFlight, release := make(chan struct{}), make(chan struct{})
+	sink := SinkFunc(func(_ context.Context, batch []Message) error {
+		mu.Lock()
+		calls++
+		call := calls
+		mu.Unlock()
+		switch call {
+		case 1:
+			return idemq.Permanent(errors.New("refused"))
+		case 2:
+			close(inFlight)
+			<-release
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		for _, m := range batch {
+			delivered = append(delivered, string(m.Payload))
+		}
+		return nil
+	})
+	r, err := New(pool, ob, sink, Config{DisableListen: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.preflight(ctx); err != nil {
+		t.Fatal(err)
+	}
+	w := &worker{r: r, id: uuid.New()}
+	w.restart()
+	if err := w.rebalance(ctx); err != nil {
+		t.Fatal(err)
+	}
+	drain := func() {
+		t.Helper()
+		for {
+			n, again, err := w.batch(ctx, ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n == 0 && !again {
+				return
+			}
+		}
+	}
+	enqueue := func(payloads ...string) {
+		t.Helper()
+		var msgs []outbox.Message
+		for _, p := range payloads {
+			msgs = append(msgs, outbox.Message{Destination: "d", Key: "k", Payload: []byte(p)})
+		}
+		if err := ob.Enqueue(ctx, msgs...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	enqueue("k:0")
+	drain() // k:0 becomes a dead letter
+	enqueue("k:1", "k:2")
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := w.batch(ctx, ctx)
+		done <- err
+	}()
+	<-inFlight
+	replayed := make(chan error, 1)
+	go func() {
+		n, err := ob.Replay(ctx, outbox.DeadFilter{Key: "k"})
+		if err == nil && n != 1 {
+			err = fmt.Errorf("replayed %d, want 1", n)
+		}
+		replayed <- err
+	}()
+	waitUntil(t, "Replay waiting for the lease row", func() bool {
+		var waiting bool
+		err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%idemq_outbox_lease%')`).Scan(&waiting)
+		return err == nil && waiting
+	})
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-replayed; err != nil {
+		t.Fatal(err)
+	}
+	drain()
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(delivered, []string{"k:1", "k:2", "k:0"}) {
+		t.Fatalf("delivered %q, want k:1 and k:2, then the replayed k:0", delivered)
+	}
+}
+
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
