@@ -28,7 +28,9 @@ import (
 //     (below); then up to BatchSize rows, FOR UPDATE SKIP LOCKED, from the
 //     unkeyed rows (partition -1) and the worker's partitions, taking the
 //     partitions in turn, each in seq order from its cursor, through the
-//     outbox's (partition, seq) index. Only unkeyed rows are ever locked
+//     outbox's (partition, seq) index (a worker that owns every
+//     partition reads the primary key in seq order instead: neighbouring
+//     rows are cheaper to read). Only unkeyed rows are ever locked
 //     by another worker: a partition is scanned by its owner alone. If
 //     the leases are not the ones the worker believed it owned, it rolls
 //     back and starts over.
@@ -240,7 +242,12 @@ func (w *worker) scan(ctx context.Context, tx *claimTx) ([]lease, []scanned, err
 	for i, p := range parts {
 		cursors[i] = w.cursors[p]
 	}
-	b.Queue(r.sql.Scan, r.cfg.BatchSize, parts, cursors)
+	if w.ownsAll() {
+		// The cursors are all the same (see move).
+		b.Queue(r.sql.ScanAll, r.cfg.BatchSize, slices.Min(cursors))
+	} else {
+		b.Queue(r.sql.Scan, r.cfg.BatchSize, parts, cursors)
+	}
 	tx.open = true
 	br := tx.conn.SendBatch(ctx, b)
 	var held []lease
@@ -315,8 +322,23 @@ func (w *worker) move(win []scanned) bool {
 	if len(win) > 0 {
 		w.next = win[len(win)-1].part + 1
 	}
+	if w.ownsAll() {
+		// The scan read every partition up to its last row.
+		c := w.cursors[-1]
+		for _, seq := range last {
+			c = max(c, min(seq+1, w.horizon+1))
+		}
+		for _, p := range w.partitions() {
+			moved = moved || c > w.cursors[p]
+			w.cursors[p] = max(w.cursors[p], c)
+		}
+	}
 	return moved
 }
+
+// ownsAll reports whether the worker owns every partition: its scans then
+// read the whole outbox in seq order (ScanAll), with one cursor.
+func (w *worker) ownsAll() bool { return len(w.leases) == outboxsql.Partitions }
 
 // advance moves the horizon: the candidate becomes it once the transactions
 // that could write to the outbox when it was read have ended; a new

@@ -109,7 +109,11 @@
 // them visible to itself, so a scan that started from the beginning would
 // read through all of them (the drain of a large backlog would slow down
 // with every row published). A batch takes the partitions in turn, so a
-// partition with a large backlog does not hold back the others. The
+// partition with a large backlog does not hold back the others. A worker
+// that owns every partition (a relay alone, with one worker) reads the
+// whole outbox in seq order through the primary key instead, with one
+// cursor: a partition's rows lie far apart in the table, and a batch of
+// neighbouring rows costs less. The
 // cursors go back only to rows the worker itself left behind once they
 // are due (retries), to the beginning after it took over a partition or a
 // dead-letter operation moved rows of its partitions, and every

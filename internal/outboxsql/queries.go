@@ -56,12 +56,12 @@ type Queries struct {
 	Vacuum string
 
 	// Join, Beat, Live, Take, Release, Leave, Hold, Lock, Sequence, Top, Writers,
-	// Scan, Claim, PutBack, Bury and Park are the relay's; see their
+	// Scan, ScanAll, Claim, PutBack, Bury and Park are the relay's; see their
 	// comments below and the relay package's claim.go and lease.go.
 	// ClaimParked is Claim for ParkFollowers: it also leaves out keys with
 	// a dead letter.
 	Join, Beat, Live, Take, Release, Leave, Hold, Lock, Sequence, Top, Writers string
-	Scan, Claim, ClaimParked, PutBack, Bury, Park                              string
+	Scan, ScanAll, Claim, ClaimParked, PutBack, Bury, Park                     string
 
 	// ListDead lists dead letters by the DeadFilter parameters ($1-$6) up
 	// to $7. LockDead locks them (seq, key) for Replay and Purge,
@@ -181,6 +181,17 @@ CROSS JOIN LATERAL (
   ORDER BY ` + partition + `, seq LIMIT $1
   FOR UPDATE SKIP LOCKED) AS r
 LIMIT $1`,
+		// Scan for a worker that owns every partition: up to $1 rows from
+		// seq $2 on in seq order, through the primary key, so that a batch
+		// takes neighbouring rows (a partition's rows lie far apart). Same
+		// columns as Scan.
+		ScanAll: `SELECT ` + partition + `, seq, ctid, key, CASE WHEN available_at <= now() THEN 0
+                                        WHEN available_at = 'infinity' THEN -1
+                                        ELSE ceil(extract(epoch FROM available_at - now()) * 1000000)::int8 END
+FROM ` + table + `
+WHERE seq >= $2
+ORDER BY seq LIMIT $1
+FOR UPDATE SKIP LOCKED`,
 		// Failed rows go back with their seq (their place in their key's
 		// order), due after a delay in microseconds (negative: parked
 		// until a replay or purge releases them).
