@@ -140,13 +140,13 @@ func (o *Outbox) PurgeTx(ctx context.Context, tx pgx.Tx, f DeadFilter) (int64, e
 }
 
 // settleDead runs stmt (Replay or Purge) on the dead letters that match f,
-// under the locks of their keys, then releases the followers parked behind
-// them.
+// after locking the partitions of their keys, then releases the followers
+// parked behind them.
 func (o *Outbox) settleDead(ctx context.Context, tx pgx.Tx, f DeadFilter, stmt string) (int64, error) {
 	if tx == nil {
 		return 0, errors.New("nil tx")
 	}
-	seqs, keys, err := o.lockDead(ctx, tx, f)
+	seqs, keys, err := o.lockDead(ctx, tx, f, stmt == o.q.Replay)
 	if err != nil || len(seqs) == 0 {
 		return 0, err
 	}
@@ -157,11 +157,14 @@ func (o *Outbox) settleDead(ctx context.Context, tx pgx.Tx, f DeadFilter, stmt s
 	return tag.RowsAffected(), o.unpark(ctx, tx, keys)
 }
 
-// lockDead locks the dead letters that match f, then the keys they belong
-// to (see outboxsql: a relay holding rows of such a key finishes first),
-// and returns their seqs and distinct keys. What follows runs under a fresh
-// snapshot, after those locks.
-func (o *Outbox) lockDead(ctx context.Context, tx pgx.Tx, f DeadFilter) (seqs []int64, keys []string, err error) {
+// lockDead locks the dead letters that match f, then the lease rows of the
+// partitions of their keys (all partitions if replay moves unkeyed rows
+// back), and returns their seqs and distinct keys. Locking a lease row
+// waits for the batch in flight of the relay that owns the partition and
+// tells that relay, by bumping the row's gen, to scan the partition again
+// from its start, where the moved rows are (see outboxsql). What follows
+// runs under a fresh snapshot, after those locks.
+func (o *Outbox) lockDead(ctx context.Context, tx pgx.Tx, f DeadFilter, replay bool) (seqs []int64, keys []string, err error) {
 	if f.Limit < 0 {
 		return nil, nil, fmt.Errorf("negative limit %d", f.Limit)
 	}
@@ -170,6 +173,7 @@ func (o *Outbox) lockDead(ctx context.Context, tx pgx.Tx, f DeadFilter) (seqs []
 		return nil, nil, err
 	}
 	seen := map[string]bool{}
+	unkeyed := false
 	for rows.Next() {
 		var seq int64
 		var key *string
@@ -177,7 +181,10 @@ func (o *Outbox) lockDead(ctx context.Context, tx pgx.Tx, f DeadFilter) (seqs []
 			return nil, nil, err
 		}
 		seqs = append(seqs, seq)
-		if key != nil && !seen[*key] {
+		switch {
+		case key == nil:
+			unkeyed = true
+		case !seen[*key]:
 			seen[*key] = true
 			keys = append(keys, *key)
 		}
@@ -185,8 +192,8 @@ func (o *Outbox) lockDead(ctx context.Context, tx pgx.Tx, f DeadFilter) (seqs []
 	if err := rows.Err(); err != nil {
 		return nil, nil, err
 	}
-	if len(keys) > 0 {
-		if _, err := tx.Exec(ctx, o.q.LockKeys, o.q.LockClass, keys); err != nil {
+	if len(keys) > 0 || (replay && unkeyed) {
+		if _, err := tx.Exec(ctx, o.q.LockPartitions, keys, replay && unkeyed); err != nil {
 			return nil, nil, err
 		}
 	}

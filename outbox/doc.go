@@ -46,28 +46,32 @@
 // The relay moves a message it gives up on to the dead-letter table beside
 // the outbox ([Config.Table]+"_dead"), with its error. [Outbox.DeadLetters]
 // lists them, [Outbox.Replay] puts them back (attempts reset, same id, same
-// place in their key's order) and [Outbox.Purge] deletes them.
-// [Outbox.RetryNow] sends the pending messages of a destination that works
-// again without waiting out their retry delays.
+// place in their key's order) and [Outbox.Purge] deletes them. Both lock
+// the relays' lease rows of the partitions of the keys they touch (the
+// tables [Config.Table]+"_lease" and +"_relays"; see the relay package),
+// so they wait for a batch in flight on those keys, and the relay that owns
+// them reads them again from the start. [Outbox.RetryNow] sends the pending
+// messages of a destination that works again without waiting out their
+// retry delays, under the same locks.
 //
 // # Storage and vacuum
 //
 // The outbox is a queue: every row is inserted once and deleted once,
-// seconds later. The relay reads the table from the low end of its primary
-// key, where the deleted rows are; until vacuum removes them (or the first
-// scan that finds them dead to every transaction marks their index entries
-// dead) each claim reads through them. The migration therefore sets
-// per-table autovacuum parameters (vacuum after every 10,000 dead rows
-// instead of after 20% of the table, unthrottled); since autovacuum may be
-// off or slow on a server, the relay can vacuum the table itself
-// (relay.Config.VacuumEvery, off by default); and the relay scans
-// from where its last batch began while it is busy, going back to the
-// start of the table only periodically. A long-running transaction anywhere in the
-// database holds back the horizon: no dead row deleted after it began can
-// be removed or marked until it ends. The relay keeps delivering meanwhile
-// (see the relay package's liveness tests), but the periodic full scans get
-// slower with every row published during such a transaction, so keep
-// transactions short or set idle_in_transaction_session_timeout.
+// seconds later. Deleted rows stay in the table as dead tuples until vacuum
+// removes them, and a scan that passes them reads through them (cheaply
+// once a scan has marked their index entries dead, which happens as soon
+// as no open transaction can see them). The relay scans forward from a
+// cursor and rarely goes back over deleted rows, but vacuum is still what
+// keeps the table small: the migration therefore sets per-table autovacuum
+// parameters (vacuum after every 10,000 dead rows instead of after 20% of
+// the table, unthrottled); since autovacuum may be off or slow on a
+// server, the relay can vacuum the table itself (relay.Config.VacuumEvery,
+// off by default). A long-running transaction anywhere in the database
+// holds back the horizon: no dead row deleted after it began can be
+// removed, so keep transactions short or set
+// idle_in_transaction_session_timeout. A transaction that wrote to the
+// outbox and stays open also holds back the relay's cursor (its rows may
+// still commit), which then reads through what was deleted behind it.
 //
 // The relay holds its claimed rows in an open transaction while it
 // publishes them, which also holds the horizon for that long; the relay's

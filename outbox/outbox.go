@@ -222,10 +222,24 @@ func (o *Outbox) Config() Config { return o.cfg }
 // backlog at once instead of when each message's delay runs out. Messages
 // parked behind a dead letter wait for Replay or Purge, and those in a
 // batch being published are left to that batch. Order per key is kept: the
-// relay still publishes a key's messages in order.
+// relay still publishes a key's messages in order. Like Replay, RetryNow
+// waits for the batches in flight on the partitions of the keys it touches,
+// whose relays then read those partitions again.
 func (o *Outbox) RetryNow(ctx context.Context, destination string) (int64, error) {
-	var n int64
-	if err := o.db.QueryRow(ctx, o.q.RetryNow, destination).Scan(&n); err != nil {
+	n, err := inTx(ctx, o.db, func(tx pgx.Tx) (int64, error) {
+		var keys []string
+		var unkeyed bool
+		if err := tx.QueryRow(ctx, o.q.Waiting, destination).Scan(&keys, &unkeyed); err != nil || (len(keys) == 0 && !unkeyed) {
+			return 0, err
+		}
+		if _, err := tx.Exec(ctx, o.q.LockPartitions, keys, unkeyed); err != nil {
+			return 0, err
+		}
+		var n int64
+		err := tx.QueryRow(ctx, o.q.RetryNow, destination, keys, unkeyed).Scan(&n)
+		return n, err
+	})
+	if err != nil {
 		return 0, fmt.Errorf("outbox: retry %s now: %w", destination, err)
 	}
 	if n > 0 && !o.cfg.DisableNotify {

@@ -14,7 +14,7 @@ import (
 	"github.com/idemq/idemq/testenv"
 )
 
-// BenchmarkRelayLongTransaction drains a 1,000,000-row keyed backlog
+// BenchmarkRelayLongTransaction drains a 5,000,000-row keyed backlog
 // (1,000 keys) into a no-op Sink, counting what it publishes every second:
 // for 5 s, then for 10 s while a transaction that holds an xid stays open
 // on another connection, so vacuum can remove none of the rows deleted
@@ -22,7 +22,7 @@ import (
 // is the slowest second during the transaction (0: a second without
 // progress).
 func BenchmarkRelayLongTransaction(b *testing.B) {
-	const n = 1_000_000
+	const n = 5_000_000
 	bd := setup(b)
 	for range b.N {
 		fill(b, bd, n, 1000)

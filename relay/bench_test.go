@@ -355,3 +355,61 @@ func BenchmarkRelayWorkers(b *testing.B) {
 		b.ReportMetric(0, "ns/op")
 	}
 }
+
+// BenchmarkTwoRelays drains 100,000 messages over 1,000 keys into a no-op
+// Sink (batches of 500) with one relay and with two, each started on the
+// empty outbox and left to split the partitions (two: 32 each) before the
+// backlog commits in one transaction; the clock runs from that commit to
+// the last publish. Rounds alternate one and two relays; medians.
+// ratio = two relays / one relay.
+func BenchmarkTwoRelays(b *testing.B) {
+	const n, rounds = 100_000, 3
+	bd := setup(b)
+	msgs := make([]outbox.Message, n)
+	payload := make([]byte, 100)
+	for i := range msgs {
+		msgs[i] = outbox.Message{Destination: "bench", Key: fmt.Sprint("key-", i%1000), Payload: payload}
+	}
+	measure := func(relays int) float64 {
+		var published atomic.Int64
+		done := make(chan struct{})
+		ctx, cancel := context.WithCancel(bd.ctx)
+		var wg sync.WaitGroup
+		for range relays {
+			r := newRelay(b, bd, noop, relay.Config{BatchSize: 500, LeaseTTL: time.Second, Hooks: relay.Hooks{
+				OnPublished: func(e relay.PublishedEvent) {
+					if published.Add(int64(len(e.Messages))) == n {
+						close(done)
+					}
+				},
+			}})
+			wg.Go(func() { _ = r.Run(ctx) })
+		}
+		waitFor(b, "the partitions split", func() bool {
+			var owners, owned int
+			err := bd.pool.QueryRow(bd.ctx, `SELECT count(DISTINCT owner), count(owner) FROM idemq_outbox_lease`).Scan(&owners, &owned)
+			return err == nil && owners == relays && owned == 64
+		})
+		enqueue(b, bd, msgs...)
+		start := time.Now()
+		<-done
+		rate := n / time.Since(start).Seconds()
+		cancel()
+		wg.Wait()
+		if _, err := bd.pool.Exec(bd.ctx, "VACUUM ANALYZE "+bd.table()); err != nil {
+			b.Fatal(err)
+		}
+		return rate
+	}
+	for range b.N {
+		var one, two []float64
+		for range rounds {
+			one = append(one, measure(1))
+			two = append(two, measure(2))
+		}
+		b.ReportMetric(median(one), "one_msgs/s")
+		b.ReportMetric(median(two), "two_msgs/s")
+		b.ReportMetric(median(two)/median(one), "ratio")
+		b.ReportMetric(0, "ns/op")
+	}
+}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq"
@@ -19,48 +20,105 @@ import (
 	"github.com/idemq/idemq/internal/outboxsql"
 )
 
-// How a batch is claimed (one transaction per batch; the statements are in
-// internal/outboxsql):
+// How a batch is claimed (one transaction per batch, one round trip per
+// step; the statements are in internal/outboxsql):
 //
-//  1. scan: the first BatchSize due rows from the cursor on, in seq order,
-//     FOR UPDATE SKIP LOCKED, taking the key lock of every keyed row and
-//     leaving out rows whose key another relay holds. The Workers of one
-//     relay split the keys by hash, so they never contend for a key among
-//     themselves (they share unkeyed rows through SKIP LOCKED); separate
-//     relays contend through the locks. Locking the rows here costs what
-//     the bare DELETE ... SKIP LOCKED drain pays anyway, and lets unkeyed
-//     rows go straight to the delete.
-//  2. claim, in a new statement and therefore a snapshot taken after the
-//     locks: for every locked key, its first n rows from the key's real
-//     head (n is the key's count in the window), provided that head is the
-//     key's first row in the window, plus the unkeyed rows of the scan; all
-//     deleted with RETURNING. Only holders of a key's lock claim or move
-//     that key's rows, so the rows of a key are never in two batches at
-//     once, and the fresh snapshot sees whatever the previous holder
-//     committed (a retried head put back with a later available_at).
-//  3. publish the claimed rows through the Sink, as copies.
-//  4. decide, without the database, what becomes of each row: delivered,
-//     put back (same seq, so the same place in its key's order) or buried
-//     in the dead letters.
-//  5. commit: apply the decision and commit in one round trip.
+//  1. fence and scan, pipelined: lock the worker's lease rows FOR SHARE
+//     and read their tokens and gens (see lease.go); read the horizon
+//     (below); then up to BatchSize rows, FOR UPDATE SKIP LOCKED, from the
+//     unkeyed rows (partition -1) and the worker's partitions, taking the
+//     partitions in turn, each in seq order from its cursor, through the
+//     outbox's (partition, seq) index (a worker that owns every
+//     partition reads the primary key in seq order instead: neighbouring
+//     rows are cheaper to read). Only unkeyed rows are ever locked
+//     by another worker: a partition is scanned by its owner alone. If
+//     the leases are not the ones the worker believed it owned, it rolls
+//     back and starts over.
+//  2. pick, without the database: walking the window in seq order, a due
+//     unkeyed row is taken; a keyed row is taken unless its key is
+//     blocked; a row that is not due blocks its key (its followers wait
+//     behind it) and is remembered as a place to come back to when it is
+//     due. The owner is the only one who claims or moves the rows of its
+//     keys (whoever else moves them bumps the lease's gen first), so what
+//     it saw, claimed and put back is the truth about its keys.
+//  3. claim: delete the picked rows, RETURNING them.
+//  4. publish the claimed rows through the Sink, as copies.
+//  5. decide, without the database, what becomes of each row: delivered,
+//     put back (same seq, so the same place in its key's order, and its
+//     key blocked until it is due) or buried in the dead letters.
+//  6. commit: apply the decision and commit in one round trip.
 //
-// A relay that dies rolls back: its rows and locks return by themselves.
+// The cursors: the next scan of a partition starts after the last row this
+// one read from it, so no scan reads again through what was deleted (dead
+// index entries that a long-running transaction elsewhere keeps visible).
+// They move back to a row the worker left behind once that row is due, to
+// the start after a lease change and every RescanInterval. And they never
+// pass the horizon:
+// a transaction that drew a seq may commit after later seqs did. The
+// horizon is the highest seq such that every transaction that could have
+// drawn a seq up to it has ended: the sequence's last value, once every
+// transaction that held the outbox's RowExclusiveLock when it was read
+// (taken before any seq is drawn) is gone. Transactions that never wrote
+// to the outbox do not hold it back.
+//
+// A relay that dies rolls back: its rows and lease rows are free at once,
+// its partitions are taken once its workers' rows expire.
 
 type worker struct {
-	r        *Relay
-	part     int // this worker's share of the keys: hash(key) mod Workers
-	cursor   int64
-	lastFull time.Time
+	r      *Relay
+	id     uuid.UUID
+	leases []lease // the partitions this worker owns, by part
+	live   int     // live workers at the last rebalance
+
+	rebalanceAt time.Time
+	cursors     map[int32]int64 // per partition (-1: unkeyed), the seq to scan from
+	next        int32           // the partition the next scan starts with
+	lastFull    time.Time
+	blocked     map[string]bool // keys whose head is behind the cursor, not due
+	back        rewind          // where the rows left behind are
+
+	horizon    int64    // every seq up to this one is settled
+	seen       int64    // the highest seq scanned
+	pendingTop int64    // a candidate horizon, once pending have ended
+	pending    []string // virtual transaction ids; nil: no candidate
 }
 
-// window is what a scan locked: the keys with their row counts and first
-// seqs, and the unkeyed rows.
-type window struct {
-	keys    []string
-	counts  []int32
-	firsts  []int64
-	unkeyed []int64
-	min     int64 // lowest seq, -1 for an empty window
+// rewind is the lowest seq of the rows the worker left behind the cursor
+// (not due, put back, parked) and when the first of them is due (zero:
+// never, they are parked).
+type rewind struct {
+	seq int64 // 0: none
+	at  time.Time
+}
+
+// add notes a row left behind, due in wait microseconds (negative: parked).
+func (b *rewind) add(seq, wait int64) {
+	if b.seq == 0 || seq < b.seq {
+		b.seq = seq
+	}
+	if wait >= 0 {
+		at := time.Now().Add(time.Duration(wait) * time.Microsecond)
+		if b.at.IsZero() || at.Before(b.at) {
+			b.at = at
+		}
+	}
+}
+
+// restart makes the next scan start from the beginning, forgetting what
+// the worker knew about its keys.
+func (w *worker) restart() {
+	w.cursors = map[int32]int64{}
+	w.blocked = map[string]bool{}
+	w.back = rewind{}
+}
+
+// scanned is one row of a scan window.
+type scanned struct {
+	part int32
+	seq  int64
+	ctid pgtype.TID
+	key  *string
+	wait int64 // microseconds until due; 0: due, -1: parked
 }
 
 // row is a claimed outbox row: the message as stored, for putting it back
@@ -88,133 +146,255 @@ func (t *claimTx) rollback(ctx context.Context) {
 }
 
 // batch claims, publishes and settles one batch. It returns the number of
-// rows claimed, or 1 when it found nothing from its cursor on and wants an
-// immediate rescan from the start.
-func (w *worker) batch(ctx, work context.Context) (int, error) {
+// rows claimed and whether to go on at once: the window was full and the
+// cursor moved, or the leases changed.
+func (w *worker) batch(ctx, work context.Context) (int, bool, error) {
 	r := w.r
-	if w.cursor > 0 && time.Since(w.lastFull) >= r.cfg.RescanInterval {
-		w.cursor = 0
-	}
-	if w.cursor == 0 {
-		w.lastFull = time.Now()
+	switch now := time.Now(); {
+	case now.Sub(w.lastFull) >= r.cfg.RescanInterval:
+		w.restart()
+		w.lastFull = now
+	case !w.back.at.IsZero() && !now.Before(w.back.at):
+		for p, c := range w.cursors {
+			w.cursors[p] = min(c, w.back.seq)
+		}
+		w.blocked = map[string]bool{}
+		w.back = rewind{}
 	}
 	conn, err := r.pool.Acquire(ctx)
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	defer conn.Release()
 	tx := &claimTx{conn: conn}
 	defer tx.rollback(ctx)
 
-	win, err := w.scan(ctx, tx)
+	held, win, err := w.scan(ctx, tx)
 	if err != nil {
-		return 0, fmt.Errorf("relay: scan: %w", err)
+		return 0, false, fmt.Errorf("relay: scan: %w", err)
 	}
-	if win.min < 0 {
-		if _, err := conn.Exec(ctx, "COMMIT"); err != nil {
-			return 0, err
+	if !slices.Equal(held, w.leases) {
+		tx.rollback(ctx)
+		w.setLeases(held)
+		return 0, true, nil
+	}
+	picked := w.pick(win)
+	var rows []row
+	if len(picked) > 0 {
+		if rows, err = w.claim(ctx, tx, picked); err != nil {
+			return 0, false, fmt.Errorf("relay: claim: %w", err)
 		}
-		tx.open = false
-		if w.cursor > 0 {
-			w.cursor = 0
-			return 1, nil
+	}
+	var d decision
+	var took time.Duration
+	if len(rows) > 0 {
+		var failed map[int]error
+		failed, took = r.publish(work, rows)
+		if work.Err() != nil {
+			// Shutdown grace is over: release the rows for the next relay
+			// without counting an attempt.
+			return 0, false, nil
 		}
-		return 0, nil
-	}
-	rows, err := w.claim(ctx, tx, win)
-	if err != nil {
-		return 0, fmt.Errorf("relay: claim: %w", err)
-	}
-	failed, took := r.publish(work, rows)
-	if work.Err() != nil {
-		// Shutdown grace is over: release the rows for the next relay
-		// without counting an attempt.
-		return 0, nil
-	}
-	d := decide(rows, failed, win.keys, r.policy())
-	for _, e := range d.failed {
-		if h := r.cfg.Hooks.OnFailed; h != nil {
-			h(e)
+		d = decide(rows, failed, r.policy())
+		for _, e := range d.failed {
+			if h := r.cfg.Hooks.OnFailed; h != nil {
+				h(e)
+			}
 		}
 	}
 	if err := r.commit(work, tx, d); err != nil {
-		return 0, fmt.Errorf("relay: settle and commit: %w", err)
+		return 0, false, fmt.Errorf("relay: settle and commit: %w", err)
 	}
+	w.settled(d)
+	moved := w.move(win)
 	r.claimedRows(len(rows))
-	if len(rows) >= r.cfg.BatchSize {
-		w.cursor = win.min
-	} else {
-		w.cursor = 0
-	}
 	r.report(d, took)
-	return len(rows), nil
+	more := len(win) >= r.cfg.BatchSize && moved
+	if len(w.leases) > w.target() && time.Now().Before(w.rebalanceAt) {
+		w.rebalanceAt = time.Time{} // give up the extra partitions now
+	}
+	return len(rows), more, nil
 }
 
-// scan begins the transaction and locks a window of due rows.
-func (w *worker) scan(ctx context.Context, tx *claimTx) (window, error) {
+// scan begins the transaction, locks the worker's lease rows, moves the
+// horizon and locks a window of rows. It returns the leases as locked.
+func (w *worker) scan(ctx context.Context, tx *claimTx) ([]lease, []scanned, error) {
 	r := w.r
-	win := window{min: -1}
 	idle := strconv.FormatInt((r.cfg.PublishTimeout + 10*time.Second).Milliseconds(), 10)
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
 	// Generic plans: the statements are the same every time and custom
-	// planning costs as much as executing them.
-	b.Queue("SELECT set_config('idle_in_transaction_session_timeout', $1, true), set_config('plan_cache_mode', 'force_generic_plan', true)", idle)
-	b.Queue(r.sql.Scan, r.sql.LockClass, r.cfg.BatchSize, w.cursor, r.cfg.Workers, w.part)
+	// planning costs as much as executing them. No sequential scans: a
+	// generic plan made while the outbox was empty would keep scanning
+	// it whole once it is not.
+	b.Queue(`SELECT set_config('idle_in_transaction_session_timeout', $1, true), set_config('plan_cache_mode', 'force_generic_plan', true),
+       set_config('enable_seqscan', 'off', true)`, idle)
+	b.Queue(r.sql.Hold, w.id)
+	// The horizon needs moving only while scans reach it.
+	horizon := w.pending != nil || w.horizon <= w.seen
+	if horizon {
+		b.Queue(r.sql.Lock)
+		b.Queue(r.sql.Top, r.seqOID)
+		b.Queue(r.sql.Writers, r.sql.Table, w.pending)
+	}
+	parts := w.partitions()
+	cursors := make([]int64, len(parts))
+	for i, p := range parts {
+		cursors[i] = w.cursors[p]
+	}
+	if w.ownsAll() {
+		// The cursors are all the same (see move).
+		b.Queue(r.sql.ScanAll, r.cfg.BatchSize, slices.Min(cursors))
+	} else {
+		b.Queue(r.sql.Scan, r.cfg.BatchSize, parts, cursors)
+	}
 	tx.open = true
 	br := tx.conn.SendBatch(ctx, b)
+	var held []lease
+	var win []scanned
 	err := func() error {
-		if _, err := br.Exec(); err != nil {
-			return err
-		}
-		if _, err := br.Exec(); err != nil {
-			return err
+		for range 2 {
+			if _, err := br.Exec(); err != nil {
+				return err
+			}
 		}
 		rows, err := br.Query()
 		if err != nil {
 			return err
 		}
-		index := map[string]int{}
-		for rows.Next() {
-			var seq int64
-			var key *string
-			if err := rows.Scan(&seq, &key); err != nil {
+		held, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (lease, error) {
+			var l lease
+			err := row.Scan(&l.part, &l.token, &l.gen)
+			return l, err
+		})
+		if err != nil {
+			return err
+		}
+		if horizon {
+			if _, err := br.Exec(); err != nil {
 				return err
 			}
-			if win.min < 0 || seq < win.min {
-				win.min = seq
+			var top int64
+			if err := br.QueryRow().Scan(&top); err != nil {
+				return err
 			}
-			if key == nil {
-				win.unkeyed = append(win.unkeyed, seq)
-				continue
+			var writers []string
+			var ended bool
+			if err := br.QueryRow().Scan(&writers, &ended); err != nil {
+				return err
 			}
-			if i, ok := index[*key]; ok {
-				win.counts[i]++
-				win.firsts[i] = min(win.firsts[i], seq)
-				continue
-			}
-			index[*key] = len(win.keys)
-			win.keys = append(win.keys, *key)
-			win.counts = append(win.counts, 1)
-			win.firsts = append(win.firsts, seq)
+			w.advance(top, writers, ended)
 		}
-		return rows.Err()
+		rows, err = br.Query()
+		if err != nil {
+			return err
+		}
+		win, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (scanned, error) {
+			var s scanned
+			err := row.Scan(&s.part, &s.seq, &s.ctid, &s.key, &s.wait)
+			return s, err
+		})
+		return err
 	}()
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
-	return win, err
+	return held, win, err
 }
 
-// claim deletes and returns the rows the window entitles the batch to, in
-// seq order.
-func (w *worker) claim(ctx context.Context, tx *claimTx, win window) ([]row, error) {
+// move moves the cursors of the partitions in the window past their last
+// row, but not past the horizon, and makes the next scan start after the
+// window's last partition, so that every partition gets its turn. It
+// reports whether a cursor moved.
+func (w *worker) move(win []scanned) bool {
+	last := map[int32]int64{}
+	for _, s := range win {
+		last[s.part] = max(last[s.part], s.seq)
+		w.seen = max(w.seen, s.seq)
+	}
+	moved := false
+	for p, seq := range last {
+		if c := min(seq+1, w.horizon+1); c > w.cursors[p] {
+			w.cursors[p] = c
+			moved = true
+		}
+	}
+	if len(win) > 0 {
+		w.next = win[len(win)-1].part + 1
+	}
+	if w.ownsAll() {
+		// The scan read every partition up to its last row.
+		c := w.cursors[-1]
+		for _, seq := range last {
+			c = max(c, min(seq+1, w.horizon+1))
+		}
+		for _, p := range w.partitions() {
+			moved = moved || c > w.cursors[p]
+			w.cursors[p] = max(w.cursors[p], c)
+		}
+	}
+	return moved
+}
+
+// ownsAll reports whether the worker owns every partition: its scans then
+// read the whole outbox in seq order (ScanAll), with one cursor.
+func (w *worker) ownsAll() bool { return len(w.leases) == outboxsql.Partitions }
+
+// advance moves the horizon: the candidate becomes it once the transactions
+// that could write to the outbox when it was read have ended; a new
+// candidate is the sequence's value top, read before the writers were.
+func (w *worker) advance(top int64, writers []string, ended bool) {
+	if w.pending != nil && ended {
+		w.horizon = max(w.horizon, w.pendingTop)
+		w.pending = nil
+	}
+	if w.pending == nil {
+		if len(writers) == 0 {
+			w.horizon = max(w.horizon, top)
+		} else {
+			w.pendingTop, w.pending = top, writers
+		}
+	}
+}
+
+// pick walks the window in seq order and returns the rows to claim.
+func (w *worker) pick(win []scanned) (picked []scanned) {
+	for _, s := range win {
+		switch {
+		case s.key == nil:
+			if s.wait != 0 {
+				w.back.add(s.seq, s.wait)
+				continue
+			}
+		case w.blocked[*s.key]:
+			continue
+		case s.wait != 0:
+			w.blocked[*s.key] = true
+			w.back.add(s.seq, s.wait)
+			continue
+		}
+		picked = append(picked, s)
+	}
+	return picked
+}
+
+// claim deletes and returns the picked rows, in seq order. With
+// ParkFollowers, the rows of keys that have a dead letter stay, and their
+// keys are blocked: they are parked.
+func (w *worker) claim(ctx context.Context, tx *claimTx, picked []scanned) ([]row, error) {
 	r := w.r
+	ctids := make([]pgtype.TID, len(picked))
+	keyed := false
+	for i, s := range picked {
+		ctids[i] = s.ctid
+		keyed = keyed || s.key != nil
+	}
+	park := r.cfg.ParkFollowers && keyed
 	stmt := r.sql.Claim
-	if r.cfg.ParkFollowers {
+	if park {
 		stmt = r.sql.ClaimParked
 	}
-	rs, err := tx.conn.Query(ctx, stmt, win.keys, win.counts, win.unkeyed, win.firsts)
+	rs, err := tx.conn.Query(ctx, stmt, ctids)
 	if err != nil {
 		return nil, err
 	}
@@ -229,8 +409,37 @@ func (w *worker) claim(ctx context.Context, tx *claimTx, win window) ([]row, err
 		}
 		return c, nil
 	})
+	if err != nil {
+		return nil, err
+	}
 	slices.SortFunc(rows, func(a, b row) int { return cmp.Compare(a.seq, b.seq) })
-	return rows, err
+	if park && len(rows) < len(picked) {
+		got := make(map[int64]bool, len(rows))
+		for _, c := range rows {
+			got[c.seq] = true
+		}
+		for _, s := range picked {
+			if !got[s.seq] && s.key != nil && !w.blocked[*s.key] {
+				w.blocked[*s.key] = true
+				w.back.add(s.seq, -1)
+			}
+		}
+	}
+	return rows, nil
+}
+
+// settled blocks the keys of the rows a committed batch put back or buried
+// (behind a parked dead letter) and notes where the rows are.
+func (w *worker) settled(d decision) {
+	for i, seq := range d.back.seqs {
+		if k := d.back.keys[i]; k != nil {
+			w.blocked[*k] = true
+		}
+		w.back.add(seq, max(d.back.delays[i], -1))
+	}
+	for _, k := range d.parkKeys {
+		w.blocked[k] = true
+	}
 }
 
 // publish hands copies of the rows to the Sink and returns the failed
@@ -284,7 +493,6 @@ func (r *Relay) policy() settlePolicy {
 type decision struct {
 	back, dead rowSet   // put back, buried
 	parkKeys   []string // keys whose followers wait behind a dead letter
-	idleKeys   []string // locked keys that yielded no row
 	delivered  []Message
 	failed     []FailedEvent
 	retried    []RetriedEvent
@@ -301,8 +509,7 @@ const parkDelay = -time.Microsecond
 // Rows held behind an earlier failed row of their key go back with that
 // row's delay and no attempt; rows a Sink skipped (ErrSkipped) go back
 // without an attempt, due at once or after the Sink's RetryAfter hint.
-// locked are the keys the scan locked: those that yielded no row are idle.
-func decide(rows []row, failed map[int]error, locked []string, p settlePolicy) decision {
+func decide(rows []row, failed map[int]error, p settlePolicy) decision {
 	var d decision
 	blocked := map[string]time.Duration{} // key -> delay of its failed head
 	for i, c := range rows {
@@ -351,15 +558,6 @@ func decide(rows []row, failed map[int]error, locked []string, p settlePolicy) d
 			blocked[m.Key] = delay
 		}
 	}
-	got := make(map[string]bool, len(rows))
-	for _, c := range rows {
-		got[c.msg.Key] = true
-	}
-	for _, k := range locked {
-		if !got[k] {
-			d.idleKeys = append(d.idleKeys, k)
-		}
-	}
 	return d
 }
 
@@ -376,9 +574,6 @@ func (r *Relay) commit(ctx context.Context, tx *claimTx, d decision) error {
 	}
 	if len(d.parkKeys) > 0 {
 		b.Queue(r.sql.Park, d.parkKeys)
-	}
-	if len(d.idleKeys) > 0 {
-		b.Queue(r.sql.Bump, d.idleKeys, r.cfg.ParkFollowers)
 	}
 	b.Queue("COMMIT")
 	if err := tx.conn.SendBatch(ctx, b).Close(); err != nil {

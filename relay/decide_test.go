@@ -26,7 +26,7 @@ var testPolicy = settlePolicy{retry: idemq.Retry{MaxAttempts: 3, BaseDelay: time
 func TestDecideDeliversRetriesAndHoldsBackFollowers(t *testing.T) {
 	rows := claimed("a", 0, "a", 0, "b", 0, "", 0)
 	boom := errors.New("boom")
-	d := decide(rows, map[int]error{0: boom, 1: ErrSkipped}, []string{"a", "b", "c"}, testPolicy)
+	d := decide(rows, map[int]error{0: boom, 1: ErrSkipped}, testPolicy)
 	if len(d.delivered) != 2 || d.delivered[0].Key != "b" || d.delivered[1].Key != "" {
 		t.Fatalf("delivered %+v", d.delivered)
 	}
@@ -40,9 +40,6 @@ func TestDecideDeliversRetriesAndHoldsBackFollowers(t *testing.T) {
 	if len(d.failed) != 2 || len(d.dead.seqs) != 0 {
 		t.Fatalf("failed %d dead %d", len(d.failed), len(d.dead.seqs))
 	}
-	if !slices.Equal(d.idleKeys, []string{"c"}) {
-		t.Fatalf("idle keys %v, want [c]", d.idleKeys)
-	}
 }
 
 func TestDecideBuriesAfterLastAttemptOrPermanent(t *testing.T) {
@@ -51,7 +48,7 @@ func TestDecideBuriesAfterLastAttemptOrPermanent(t *testing.T) {
 	for _, park := range []bool{false, true} {
 		p := testPolicy
 		p.park = park
-		d := decide(rows, map[int]error{0: boom, 1: ErrSkipped, 2: idemq.Permanent(boom), 3: ErrSkipped}, nil, p)
+		d := decide(rows, map[int]error{0: boom, 1: ErrSkipped, 2: idemq.Permanent(boom), 3: ErrSkipped}, p)
 		if !slices.Equal(d.dead.seqs, []int64{1, 3}) || !slices.Equal(d.dead.attempts, []int32{3, 1}) {
 			t.Fatalf("park %v: buried %v attempts %v", park, d.dead.seqs, d.dead.attempts)
 		}
@@ -77,7 +74,7 @@ func TestDecideBuriesAfterLastAttemptOrPermanent(t *testing.T) {
 func TestDecideHoldsSkippedRowsForTheirHint(t *testing.T) {
 	rows := claimed("a", 4, "a", 0)
 	held := idemq.RetryAfter(ErrSkipped, time.Minute)
-	d := decide(rows, map[int]error{0: held, 1: ErrSkipped}, nil, testPolicy)
+	d := decide(rows, map[int]error{0: held, 1: ErrSkipped}, testPolicy)
 	if !slices.Equal(d.back.attempts, []int32{4, 0}) || !slices.Equal(d.back.delays, []int64{60e6, 60e6}) {
 		t.Fatalf("attempts %v delays %v", d.back.attempts, d.back.delays)
 	}
@@ -88,7 +85,7 @@ func TestDecideHoldsSkippedRowsForTheirHint(t *testing.T) {
 
 func TestDecideRetryAfterHintExtendsTheBackoff(t *testing.T) {
 	rows := claimed("", 0)
-	d := decide(rows, map[int]error{0: idemq.RetryAfter(errors.New("busy"), time.Hour)}, nil, testPolicy)
+	d := decide(rows, map[int]error{0: idemq.RetryAfter(errors.New("busy"), time.Hour)}, testPolicy)
 	if d.back.delays[0] != time.Hour.Microseconds() {
 		t.Fatalf("delay %v, want the hint", time.Duration(d.back.delays[0])*time.Microsecond)
 	}

@@ -17,15 +17,42 @@
 // # Order
 //
 // Messages with the same key are published in enqueue order, also across
-// relays, failures and retries: a batch takes the rows of a key only from
-// the key's head and only while holding a transaction-scoped advisory lock
-// on the key, so no two batches ever hold rows of one key. A failing row
-// is put back in its place with a later available_at and holds back only
-// the later rows of its own key. Messages without a key are unordered and
-// never wait. When a key's head becomes a dead letter its followers proceed,
-// unless [Config.ParkFollowers] keeps them until the dead letter is
-// replayed or purged. Within a batch a Sink must keep order too (see
-// [Sink]).
+// relays, failures and retries. The keys are hashed into 64 partitions,
+// and every partition is leased to one worker at a time (each of a
+// relay's [Config.Workers] is a member of its own): only the owner claims
+// or moves the rows of its keys, so it keeps their order in memory. It
+// reads the outbox in seq order; a row that is not due, or that it put
+// back after a failure (same seq, so the same place in its key's order,
+// with a later available_at), blocks its key, whose later rows wait. A
+// failing row holds back only the later rows of its own key. Messages
+// without a key are unordered, never wait and are shared by all workers.
+// When a key's head becomes a dead letter its followers proceed, unless
+// [Config.ParkFollowers] keeps them until the dead letter is replayed or
+// purged. Within a batch a Sink must keep order too (see [Sink]).
+//
+// # Partitions and leases
+//
+// The outbox's migrations create a table of relay workers and a lease
+// table with one row per partition. A worker keeps its row alive (a
+// heartbeat every [Config.LeaseTTL]/3) and, between batches, at most
+// every LeaseTTL/10, takes or gives up partitions so that each of n live
+// workers owns about ceil(64/n): a relay that joins gets its share within
+// a second or two of starting, a relay that stops gives its partitions
+// up at once. A relay that dies (SIGKILL, lost host) leaves its
+// partitions to the others once its heartbeat is LeaseTTL old (10 seconds
+// by default); until then the messages of its keys wait. Its batch in
+// flight rolls back with its connection, so nothing is lost, and what it
+// had published but not deleted is published again with the same ids.
+//
+// A takeover increments the partition's fencing token. Every batch locks
+// its worker's lease rows FOR SHARE and checks their tokens before it
+// scans, and holds them until it commits, so a takeover cannot happen
+// while the previous owner's batch is in flight, and a worker that lost a
+// partition (it stalled past LeaseTTL) finds out before it claims
+// anything. The dead-letter operations of package outbox (Replay, Purge
+// and the release of parked followers) lock the lease rows of the keys
+// they touch in the same way, waiting for the owner's batch, and tell the
+// owner to read its partitions again from the start.
 //
 // # Writing a Sink
 //
@@ -64,39 +91,63 @@
 //
 // # Workers and timeouts
 //
-// The [Config.Workers] of one relay split the ordering keys among
-// themselves by hash (unkeyed rows go to whichever is free), so more
-// workers help when there are many keys and a slow Sink. A batch holds its
-// rows in an open transaction while the Sink publishes them, at most
+// More [Config.Workers] (or more relays) help when there are many keys and
+// a slow Sink: each worker owns its share of the partitions. A batch holds
+// its rows in an open transaction while the Sink publishes them, at most
 // [Config.PublishTimeout]; the relay sets idle_in_transaction_session_timeout
 // a little above it, so the server ends the transaction, and releases the
 // rows, if the relay vanishes without closing its connection.
 //
 // # Scanning and dead tuples
 //
-// Each claim scans the outbox in primary-key order from where the previous
-// full batch began, and from the start at least every
-// [Config.RescanInterval] and whenever a batch comes back short, so rows of
-// transactions that committed late are never stranded. Deleted rows stay
-// in the table as dead tuples until vacuum removes them; a scan from the
-// start reads through them (cheaply once a scan has marked their index
-// entries dead, which happens as soon as no open transaction can see them).
-// A long-running transaction keeps them visible to itself, so while it
-// lasts the full scans slow down with every row published; the cursor keeps
-// busy relays fast meanwhile. The per-key head check probes the outbox's
-// (key, seq) index, whose low end per key collects dead entries the same
-// way. Vacuum is what removes them: the migration sets aggressive per-table
-// autovacuum parameters. A server where autovacuum is off or too slow can
-// have the relay run VACUUM itself every [Config.VacuumEvery] claimed rows;
-// that is off by default, since it needs the table owner's rights.
+// Each worker reads the unkeyed rows and the rows of each of its
+// partitions in seq order, through the outbox's (partition, seq) index, from
+// a cursor per partition: the next scan of a partition starts after the
+// last row read from it, so it never reads again through the rows that
+// were deleted behind it. Deleted rows stay in the table as dead tuples
+// until vacuum removes them, and a long-running transaction anywhere keeps
+// them visible to itself, so a scan that started from the beginning would
+// read through all of them (the drain of a large backlog would slow down
+// with every row published). A batch takes the partitions in turn, so a
+// partition with a large backlog does not hold back the others. A worker
+// that owns every partition (a relay alone, with one worker) reads the
+// whole outbox in seq order through the primary key instead, with one
+// cursor: a partition's rows lie far apart in the table, and a batch of
+// neighbouring rows costs less. The
+// cursors go back only to rows the worker itself left behind once they
+// are due (retries), to the beginning after it took over a partition or a
+// dead-letter operation moved rows of its partitions, and every
+// [Config.RescanInterval] (a safety net, 1 minute by default).
+//
+// A transaction that draws seqs and commits after later seqs were
+// published must not be overtaken, so the cursors never pass the
+// horizon: the sequence's value as of a moment after which every
+// transaction that then held the outbox table's RowExclusiveLock (which a
+// writer holds from before it draws a seq until it ends) has ended. A
+// long transaction that wrote to the outbox holds the cursors back until
+// it ends; a long transaction that did not, does not. (The outbox's
+// sequence must keep its default CACHE 1, and the relay's role needs the
+// SELECT privilege on it.)
+//
+// Vacuum is still what removes dead tuples: the migration sets aggressive
+// per-table autovacuum parameters. A server where autovacuum is off or too
+// slow can have the relay run VACUUM itself every [Config.VacuumEvery]
+// claimed rows; that is off by default, since it needs the table owner's
+// rights.
 //
 // # Cost
 //
-// Measured on a 2-core machine (see the benchmarks; figures in the commit
-// history): into a no-op Sink with batches of 500, unkeyed rows drain at
-// about two thirds of the rate of a bare DELETE ... LIMIT 500 FOR UPDATE
-// SKIP LOCKED RETURNING loop; keyed rows at 0.35 to 0.5 of it, because
-// every distinct key of a batch costs one index probe (its head must be
-// checked under a snapshot taken after its lock). Each distinct key of a
-// batch also holds an advisory lock until the batch commits.
+// Measured on a 2-core machine that also runs the server (see the
+// benchmarks; figures in the commit history), into a no-op Sink with
+// batches of 500: a lone relay drains keyed rows at 0.55 to 0.95 of the
+// rate of a bare DELETE ... LIMIT 500 FOR UPDATE SKIP LOCKED RETURNING loop
+// (1,000 or 100,000 keys alike; about 0.8 in most runs) and unkeyed rows at
+// 0.65 to 0.8 of it; two relays, each reading its half of the partitions,
+// drain 0.85 to 1.15 times as fast as one on that machine (the server,
+// on the same two cores, is the limit there);
+// and a transaction held open elsewhere for 10 s leaves the drain of a
+// keyed backlog at 0.9 to 0.95 of its rate, without a slower trend. A
+// batch costs three round trips (lease check and scan, delete, settle and
+// commit), a row lock on each of its worker's lease rows, and no per-key
+// work in the database.
 package relay

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -26,7 +27,8 @@ const (
 	BatchSizeDefault      = 500
 	WorkersDefault        = 1
 	PollIntervalDefault   = time.Second
-	RescanIntervalDefault = time.Second
+	RescanIntervalDefault = time.Minute
+	LeaseTTLDefault       = 10 * time.Second
 	PublishTimeoutDefault = 30 * time.Second
 	ShutdownGraceDefault  = 10 * time.Second
 	StatsIntervalDefault  = 15 * time.Second
@@ -38,22 +40,30 @@ var RetryDefault = idemq.Retry{MaxAttempts: 10, BaseDelay: time.Second, MaxDelay
 
 // Config configures a [Relay]. Zero values mean the documented defaults.
 type Config struct {
-	// BatchSize is the most rows one claim takes. Each distinct key of a
-	// batch holds one advisory lock while the batch is in flight, so
-	// Workers×BatchSize across all relays must fit the server's lock table
-	// (max_locks_per_transaction × max_connections). Defaults to 500.
+	// BatchSize is the most rows one claim takes. Defaults to 500.
 	BatchSize int
 	// Workers is the number of batches this relay has in flight at once,
-	// each on its own connection; they split the ordering keys by hash.
+	// each on its own connection. Each worker leases its share of the key
+	// partitions like a relay of its own (see the package documentation).
 	// Defaults to 1.
 	Workers int
 	// PollInterval is how often an idle relay looks for due rows without
 	// being woken by NOTIFY. Defaults to 1 second.
 	PollInterval time.Duration
-	// RescanInterval is how often a busy relay scans the outbox from its
-	// start again, to pick up rows of transactions that committed late.
-	// Defaults to 1 second.
+	// RescanInterval is how often a worker scans the outbox from its start
+	// again anyway. Rows that committed late, came back from the dead
+	// letters or were released by another relay are found without it (see
+	// the package documentation); it is a safety net, and each rescan
+	// reads through the dead rows that vacuum has not removed yet.
+	// Defaults to 1 minute.
 	RescanInterval time.Duration
+	// LeaseTTL is how long a worker's leases on its key partitions outlive
+	// its last heartbeat (sent every LeaseTTL/3): when a relay dies
+	// without stopping, the messages of its partitions wait that long
+	// before other relays take them over. Workers rebalance the
+	// partitions among themselves every LeaseTTL/10. A relay that stops
+	// gives its partitions up at once. Defaults to 10 seconds.
+	LeaseTTL time.Duration
 	// Retry shapes the backoff between failed publishes of a row and the
 	// attempts after which it becomes a dead letter (errors marked with
 	// idemq.Permanent dead-letter at once; idemq.RetryAfter delays a retry).
@@ -97,6 +107,7 @@ func (c Config) withDefaults() Config {
 	c.Workers = cmp.Or(c.Workers, WorkersDefault)
 	c.PollInterval = cmp.Or(c.PollInterval, PollIntervalDefault)
 	c.RescanInterval = cmp.Or(c.RescanInterval, RescanIntervalDefault)
+	c.LeaseTTL = cmp.Or(c.LeaseTTL, LeaseTTLDefault)
 	c.Retry = c.Retry.WithDefaults(RetryDefault)
 	c.PublishTimeout = cmp.Or(c.PublishTimeout, PublishTimeoutDefault)
 	c.ShutdownGrace = cmp.Or(c.ShutdownGrace, ShutdownGraceDefault)
@@ -114,6 +125,7 @@ func (c Config) validate() error {
 		{"Workers", int64(c.Workers)},
 		{"PollInterval", int64(c.PollInterval)},
 		{"RescanInterval", int64(c.RescanInterval)},
+		{"LeaseTTL", int64(c.LeaseTTL)},
 		{"PublishTimeout", int64(c.PublishTimeout)},
 		{"ShutdownGrace", int64(c.ShutdownGrace)},
 		{"StatsInterval", int64(c.StatsInterval)},
@@ -188,6 +200,7 @@ type Relay struct {
 	state   lifecycle.State
 	claimed atomic.Int64 // rows claimed since the last VACUUM
 	vacuum  chan struct{}
+	seqOID  uint32 // the outbox's identity sequence
 }
 
 // New validates cfg and returns a relay that publishes the rows of ob
@@ -291,9 +304,14 @@ func (r *Relay) Run(ctx context.Context) error {
 	if r.cfg.VacuumEvery > 0 {
 		wg.Go(func() { r.vacuumLoop(ctx) })
 	}
+	ids := make([]uuid.UUID, r.cfg.Workers)
+	for i := range ids {
+		ids[i] = uuid.New()
+	}
+	wg.Go(func() { r.heartbeatLoop(ctx, ids) })
 	var workers sync.WaitGroup
 	for i := range r.cfg.Workers {
-		workers.Go(func() { r.workerLoop(ctx, work, wakes[i], i, fatal) })
+		workers.Go(func() { r.workerLoop(ctx, work, wakes[i], ids[i], fatal) })
 	}
 	workers.Wait()
 	abandon()
@@ -306,10 +324,14 @@ func (r *Relay) Run(ctx context.Context) error {
 	return nil
 }
 
-// preflight checks that the pool is open and the outbox's tables exist.
+// preflight checks that the pool is open and the outbox's tables exist,
+// and finds the outbox's sequence.
 func (r *Relay) preflight(ctx context.Context) error {
 	var ok bool
-	err := r.pool.QueryRow(ctx, r.sql.Exists, r.sql.Table, r.sql.Dead).Scan(&ok)
+	err := r.pool.QueryRow(ctx, r.sql.Exists, r.sql.Table, r.sql.Dead, r.sql.Lease).Scan(&ok)
+	if err == nil && ok {
+		err = r.pool.QueryRow(ctx, r.sql.Sequence, r.sql.Table).Scan(&r.seqOID)
+	}
 	switch {
 	case err != nil:
 		if fatal := r.fatal(err); fatal != nil {
@@ -323,7 +345,7 @@ func (r *Relay) preflight(ctx context.Context) error {
 }
 
 func (r *Relay) notMigrated() error {
-	return fmt.Errorf("relay: the outbox tables %s and %s do not exist: run the migrations (outbox.Outbox.Migrate)", r.sql.Table, r.sql.Dead)
+	return fmt.Errorf("relay: the outbox tables %s, %s and %s do not exist: run the migrations (outbox.Outbox.Migrate)", r.sql.Table, r.sql.Dead, r.sql.Lease)
 }
 
 // fatal returns the error that ends Run for err, nil when err is worth
@@ -344,8 +366,10 @@ func (r *Relay) fatal(err error) error {
 // calls fail.
 var errRetry = idemq.Retry{BaseDelay: 100 * time.Millisecond, MaxDelay: 30 * time.Second}
 
-func (r *Relay) workerLoop(ctx, work context.Context, wake <-chan struct{}, part int, fatal func(error)) {
-	w := &worker{r: r, part: part}
+func (r *Relay) workerLoop(ctx, work context.Context, wake <-chan struct{}, id uuid.UUID, fatal func(error)) {
+	w := &worker{r: r, id: id, lastFull: time.Now()}
+	w.restart()
+	defer w.leave(ctx)
 	failures := 0
 	poll := time.NewTimer(r.cfg.PollInterval)
 	defer poll.Stop()
@@ -359,7 +383,15 @@ func (r *Relay) workerLoop(ctx, work context.Context, wake <-chan struct{}, part
 	hotFor := 50 * hotPoll
 	var hotUntil time.Time
 	for ctx.Err() == nil {
-		claimed, err := w.batch(ctx, work)
+		var claimed int
+		var more bool
+		err := error(nil)
+		if !time.Now().Before(w.rebalanceAt) {
+			err = w.rebalance(ctx)
+		}
+		if err == nil {
+			claimed, more, err = w.batch(ctx, work)
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return
@@ -375,14 +407,18 @@ func (r *Relay) workerLoop(ctx, work context.Context, wake <-chan struct{}, part
 			continue
 		}
 		failures = 0
-		if claimed > 0 {
+		if claimed > 0 || more {
 			hotUntil = time.Now().Add(hotFor)
 			continue
 		}
-		wait := r.cfg.PollInterval
+		wait := min(r.cfg.PollInterval, time.Until(w.rebalanceAt))
 		if hotPoll > 0 && time.Now().Before(hotUntil) {
 			wait = min(wait, hotPoll)
 		}
+		if !w.back.at.IsZero() {
+			wait = min(wait, time.Until(w.back.at))
+		}
+		wait = max(wait, 0)
 		poll.Reset(wait)
 		select {
 		case <-ctx.Done():

@@ -9,25 +9,27 @@ package outboxsql
 import (
 	"encoding/json"
 	"fmt"
-	"hash/fnv"
 
 	"github.com/idemq/idemq/internal/pgutil"
 )
 
-// Key locks. Everyone who claims or moves rows of an ordering key holds the
-// transaction-scoped advisory lock (LockClass, hashtext(key)) first: a
-// relay takes it with pg_try_advisory_xact_lock in its scan and skips keys
-// it cannot get, Replay and Purge wait for it with pg_advisory_xact_lock,
-// in hash order so that two of them never deadlock. The lock is a
-// transaction-scoped one, so a process that dies releases it with its
-// connection, and a transaction-mode pooler keeps working.
+// Partitions. The relays lease hash partitions of the ordering keys (the
+// tables of migration 0002): a worker claims the rows of a key only while it
+// owns the key's partition, and holds the partition's lease row FOR SHARE
+// in every batch, after checking the lease's token. Whoever else moves rows
+// of a key (Replay, Purge, Unpark) first locks the lease rows of the keys'
+// partitions FOR UPDATE, which waits for the owner's batch in flight, and
+// bumps their gen, which tells the owner to scan them again from the start.
 const (
-	// tryLockKey is the relay's non-blocking key lock; $1 is LockClass.
-	tryLockKey = `pg_try_advisory_xact_lock($1, hashtext(key))`
-	// lockKeys takes the locks of the keys in $2 (text[]) in hash order;
-	// $1 is LockClass.
-	lockKeys = `SELECT pg_advisory_xact_lock($1, h)
-FROM (SELECT DISTINCT hashtext(k) AS h FROM unnest($2::text[]) AS k ORDER BY 1) AS l`
+	// Partitions is the number of key partitions (the rows of the lease
+	// table that migration 0002 creates).
+	Partitions = 64
+	// partOf is the partition of the key column or parameter k.
+	partOf = `mod(hashtext(%s)::int8 + 2147483648, 64)::int4`
+	// partition is a row's partition, -1 for unkeyed rows: the expression
+	// of the outbox's (partition, seq) index, which only this exact text
+	// uses.
+	partition = `coalesce(mod(hashtext(key)::int8 + 2147483648, 64)::int4, -1)`
 )
 
 // Columns are the columns Enqueue writes, in the order of Insert's arrays
@@ -36,40 +38,46 @@ var Columns = []string{"id", "destination", "key", "payload", "headers"}
 
 // Queries are the statements on one outbox table.
 type Queries struct {
-	// Table is the outbox table, Dead its dead-letter table (quoted,
+	// Table is the outbox table, Dead its dead-letter table, Lease and
+	// Relays its partition lease and relay worker tables (quoted,
 	// schema-qualified), for messages and for Exists' arguments.
-	Table, Dead string
-	// LockClass is the first key of the key locks: the table's own, so
-	// that two outboxes never contend.
-	LockClass int32
+	Table, Dead, Lease, Relays string
 
 	// Insert writes rows from arrays ($1 ids, $2 destinations, $3 keys,
 	// $4 payloads, $5 headers as JSON text), numbered in array order.
 	Insert string
 	// Notify wakes the relays listening on channel $1 at commit.
 	Notify string
-	// Exists reports whether the tables named $1 and $2 exist.
+	// Exists reports whether the tables named $1, $2 and $3 exist.
 	Exists string
 	// Stats counts pending rows, the age of the oldest, and dead letters.
 	Stats string
 	// Vacuum vacuums the outbox table (simple protocol, outside a tx).
 	Vacuum string
-	// RetryNow makes the rows of destination $1 that wait for a later
-	// time due now, and counts them; rows parked behind a dead letter and
-	// rows in a batch being published (locked) are left alone.
-	RetryNow string
+	// Waiting returns the distinct keys of the rows of destination $1
+	// that wait for a later time (not parked behind a dead letter), and
+	// whether some have no key. RetryNow makes those of keys $2 (and the
+	// unkeyed ones if $3) due now and counts them, leaving rows of a batch
+	// in flight (locked) to that batch. Between the two, LockPartitions
+	// waits for the owners' batches and has them read the partitions
+	// again (see the relay's claim.go).
+	Waiting, RetryNow string
 
-	// Scan, Claim, PutBack, Bury, Park and Bump are the relay's; see
-	// their comments below and the relay package's claim.go. ClaimParked
-	// is Claim for ParkFollowers: it also skips keys with a dead letter.
-	Scan, Claim, ClaimParked, PutBack, Bury, Park, Bump string
+	// Join, Beat, Live, Take, Release, Leave, Hold, Lock, Sequence, Top, Writers,
+	// Scan, ScanAll, Claim, PutBack, Bury and Park are the relay's; see their
+	// comments below and the relay package's claim.go and lease.go.
+	// ClaimParked is Claim for ParkFollowers: it also leaves out keys with
+	// a dead letter.
+	Join, Beat, Live, Take, Release, Leave, Hold, Lock, Sequence, Top, Writers string
+	Scan, ScanAll, Claim, ClaimParked, PutBack, Bury, Park                     string
 
 	// ListDead lists dead letters by the DeadFilter parameters ($1-$6) up
-	// to $7. LockDead locks them (seq, key) for Replay and Purge, LockKeys
-	// takes their keys' locks, Replay moves the dead letters with seq in
-	// $1 back, Purge deletes them, and Unpark releases the rows parked
-	// behind keys in $1 that have no dead letter left.
-	ListDead, LockDead, LockKeys, Replay, Purge, Unpark string
+	// to $7. LockDead locks them (seq, key) for Replay and Purge,
+	// LockPartitions locks the lease rows of the partitions of the keys in
+	// $1 (all of them if $2) and bumps their gen, Replay moves the dead
+	// letters with seq in $1 back, Purge deletes them, and Unpark releases
+	// the rows parked behind keys in $1 that have no dead letter left.
+	ListDead, LockDead, LockPartitions, Replay, Purge, Unpark string
 }
 
 // deadWhere is the dead-letter filter: static SQL whose parameters are NULL
@@ -93,13 +101,14 @@ func For(schema, table string) (Queries, error) {
 
 // New returns the statements on table t.
 func New(t pgutil.Table) Queries {
-	table, dead := t.String(), t.Ident("_dead")
-	h := fnv.New32a()
-	h.Write([]byte("idemq-outbox:" + t.Schema + "." + t.Name))
+	table, dead, lease, relays := t.String(), t.Ident("_dead"), t.Ident("_lease"), t.Ident("_relays")
+	// live is true for a lease row whose owner is a live worker.
+	live := `EXISTS (SELECT 1 FROM ` + relays + ` AS w WHERE w.owner = l.owner AND w.expires_at > now())`
 	q := Queries{
-		Table:     table,
-		Dead:      dead,
-		LockClass: int32(h.Sum32()),
+		Table:  table,
+		Dead:   dead,
+		Lease:  lease,
+		Relays: relays,
 
 		Insert: `INSERT INTO ` + table + ` (id, destination, key, payload, headers)
 SELECT m.id, m.destination, m.key, m.payload, m.headers::jsonb
@@ -107,28 +116,99 @@ FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bytea[], $5::text[])
      WITH ORDINALITY AS m(id, destination, key, payload, headers, n)
 ORDER BY m.n`,
 		Notify: `SELECT pg_notify($1, '')`,
-		Exists: `SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL`,
+		Exists: `SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL AND to_regclass($3) IS NOT NULL`,
 		Stats: `SELECT (SELECT count(*) FROM ` + table + `),
   (SELECT extract(epoch FROM clock_timestamp() - min(created_at))::float8 FROM ` + table + `),
   (SELECT count(*) FROM ` + dead + `)`,
 		Vacuum: `VACUUM ` + table,
+		Waiting: `SELECT coalesce(array_agg(DISTINCT key) FILTER (WHERE key IS NOT NULL), '{}'), coalesce(bool_or(key IS NULL), false)
+FROM ` + table + ` WHERE destination = $1 AND available_at > now() AND available_at < 'infinity'`,
 		RetryNow: `WITH due AS (
   UPDATE ` + table + ` SET available_at = now()
   WHERE seq IN (SELECT seq FROM ` + table + `
                 WHERE destination = $1 AND available_at > now() AND available_at < 'infinity'
+                  AND (key = ANY($2) OR (key IS NULL AND $3))
                 FOR UPDATE SKIP LOCKED)
   RETURNING 1)
 SELECT count(*) FROM due`,
 
-		// The first $2 due rows from seq $3 on, locked, each keyed row only
-		// if its key's lock was free and the key falls into this worker's
-		// share ($4 workers, this is number $5).
-		Scan: `SELECT seq, key FROM ` + table + `
-WHERE seq >= $3 AND CASE WHEN available_at > now() THEN false
-                         WHEN key IS NULL THEN true
-                         WHEN $4 > 1 AND mod(hashtext(key)::int8 + 2147483648, $4) <> $5 THEN false
-                         ELSE ` + tryLockKey + ` END
-ORDER BY seq LIMIT $2
+		// Workers $1 (uuid[]) are alive for $2 more microseconds.
+		Join: `INSERT INTO ` + relays + ` (owner, expires_at)
+SELECT o, now() + $2 * interval '1 microsecond' FROM unnest($1::uuid[]) AS o
+ON CONFLICT (owner) DO UPDATE SET expires_at = excluded.expires_at`,
+		// Workers $1 that did not leave are alive for $2 more microseconds.
+		Beat: `UPDATE ` + relays + ` SET expires_at = now() + $2 * interval '1 microsecond' WHERE owner = ANY($1::uuid[])`,
+		// The number of live workers, and the partitions worker $1 owns
+		// (part, token, gen). Workers dead for an hour are forgotten.
+		Live: `WITH gone AS (DELETE FROM ` + relays + ` WHERE expires_at < now() - interval '1 hour')
+SELECT (SELECT count(*) FROM ` + relays + ` WHERE expires_at > now())::int,
+       coalesce((SELECT array_agg(part ORDER BY part) FROM ` + lease + ` WHERE owner = $1), '{}'),
+       coalesce((SELECT array_agg(token ORDER BY part) FROM ` + lease + ` WHERE owner = $1), '{}'),
+       coalesce((SELECT array_agg(gen ORDER BY part) FROM ` + lease + ` WHERE owner = $1), '{}')`,
+		// Worker $1 takes up to $2 partitions that nobody owns or whose
+		// owner is dead, skipping those a batch or a dead-letter
+		// operation holds, and bumps their token.
+		Take: `UPDATE ` + lease + ` AS t SET owner = $1, token = t.token + 1
+FROM (SELECT part FROM ` + lease + ` AS l WHERE l.owner IS NULL OR NOT ` + live + `
+      ORDER BY part LIMIT $2 FOR UPDATE SKIP LOCKED) AS f
+WHERE t.part = f.part
+RETURNING t.part, t.token, t.gen`,
+		// Worker $1 gives up partitions $2.
+		Release: `UPDATE ` + lease + ` SET owner = NULL WHERE owner = $1 AND part = ANY($2::int4[])`,
+		// Worker $1 gives up all its partitions and leaves.
+		Leave: `WITH r AS (UPDATE ` + lease + ` SET owner = NULL WHERE owner = $1)
+DELETE FROM ` + relays + ` WHERE owner = $1`,
+		// A batch's fence: the partitions worker $1 owns (part, token,
+		// gen), locked until the batch ends. A takeover (Take) or a
+		// dead-letter operation (LockPartitions) cannot change them
+		// meanwhile.
+		Hold: `SELECT part, token, gen FROM ` + lease + ` WHERE owner = $1 ORDER BY part FOR SHARE`,
+		// The batch locks the outbox before its sequence (Top), in the
+		// order DROP TABLE takes them, so that the two never deadlock.
+		Lock: `LOCK TABLE ` + table + ` IN ROW SHARE MODE`,
+		// The outbox's identity sequence, as an oid.
+		Sequence: `SELECT pg_get_serial_sequence($1, 'seq')::regclass::oid`,
+		// The last seq handed out by sequence $1 (0 for none).
+		Top: `SELECT coalesce(pg_sequence_last_value($1::oid::regclass), 0)`,
+		// The other transactions that may insert into table $1: those that
+		// hold its RowExclusiveLock (taken before a row's seq is drawn),
+		// by virtual transaction id; and whether none of the transactions
+		// in $2 is still running (NULL: none to check).
+		Writers: `SELECT ARRAY(SELECT virtualtransaction FROM pg_locks
+              WHERE locktype = 'relation' AND relation = $1::regclass AND mode = 'RowExclusiveLock'
+                AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                AND pid <> pg_backend_pid()),
+       CASE WHEN $2::text[] IS NULL THEN true
+            ELSE NOT EXISTS (SELECT 1 FROM pg_locks WHERE virtualtransaction = ANY($2)) END`,
+		// Up to $1 rows (partition, seq, ctid, key, wait), locked, from partitions $2 (-1: unkeyed rows) in
+		// that order, each from seq $3[i] on in seq order, with the
+		// microseconds until they are due (0: due, -1: parked). The nested
+		// loop stops reading partitions once it has $1 rows. The
+		// conditions and the order are those of the (partition, seq) index
+		// and of no other: a plan cached while the table was empty would
+		// otherwise scan the primary key and filter (the relay also turns
+		// off sequential scans).
+		Scan: `SELECT r.part, r.seq, r.ctid, r.key, r.wait
+FROM unnest($2::int4[], $3::int8[]) WITH ORDINALITY AS p(part, cursor, n)
+CROSS JOIN LATERAL (
+  SELECT p.part, seq, ctid, key, CASE WHEN available_at <= now() THEN 0
+                                     WHEN available_at = 'infinity' THEN -1
+                                     ELSE ceil(extract(epoch FROM available_at - now()) * 1000000)::int8 END AS wait
+  FROM ` + table + `
+  WHERE ` + partition + ` <= p.part AND (` + partition + `, seq) >= (p.part, p.cursor)
+  ORDER BY ` + partition + `, seq LIMIT $1
+  FOR UPDATE SKIP LOCKED) AS r
+LIMIT $1`,
+		// Scan for a worker that owns every partition: up to $1 rows from
+		// seq $2 on in seq order, through the primary key, so that a batch
+		// takes neighbouring rows (a partition's rows lie far apart). Same
+		// columns as Scan.
+		ScanAll: `SELECT ` + partition + `, seq, ctid, key, CASE WHEN available_at <= now() THEN 0
+                                        WHEN available_at = 'infinity' THEN -1
+                                        ELSE ceil(extract(epoch FROM available_at - now()) * 1000000)::int8 END
+FROM ` + table + `
+WHERE seq >= $2
+ORDER BY seq LIMIT $1
 FOR UPDATE SKIP LOCKED`,
 		// Failed rows go back with their seq (their place in their key's
 		// order), due after a delay in microseconds (negative: parked
@@ -144,21 +224,26 @@ FROM unnest($1::int8[], $2::uuid[], $3::timestamptz[], $4::int4[], $5::text[], $
      AS u(s, i, c, a, dst, p, k, h, e)`,
 		// The followers of keys $1 whose head became a dead letter wait
 		// (ParkFollowers).
-		Park: `UPDATE ` + table + ` SET available_at = 'infinity' WHERE key = ANY($1) AND available_at <> 'infinity'`,
-		// A locked key that yielded nothing has a head that is not due (or
-		// is parked, $2 being ParkFollowers): move its followers behind the
-		// head so that scans stop spending their window on them.
-		Bump: `WITH h AS (
-  SELECT k.key, CASE WHEN $2 AND EXISTS (SELECT 1 FROM ` + dead + ` AS d WHERE d.key = k.key) THEN 'infinity'::timestamptz
-                     ELSE (SELECT x.available_at FROM ` + table + ` AS x WHERE x.key = k.key ORDER BY x.seq LIMIT 1) END AS until
-  FROM unnest($1::text[]) AS k(key))
-UPDATE ` + table + ` AS o SET available_at = h.until FROM h WHERE o.key = h.key AND o.available_at < h.until`,
+		Park: `UPDATE ` + table + ` SET available_at = 'infinity'
+WHERE ` + partition + ` IN (SELECT ` + fmt.Sprintf(partOf, "k") + ` FROM unnest($1::text[]) AS k)
+  AND key = ANY($1) AND available_at <> 'infinity'`,
+		// Rows $1 (ctids from Scan, stable while Scan's lock holds) are
+		// deleted and returned.
+		Claim: `DELETE FROM ` + table + ` WHERE ctid = ANY($1::tid[])
+RETURNING seq, id, destination, key, payload, headers, attempts, created_at`,
+		ClaimParked: `DELETE FROM ` + table + ` AS o WHERE ctid = ANY($1::tid[])
+  AND (o.key IS NULL OR NOT EXISTS (SELECT 1 FROM ` + dead + ` AS d WHERE d.key = o.key))
+RETURNING seq, id, destination, key, payload, headers, attempts, created_at`,
 
 		ListDead: `SELECT id, destination, coalesce(key, ''), payload, headers, attempts, last_error, created_at, failed_at
 FROM ` + dead + ` WHERE ` + deadWhere + ` ORDER BY seq LIMIT $7`,
 		LockDead: `SELECT seq, key FROM ` + dead + ` WHERE ` + deadWhere + `
 ORDER BY seq LIMIT $7 FOR UPDATE`,
-		LockKeys: lockKeys,
+		LockPartitions: `UPDATE ` + lease + ` AS t SET gen = t.gen + 1
+FROM (SELECT part FROM ` + lease + `
+      WHERE $2 OR part IN (SELECT ` + fmt.Sprintf(partOf, "k") + ` FROM unnest($1::text[]) AS k)
+      ORDER BY part FOR UPDATE) AS l
+WHERE t.part = l.part`,
 		Replay: `WITH moved AS (
   DELETE FROM ` + dead + ` WHERE seq = ANY($1)
   RETURNING seq, id, created_at, destination, payload, key, headers, last_error)
@@ -166,38 +251,11 @@ INSERT INTO ` + table + ` (seq, id, created_at, available_at, attempts, destinat
 SELECT seq, id, created_at, now(), 0, destination, payload, key, headers, last_error FROM moved`,
 		Purge: `DELETE FROM ` + dead + ` WHERE seq = ANY($1)`,
 		Unpark: `UPDATE ` + table + ` AS o SET available_at = now()
-WHERE o.key = ANY($1) AND o.available_at = 'infinity'
+WHERE ` + partition + ` IN (SELECT ` + fmt.Sprintf(partOf, "k") + ` FROM unnest($1::text[]) AS k)
+  AND o.key = ANY($1) AND o.available_at = 'infinity'
   AND NOT EXISTS (SELECT 1 FROM ` + dead + ` AS d WHERE d.key = o.key)`,
 	}
-	q.Claim = claim(table, "")
-	q.ClaimParked = claim(table, `AND NOT EXISTS (SELECT 1 FROM `+dead+` AS d WHERE d.key = k.key)`)
 	return q
-}
-
-// claim is the relay's claim. One index probe per locked key ($1 keys, $2
-// their counts in the scan, $4 their first seq in the scan) finds its real
-// head; the key qualifies if that head is the row the scan locked first for
-// it (a head before the cursor, not due, or put back by a previous holder
-// after the scan's snapshot has a lower seq) and passes the extra
-// condition. Keys with more rows in the window take the rows that follow.
-// $3 are the scan's unkeyed rows. Everything claimed is deleted and
-// returned. ParkFollowers gets its own statement rather than a parameter:
-// a boolean parameter guarding the extra EXISTS made the generic plan
-// measurably slower even for unkeyed batches.
-func claim(table, extra string) string {
-	return `WITH k AS (
-  SELECT key, n, first FROM unnest($1::text[], $2::int4[], $4::int8[]) AS k(key, n, first)
-), heads AS (
-  SELECT k.key, k.n, k.first FROM k
-  WHERE (SELECT o.seq FROM ` + table + ` AS o WHERE o.key = k.key ORDER BY o.seq LIMIT 1) = k.first ` + extra + `
-), keyed AS (
-  SELECT first AS seq FROM heads
-  UNION ALL
-  SELECT r.seq FROM heads CROSS JOIN LATERAL (
-    SELECT o.seq FROM ` + table + ` AS o WHERE o.key = heads.key AND o.seq > heads.first ORDER BY o.seq LIMIT heads.n - 1) AS r
-)
-DELETE FROM ` + table + ` WHERE seq = ANY(ARRAY(SELECT seq FROM keyed UNION ALL SELECT unnest($3::int8[])))
-RETURNING seq, id, destination, key, payload, headers, attempts, created_at`
 }
 
 // DecodeHeaders decodes the headers column: a JSON object whose values

@@ -27,9 +27,9 @@ func TestDecodeHeaders(t *testing.T) {
 	}
 }
 
-// TestOneLockClassPerTable: the key locks of two outboxes never collide by
-// construction, and every statement names its own table.
-func TestOneLockClassPerTable(t *testing.T) {
+// TestStatementsNameTheirTables: every statement names its own tables, so
+// two outboxes never share rows, leases or relays.
+func TestStatementsNameTheirTables(t *testing.T) {
 	a, err := For("public", "idemq_outbox")
 	if err != nil {
 		t.Fatal(err)
@@ -38,10 +38,11 @@ func TestOneLockClassPerTable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if a.LockClass == b.LockClass {
-		t.Fatal("two tables share a lock class")
+	if a.Hold == b.Hold || a.Take == b.Take {
+		t.Fatal("two tables share a lease table")
 	}
-	if !strings.Contains(b.Claim, `"app"."idemq_outbox"`) || !strings.Contains(b.Bury, `"app"."idemq_outbox_dead"`) {
+	if !strings.Contains(b.Claim, `"app"."idemq_outbox"`) || !strings.Contains(b.Bury, `"app"."idemq_outbox_dead"`) ||
+		!strings.Contains(b.Hold, `"app"."idemq_outbox_lease"`) || !strings.Contains(b.Take, `"app"."idemq_outbox_relays"`) {
 		t.Fatal("statements do not name the table")
 	}
 	if _, err := For("public", "Bad"); err == nil {

@@ -170,8 +170,8 @@ func TestGoneDisablesTheEndpointAndHoldsItsRows(t *testing.T) {
 	}
 }
 
-// TestRetryNowSendsHeldRowsAtOnce: with an hour-long HoldInterval and
-// RefreshInterval, the rows held while an endpoint was disabled arrive, in
+// TestRetryNowSendsHeldRowsAtOnce: with an hour-long HoldInterval,
+// RefreshInterval and relay RescanInterval, the rows held while an endpoint was disabled arrive, in
 // key order and without lost attempts, as soon as it is enabled and its
 // destination retried now.
 func TestRetryNowSendsHeldRowsAtOnce(t *testing.T) {
@@ -188,7 +188,7 @@ func TestRetryNowSendsHeldRowsAtOnce(t *testing.T) {
 	})
 	ep, _ := addEndpoint(t, b, rc.srv.URL, nil)
 	sink := fastSink(t, b, webhook.Config{HoldInterval: time.Hour, RefreshInterval: time.Hour})
-	runRelay(t, b, sink, relay.Config{})
+	runRelay(t, b, sink, relay.Config{RescanInterval: time.Hour})
 	publish(t, b, event("k", 0), event("k", 1), event("k", 2))
 	waitFor(t, "the rows held", func() bool {
 		var held int
