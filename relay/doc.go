@@ -143,10 +143,10 @@
 // rate of a bare DELETE ... LIMIT 500 FOR UPDATE SKIP LOCKED RETURNING loop
 // (1,000 or 100,000 keys alike; about 0.8 in most runs) and unkeyed rows at
 // 0.65 to 0.8 of it; two relays, each reading its half of the partitions,
-// drain 0.85 to 1.15 times as fast as one on that machine (the server,
-// on the same two cores, is the limit there);
-// and a transaction held open elsewhere for 10 s leaves the drain of a
-// keyed backlog at 0.9 to 0.95 of its rate, without a slower trend. A
+// drain 0.85 to 1.15 times as fast as one on that machine (the server, on
+// the same two cores, is the limit there); and a transaction held open
+// elsewhere for 10 s leaves the drain of a keyed backlog at 0.9 to 0.95 of
+// its rate, without a slower trend. A
 // batch costs three round trips (lease check and scan, delete, settle and
 // commit), a row lock on each of its worker's lease rows, and no per-key
 // work in the database.

@@ -515,9 +515,15 @@ func (w *partitionWorker) commitSettled(runCtx context.Context, msgs []*consumer
 		// The work is durable; a redelivery is deduplicated.
 		w.log.WarnContext(runCtx, "commit offset", slog.Int64("offset", next), slog.Any("error", err))
 	}
+	// Counts of committed records are done with; a record fetched in a
+	// later group than its predecessors keeps its count.
+	for off := range w.redelivered {
+		if off < next {
+			delete(w.redelivered, off)
+		}
+	}
 	if settled == len(w.group) {
 		w.retries = 0
-		clear(w.redelivered)
 	}
 	return true
 }
@@ -526,9 +532,6 @@ func (w *partitionWorker) commitSettled(runCtx context.Context, msgs []*consumer
 // its RetryAfter or a backoff: a Retry is never skipped. It reports false
 // when the reader cannot seek.
 func (w *partitionWorker) rewind(runCtx, fetchCtx context.Context, results []consumer.Result, settled int) bool {
-	for _, m := range w.group[:settled] {
-		delete(w.redelivered, m.Offset)
-	}
 	for j := settled; j < len(w.group); j++ {
 		if results[j].Outcome == consumer.Retry && !errors.Is(results[j].Err, errNotAttempted) {
 			w.redelivered[w.group[j].Offset]++
