@@ -11,7 +11,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/relay"
-	"github.com/idemq/idemq/testenv"
 )
 
 // joinChildEnv carries the database URL and the child's name to the relay
@@ -35,17 +34,8 @@ func TestRelaysJoinAndAreSIGKILLed(t *testing.T) {
 	}
 	t.Parallel()
 	const n, keys, batch = 8000, 100, 20
-	url := testenv.PostgresURL(t)
-	pool, err := pgxpool.New(context.Background(), url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	b := setupOn(t, pool)
-	if _, err := pool.Exec(b.ctx, `CREATE TABLE published (n bigserial, id uuid, key text, payload text, by text)`); err != nil {
-		t.Fatal(err)
-	}
-	enqueue(t, b, keyed("d", n, keys, 0)...)
+	url, b := recordedBacklog(t, n, keys)
+	pool := b.pool
 
 	start := func(name string) *exec.Cmd {
 		child := exec.Command(os.Args[0], "-test.run=^TestRelaysJoinAndAreSIGKILLed$", "-test.count=1")
@@ -128,35 +118,9 @@ func TestRelaysJoinAndAreSIGKILLed(t *testing.T) {
 		t.Fatal("A published after it was killed")
 	}
 
-	rows, err := pool.Query(b.ctx, `SELECT id::text, key, payload FROM published ORDER BY n`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var deliveries []relay.Message
-	seen := map[string]int{}
-	for rows.Next() {
-		var id string
-		var m relay.Message
-		if err := rows.Scan(&id, &m.Key, &m.Payload); err != nil {
-			t.Fatal(err)
-		}
-		seen[id]++
-		deliveries = append(deliveries, m)
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	dups := checkOrder(t, deliveries)
-	if len(seen) != n {
-		t.Fatalf("%d distinct messages published, want %d", len(seen), n)
-	}
-	if dups > 2*batch || len(deliveries) != n+dups {
-		t.Fatalf("%d duplicates in %d deliveries, want at most one batch per kill (%d)", dups, len(deliveries), 2*batch)
-	}
-	for id, c := range seen {
-		if c > 2 {
-			t.Fatalf("message %s published %d times", id, c)
-		}
+	dups := checkPublished(t, pool, n)
+	if dups > 2*batch {
+		t.Fatalf("%d duplicates, want at most one batch per kill (%d)", dups, 2*batch)
 	}
 	t.Logf("published by A %d, B %d, C %d; %d duplicates", afterA, published(t, pool, "B"), published(t, pool, "C"), dups)
 }

@@ -32,17 +32,8 @@ func TestRelaySIGKILLedBetweenPublishAndDelete(t *testing.T) {
 	}
 	t.Parallel()
 	const n, keys, batch = 300, 10, 20
-	url := testenv.PostgresURL(t)
-	pool, err := pgxpool.New(context.Background(), url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	b := setupOn(t, pool)
-	if _, err := pool.Exec(b.ctx, `CREATE TABLE published (n bigserial, id uuid, key text, payload text, by text)`); err != nil {
-		t.Fatal(err)
-	}
-	enqueue(t, b, keyed("d", n, keys, 0)...)
+	url, b := recordedBacklog(t, n, keys)
+	pool := b.pool
 
 	child := exec.Command(os.Args[0], "-test.run=^TestRelaySIGKILLedBetweenPublishAndDelete$", "-test.count=1")
 	child.Env = append(os.Environ(), sigkillChildEnv+"="+url)
@@ -58,35 +49,8 @@ func TestRelaySIGKILLedBetweenPublishAndDelete(t *testing.T) {
 	run(t, newRelay(t, b, recordingSink(pool, "parent"), relay.Config{BatchSize: batch}))
 	waitFor(t, "an empty outbox", func() bool { return pending(t, b) == 0 })
 
-	rows, err := pool.Query(b.ctx, `SELECT id::text, key, payload FROM published ORDER BY n`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var deliveries []relay.Message
-	seen := map[string]int{}
-	for rows.Next() {
-		var id string
-		var m relay.Message
-		if err := rows.Scan(&id, &m.Key, &m.Payload); err != nil {
-			t.Fatal(err)
-		}
-		seen[id]++
-		deliveries = append(deliveries, m)
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	dups := checkOrder(t, deliveries)
-	if len(seen) != n {
-		t.Fatalf("%d distinct messages published, want %d", len(seen), n)
-	}
-	if dups == 0 || dups > batch || len(deliveries) != n+dups {
-		t.Fatalf("%d duplicates in %d deliveries, want between 1 and one batch (%d): the rows of the batch the child died with", dups, len(deliveries), batch)
-	}
-	for id, c := range seen {
-		if c > 2 {
-			t.Fatalf("message %s published %d times", id, c)
-		}
+	if dups := checkPublished(t, pool, n); dups == 0 || dups > batch {
+		t.Fatalf("%d duplicates, want between 1 and one batch (%d): the rows of the batch the child died with", dups, batch)
 	}
 }
 
@@ -112,6 +76,60 @@ func sigkillChild(t *testing.T, url string) {
 	})
 	run(t, newRelay(t, b, sink, relay.Config{BatchSize: 20, PublishTimeout: 5 * time.Minute}))
 	time.Sleep(2 * time.Minute)
+}
+
+// recordedBacklog migrates the default outbox on a new database, creates the
+// table published that recordingSink fills, and enqueues n messages over
+// keys keys. It returns the database's URL, for child processes.
+func recordedBacklog(t *testing.T, n, keys int) (string, bundle) {
+	t.Helper()
+	url := testenv.PostgresURL(t)
+	pool, err := pgxpool.New(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	b := setupOn(t, pool)
+	if _, err := pool.Exec(b.ctx, `CREATE TABLE published (n bigserial, id uuid, key text, payload text, by text)`); err != nil {
+		t.Fatal(err)
+	}
+	enqueue(t, b, keyed("d", n, keys, 0)...)
+	return url, b
+}
+
+// checkPublished checks what recordingSinks published: all n messages,
+// each key's messages first appearing in enqueue order, none more than
+// twice. It returns the number of duplicates.
+func checkPublished(t *testing.T, pool *pgxpool.Pool, n int) int {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `SELECT id::text, key, payload FROM published ORDER BY n`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var deliveries []relay.Message
+	seen := map[string]int{}
+	for rows.Next() {
+		var id string
+		var m relay.Message
+		if err := rows.Scan(&id, &m.Key, &m.Payload); err != nil {
+			t.Fatal(err)
+		}
+		seen[id]++
+		deliveries = append(deliveries, m)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	dups := checkOrder(t, deliveries)
+	if len(seen) != n || len(deliveries) != n+dups {
+		t.Fatalf("%d distinct messages in %d deliveries with %d duplicates, want %d", len(seen), len(deliveries), dups, n)
+	}
+	for id, c := range seen {
+		if c > 2 {
+			t.Fatalf("message %s published %d times", id, c)
+		}
+	}
+	return dups
 }
 
 // recordingSink commits every message it publishes into the table

@@ -115,15 +115,7 @@ func TestBadRequestIsADeadLetter(t *testing.T) {
 func TestGoneDisablesTheEndpointAndHoldsItsRows(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	var gone atomic.Bool
-	gone.Store(true)
-	rc := newReceiver(t, func(i int, w http.ResponseWriter, r *http.Request) bool {
-		if gone.Load() {
-			w.WriteHeader(http.StatusGone)
-			return true
-		}
-		return false
-	})
+	rc, gone := goneReceiver(t)
 	other := newReceiver(t, nil)
 	ep, _ := addEndpoint(t, b, rc.srv.URL, nil)
 	addEndpoint(t, b, other.srv.URL, nil)
@@ -177,15 +169,7 @@ func TestGoneDisablesTheEndpointAndHoldsItsRows(t *testing.T) {
 func TestRetryNowSendsHeldRowsAtOnce(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	var gone atomic.Bool
-	gone.Store(true)
-	rc := newReceiver(t, func(i int, w http.ResponseWriter, r *http.Request) bool {
-		if gone.Load() {
-			w.WriteHeader(http.StatusGone)
-			return true
-		}
-		return false
-	})
+	rc, gone := goneReceiver(t)
 	ep, _ := addEndpoint(t, b, rc.srv.URL, nil)
 	sink := fastSink(t, b, webhook.Config{HoldInterval: time.Hour, RefreshInterval: time.Hour})
 	runRelay(t, b, sink, relay.Config{RescanInterval: time.Hour})
@@ -207,6 +191,20 @@ func TestRetryNowSendsHeldRowsAtOnce(t *testing.T) {
 	if len(hits) != 3 || hits[0].n != 0 || hits[1].n != 1 || hits[2].n != 2 {
 		t.Fatalf("deliveries after enabling %+v, want events 0, 1, 2", hits)
 	}
+}
+
+// goneReceiver answers 410 Gone until gone is set to false.
+func goneReceiver(t *testing.T) (rc *receiver, gone *atomic.Bool) {
+	gone = new(atomic.Bool)
+	gone.Store(true)
+	rc = newReceiver(t, func(i int, w http.ResponseWriter, r *http.Request) bool {
+		if gone.Load() {
+			w.WriteHeader(http.StatusGone)
+			return true
+		}
+		return false
+	})
+	return rc, gone
 }
 
 // TestHangingEndpointDoesNotStallOthers: an endpoint that never answers
