@@ -236,16 +236,15 @@ func (o *Outbox) RetryNow(ctx context.Context, destination string) (int64, error
 			return 0, err
 		}
 		var n int64
-		err := tx.QueryRow(ctx, o.q.RetryNow, destination, keys, unkeyed).Scan(&n)
+		if err := tx.QueryRow(ctx, o.q.RetryNow, destination, keys, unkeyed).Scan(&n); err != nil || n == 0 || o.cfg.DisableNotify {
+			return n, err
+		}
+		// Sent at commit, when the rows are due.
+		_, err := tx.Exec(ctx, o.q.Notify, o.cfg.Channel)
 		return n, err
 	})
 	if err != nil {
 		return 0, fmt.Errorf("outbox: retry %s now: %w", destination, err)
-	}
-	if n > 0 && !o.cfg.DisableNotify {
-		if _, err := o.db.Exec(ctx, o.q.Notify, o.cfg.Channel); err != nil {
-			return n, fmt.Errorf("outbox: notify: %w", err)
-		}
 	}
 	return n, nil
 }
