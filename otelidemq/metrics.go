@@ -12,9 +12,9 @@ import (
 
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/relay"
-	idemgrpc "github.com/idemq/idemq/transports/grpc"
-	idemhttp "github.com/idemq/idemq/transports/http"
-	"github.com/idemq/idemq/transports/http/webhook"
+	"github.com/idemq/idemq/request/idemgrpc"
+	"github.com/idemq/idemq/request/idemhttp"
+	"github.com/idemq/idemq/transports/webhook"
 )
 
 // Hooks carry no context; the measurements are not tied to a span.

@@ -31,11 +31,11 @@ import (
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
 	"github.com/idemq/idemq/request"
+	"github.com/idemq/idemq/request/idemgrpc"
+	"github.com/idemq/idemq/request/idemhttp"
 	"github.com/idemq/idemq/request/pgstore"
 	"github.com/idemq/idemq/testenv"
-	idemgrpc "github.com/idemq/idemq/transports/grpc"
-	idemhttp "github.com/idemq/idemq/transports/http"
-	"github.com/idemq/idemq/transports/http/webhook"
+	"github.com/idemq/idemq/transports/webhook"
 )
 
 // metrics is one collection of a ManualReader, by instrument name.

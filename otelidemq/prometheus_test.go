@@ -16,9 +16,9 @@ import (
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
 	"github.com/idemq/idemq/request"
-	idemgrpc "github.com/idemq/idemq/transports/grpc"
-	idemhttp "github.com/idemq/idemq/transports/http"
-	"github.com/idemq/idemq/transports/http/webhook"
+	"github.com/idemq/idemq/request/idemgrpc"
+	"github.com/idemq/idemq/request/idemhttp"
+	"github.com/idemq/idemq/transports/webhook"
 )
 
 // The names a Prometheus scrape shows, through the OTel exporter with the

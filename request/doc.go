@@ -1,6 +1,6 @@
 // Package request runs API requests at most once per idempotency key: the
 // leased request records behind the HTTP Idempotency-Key middleware
-// (transports/http) and the gRPC interceptor (transports/grpc).
+// (request/idemhttp) and the gRPC interceptor (request/idemgrpc).
 //
 // # Records, leases and fencing
 //

@@ -13,9 +13,9 @@ import (
 
 	"github.com/idemq/idemq/otelidemq"
 	"github.com/idemq/idemq/relay"
-	"github.com/idemq/idemq/transports/http/webhook"
 	"github.com/idemq/idemq/transports/kafka"
 	natssink "github.com/idemq/idemq/transports/nats"
+	"github.com/idemq/idemq/transports/webhook"
 )
 
 // sinkConfig says where the relay publishes: routes from destinations to

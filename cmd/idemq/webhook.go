@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/urfave/cli/v3"
 
-	"github.com/idemq/idemq/transports/http/webhook"
+	"github.com/idemq/idemq/transports/webhook"
 )
 
 const flagWebhookTable = "webhook-table"

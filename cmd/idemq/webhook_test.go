@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemq/idemq/transports/http/webhook"
+	"github.com/idemq/idemq/transports/webhook"
 )
 
 func TestWebhookEndpoints(t *testing.T) {

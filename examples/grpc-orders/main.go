@@ -36,9 +36,9 @@ import (
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/examples/grpc-orders/orderspb"
 	"github.com/idemq/idemq/request"
+	"github.com/idemq/idemq/request/idemgrpc"
 	"github.com/idemq/idemq/request/pgstore"
 	"github.com/idemq/idemq/testenv"
-	idemgrpc "github.com/idemq/idemq/transports/grpc"
 )
 
 const (

@@ -17,9 +17,9 @@ import (
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
 	"github.com/idemq/idemq/request"
+	"github.com/idemq/idemq/request/idemhttp"
 	"github.com/idemq/idemq/request/pgstore"
-	idemhttp "github.com/idemq/idemq/transports/http"
-	"github.com/idemq/idemq/transports/http/webhook"
+	"github.com/idemq/idemq/transports/webhook"
 )
 
 // orderRequest is the body of POST /orders.

@@ -44,7 +44,7 @@ import (
 	"github.com/idemq/idemq/relay"
 	"github.com/idemq/idemq/request/pgstore"
 	"github.com/idemq/idemq/testenv"
-	"github.com/idemq/idemq/transports/http/webhook"
+	"github.com/idemq/idemq/transports/webhook"
 )
 
 const (

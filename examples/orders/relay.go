@@ -16,7 +16,7 @@ import (
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
-	"github.com/idemq/idemq/transports/http/webhook"
+	"github.com/idemq/idemq/transports/webhook"
 )
 
 // relayChildEnv holds, in a child process started by killRelay, the JSON

@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/inbox"
-	"github.com/idemq/idemq/transports/http/webhook"
+	"github.com/idemq/idemq/transports/webhook"
 )
 
 // webhookOutage is how many deliveries the partner's endpoint answers 503

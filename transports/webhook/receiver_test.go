@@ -1,0 +1,68 @@
+package webhook_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/transports/webhook"
+)
+
+// TestReceiverHandlerSharesTheInboxTransaction: the handler's writes and
+// the webhook-id's record commit together: a failing handler leaves
+// neither (and the retry applies it), a successful one both, once.
+func TestReceiverHandlerSharesTheInboxTransaction(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	if _, err := b.pool.Exec(b.ctx, `CREATE TABLE paid (invoice text PRIMARY KEY)`); err != nil {
+		t.Fatal(err)
+	}
+	secret := webhook.NewSecret()
+	recv, err := webhook.NewReceiver(b.inbox, webhook.ReceiverConfig{Keys: []string{secret}, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := 0
+	srv := httptest.NewServer(recv.Handler(func(ctx context.Context, tx pgx.Tx, d webhook.Delivery) error {
+		calls++
+		if _, err := tx.Exec(ctx, `INSERT INTO paid VALUES ('inv_1')`); err != nil {
+			return err
+		}
+		if calls == 1 {
+			return idemq.RetryAfter(errors.New("downstream busy"), 3*time.Second)
+		}
+		return nil
+	}))
+	t.Cleanup(srv.Close)
+	keys, _ := webhook.ParseKeys(secret)
+	body := `{"type":"invoice.paid","data":{}}`
+	post := func() *http.Response {
+		now := time.Now()
+		return postSigned(t, srv.URL, "msg_1", now, webhook.Sign(keys, "msg_1", now, []byte(body)), body)
+	}
+	count := func() (paid, records int) {
+		if err := b.pool.QueryRow(b.ctx, `SELECT (SELECT count(*) FROM paid), (SELECT count(*) FROM idemq_inbox)`).Scan(&paid, &records); err != nil {
+			t.Fatal(err)
+		}
+		return paid, records
+	}
+	resp := post()
+	if paid, records := count(); resp.StatusCode != http.StatusInternalServerError || resp.Header.Get("Retry-After") != "3" || paid != 0 || records != 0 {
+		t.Fatalf("failing handler: status %d, Retry-After %q, %d rows, %d records; want 500, 3, nothing",
+			resp.StatusCode, resp.Header.Get("Retry-After"), paid, records)
+	}
+	for range 2 {
+		if resp := post(); resp.StatusCode != http.StatusOK {
+			t.Fatalf("status %d, want 200", resp.StatusCode)
+		}
+	}
+	if paid, records := count(); calls != 2 || paid != 1 || records != 1 {
+		t.Fatalf("after the retry and a duplicate: %d calls, %d rows, %d records; want 2, 1, 1", calls, paid, records)
+	}
+}
