@@ -1,4 +1,4 @@
-package pgutil_test
+package migrate_test
 
 import (
 	"context"
@@ -8,10 +8,14 @@ import (
 	"sync"
 	"testing"
 
+	"testing/fstest"
+
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemq/idemq"
+
 	"github.com/idemq/idemq/inbox"
-	"github.com/idemq/idemq/internal/pgutil"
+	"github.com/idemq/idemq/migrate"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/testenv"
 )
@@ -71,10 +75,11 @@ func TestConcurrentMigrationsOfEveryPackage(t *testing.T) {
 // name.
 func TestMigrationLogNameIsReserved(t *testing.T) {
 	t.Parallel()
-	if _, err := pgutil.NewTable("public", "idemq_migrations"); err == nil || !strings.Contains(err.Error(), "idemq_migrations") {
-		t.Fatalf("NewTable(idemq_migrations): %v", err)
-	}
 	pool := testenv.Postgres(t)
+	src := migrate.Source{Component: "mine", Schema: "public", Table: migrate.LogTable, Files: fstest.MapFS{}, Dir: "."}
+	if _, err := migrate.New(pool, source(src)).Migrate(context.Background()); !errors.Is(err, idemq.ErrConfig) || !strings.Contains(err.Error(), migrate.LogTable) {
+		t.Fatalf("a Source on the table %s: %v, want an idemq.ErrConfig naming it", migrate.LogTable, err)
+	}
 	if _, err := inbox.New(pool, inbox.Config{Table: "idemq_migrations"}); err == nil {
 		t.Error("inbox.New accepted the table idemq_migrations")
 	}
@@ -82,3 +87,8 @@ func TestMigrationLogNameIsReserved(t *testing.T) {
 		t.Error("outbox.New accepted the table idemq_migrations")
 	}
 }
+
+// source is a migrate.Store of its own Source.
+type source migrate.Source
+
+func (s source) MigrationSource() migrate.Source { return migrate.Source(s) }
