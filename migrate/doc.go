@@ -40,13 +40,10 @@
 //
 // # Export for other tools
 //
-// Teams that apply every schema change with golang-migrate, Atlas (its
-// golang-migrate directory format), psql or a tool of their own take the
-// same migrations as files: [Migrator.Export] (or idemq migrate export DIR)
-// writes NNNN_table_name.up.sql and .down.sql with the schema and table
-// names filled in. goose wants each pair in one file under -- +goose up
-// and -- +goose down lines, and Flyway names files V<n>__name.sql; both are
-// a concatenation or a rename of these files away. The files record
+// Teams that apply every schema change with golang-migrate, goose, Atlas,
+// Flyway or psql take the same migrations as files: [Migrator.Export] (or
+// idemq migrate export DIR) writes them numbered, in the layout of the tool
+// ([Format]), with the schema and table names filled in. The files record
 // themselves in the migration log too, so [Migrator.Validate] and the idemq
 // binary accept a database migrated from them, and Migrate can take over
 // later. Export into the same directory after every upgrade of idemq: the

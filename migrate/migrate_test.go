@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/inbox"
 	"github.com/idemq/idemq/migrate"
 	"github.com/idemq/idemq/outbox"
@@ -30,9 +31,8 @@ type storeCase struct {
 	name string
 	open func(t *testing.T, db migrate.DB) migrate.Store
 	// seed inserts rows into the tables of version 1, which stay until
-	// the store is undone entirely; count counts them. Both take the
-	// store's quoted main table.
-	seed, count func(table string) string
+	// the store is undone entirely, given the store's quoted main table.
+	seed func(table string) string
 }
 
 func inboxCase(schema, table string) storeCase {
@@ -41,8 +41,7 @@ func inboxCase(schema, table string) storeCase {
 		open: func(t *testing.T, db migrate.DB) migrate.Store {
 			return must(inbox.New(db, inbox.Config{Schema: schema, Table: table}))(t)
 		},
-		seed:  seedInbox,
-		count: countRows,
+		seed: seedInbox,
 	}
 }
 
@@ -52,8 +51,6 @@ func seedInbox(table string) string {
 INSERT INTO ` + table + ` (expires_at, key_id, scope_id, status, fingerprint)
 SELECT now() + interval '1 day', gen_random_uuid(), 1, 1, '\x01' FROM generate_series(1, 100)`
 }
-
-func countRows(table string) string { return `SELECT count(*) FROM ` + table }
 
 // stores is every store, with default names and with long names in a
 // schema of their own.
@@ -77,7 +74,6 @@ SELECT gen_random_uuid(), 'orders', '\x01', 'k' || (i % 7) FROM generate_series(
 INSERT INTO ` + dead + ` (seq, id, created_at, attempts, destination, payload, last_error)
 VALUES (1000, gen_random_uuid(), now(), 3, 'orders', '\x01', 'boom')`
 				},
-				count: countRows,
 			},
 			storeCase{
 				name: "webhook " + names.schema + "." + names.webhook,
@@ -89,15 +85,13 @@ VALUES (1000, gen_random_uuid(), now(), 3, 'orders', '\x01', 'boom')`
 					return `INSERT INTO ` + table + ` (id, url) VALUES ('a', 'https://a.example'), ('b', 'https://b.example');
 INSERT INTO ` + keys + ` (endpoint_id, secret) VALUES ('a', 'whsec_x'), ('b', 'whsec_y')`
 				},
-				count: countRows,
 			},
 			storeCase{
 				name: "pgstore " + names.schema + "." + names.requests,
 				open: func(t *testing.T, db migrate.DB) migrate.Store {
 					return must(pgstore.New(db, pgstore.Config{Schema: names.schema, Table: names.requests}))(t)
 				},
-				seed:  seedInbox,
-				count: countRows,
+				seed: seedInbox,
 			},
 		)
 	}
@@ -144,7 +138,7 @@ func TestDownAndUpAgainKeepRows(t *testing.T) {
 			if _, err := pool.Exec(ctx, c.seed(table)); err != nil {
 				t.Fatal(err)
 			}
-			rows := count(t, pool, c.count(table))
+			rows := count(t, pool, `SELECT count(*) FROM `+table)
 			latest := applied[len(applied)-1].Version
 			for to := latest - 1; to >= 0; to-- {
 				undone, err := m.Down(ctx, to)
@@ -158,7 +152,7 @@ func TestDownAndUpAgainKeepRows(t *testing.T) {
 					if left := tables(t, pool); !slices.Equal(left, []string{migrate.LogTable}) {
 						t.Fatalf("after Down(0) the tables %v are left, want only the log", left)
 					}
-				} else if got := count(t, pool, c.count(table)); got != rows {
+				} else if got := count(t, pool, `SELECT count(*) FROM `+table); got != rows {
 					t.Fatalf("after Down(%d): %d rows, want the %d seeded", to, got, rows)
 				}
 				if again, err := m.Migrate(ctx); err != nil || len(again) != latest-to {
@@ -168,7 +162,7 @@ func TestDownAndUpAgainKeepRows(t *testing.T) {
 					t.Fatalf("schema after Down(%d) and Migrate differs from Migrate's:\n%s", to, diff(want, got))
 				}
 				if to > 0 {
-					if got := count(t, pool, c.count(table)); got != rows {
+					if got := count(t, pool, `SELECT count(*) FROM `+table); got != rows {
 						t.Fatalf("after Down(%d) and Migrate: %d rows, want %d", to, got, rows)
 					}
 				}
@@ -177,62 +171,103 @@ func TestDownAndUpAgainKeepRows(t *testing.T) {
 	}
 }
 
-// TestExportAppliesLikeMigrate: the files Export writes for every store,
-// applied in name order by plain Exec on an empty database (no idemq code
-// involved), build the schema Migrate builds, the migration log included,
-// so Validate finds nothing pending; the down files in reverse order leave
-// what Down(0) leaves. A second Export into the directory adds nothing, and
-// an Export after a store was added numbers its files after the others.
+// TestExportAppliesLikeMigrate: in every format, the files Export writes
+// for every store, applied in name order by plain Exec on an empty
+// database (no idemq code involved), build the schema Migrate builds, the
+// migration log included, so Validate finds nothing pending; the downs in
+// reverse order leave what Down(0) leaves. A second Export into the
+// directory adds nothing, and an Export after stores were added numbers
+// their files after the others.
 func TestExportAppliesLikeMigrate(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	migrated, exported := testenv.Postgres(t), testenv.Postgres(t)
-	var all []migrate.Store
-	for _, c := range stores() {
-		all = append(all, c.open(t, migrated))
-	}
-	if _, err := migrate.New(migrated, all...).Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	for _, f := range []struct {
+		format   migrate.Format
+		perStep  int
+		sections func(t *testing.T, dir string) (ups, downs []string)
+	}{
+		{migrate.GolangMigrate, 2, func(t *testing.T, dir string) ([]string, []string) {
+			return readAll(t, dir, "*.up.sql"), readAll(t, dir, "*.down.sql")
+		}},
+		{migrate.Flyway, 2, func(t *testing.T, dir string) ([]string, []string) {
+			return readAll(t, dir, "V*.sql"), readAll(t, dir, "U*.sql")
+		}},
+		{migrate.Goose, 1, func(t *testing.T, dir string) (ups, downs []string) {
+			for _, sql := range readAll(t, dir, "*.sql") {
+				up, down, ok := strings.Cut(sql, "\n-- +goose Down\n")
+				if !ok || !strings.Contains(up, "\n-- +goose Up\n") {
+					t.Fatalf("a goose file without its annotations:\n%s", sql)
+				}
+				ups, downs = append(ups, up), append(downs, down)
+			}
+			return ups, downs
+		}},
+	} {
+		t.Run(string(f.format), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			migrated, exported := testenv.Postgres(t), testenv.Postgres(t)
+			var all []migrate.Store
+			for _, c := range stores() {
+				all = append(all, c.open(t, migrated))
+			}
+			applied, err := migrate.New(migrated, all...).Migrate(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
 
-	dir := t.TempDir()
-	first, err := migrate.New(exported, all[:3]...).Export(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	files, err := migrate.New(exported, all...).Export(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(first) != 12 || !strings.HasPrefix(files[0], "0007_idemq_requests_inbox.") || len(files)+len(first) != 2*len(must(migrate.New(migrated, all...).List(ctx))(t)) {
-		t.Fatalf("Export wrote %v, then %v; want the files of the first three stores (0001 to 0006), then only the rest from 0007", first, files)
-	}
-	if again, err := migrate.New(exported, all...).Export(dir); err != nil || len(again) != 0 {
-		t.Fatalf("a second Export wrote %v, %v; want nothing", again, err)
-	}
+			dir := t.TempDir()
+			first, err := migrate.New(exported, all[:3]...).Export(dir, f.format)
+			if err != nil {
+				t.Fatal(err)
+			}
+			files, err := migrate.New(exported, all...).Export(dir, f.format)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(first) != 6*f.perStep || !strings.Contains(files[0], "0007_") || len(first)+len(files) != len(applied)*f.perStep {
+				t.Fatalf("Export wrote %v, then %v; want the files of the first three stores (0001 to 0006), then only the rest from 0007", first, files)
+			}
+			if again, err := migrate.New(exported, all...).Export(dir, f.format); err != nil || len(again) != 0 {
+				t.Fatalf("a second Export wrote %v, %v; want nothing", again, err)
+			}
 
-	ups, downs := sqlFiles(t, dir)
-	for _, f := range ups {
-		if _, err := exported.Exec(ctx, read(t, f)); err != nil {
-			t.Fatalf("%s: %v", filepath.Base(f), err)
-		}
+			ups, downs := f.sections(t, dir)
+			if len(ups) != len(applied) || len(downs) != len(applied) {
+				t.Fatalf("%d ups and %d downs exported, want %d each", len(ups), len(downs), len(applied))
+			}
+			for _, sql := range ups {
+				if _, err := exported.Exec(ctx, sql); err != nil {
+					t.Fatalf("%v:\n%s", err, sql)
+				}
+			}
+			if got, want := schema(t, exported), schema(t, migrated); !slices.Equal(got, want) {
+				t.Fatalf("the exported files build another schema than Migrate:\n%s", diff(want, got))
+			}
+			if err := migrate.New(exported, all...).Validate(ctx); err != nil {
+				t.Fatalf("Validate after the exported files: %v", err)
+			}
+			for _, sql := range slices.Backward(downs) {
+				if _, err := exported.Exec(ctx, sql); err != nil {
+					t.Fatalf("%v:\n%s", err, sql)
+				}
+			}
+			if _, err := migrate.New(migrated, all...).Down(ctx, 0); err != nil {
+				t.Fatal(err)
+			}
+			if got, want := schema(t, exported), schema(t, migrated); !slices.Equal(got, want) {
+				t.Fatalf("the exported downs leave another schema than Down(0):\n%s", diff(want, got))
+			}
+		})
 	}
-	if got, want := schema(t, exported), schema(t, migrated); !slices.Equal(got, want) {
-		t.Fatalf("the exported files build another schema than Migrate:\n%s", diff(want, got))
+	// Export needs no database: a pool that never connects will do.
+	nowhere := must(pgxpool.New(context.Background(), "postgres://127.0.0.1:1/none"))(t)
+	defer nowhere.Close()
+	m := migrate.New(nowhere, must(inbox.New(nowhere, inbox.Config{}))(t))
+	if files, err := m.Export(t.TempDir(), ""); err != nil || len(files) != 6 || files[0] != "0001_idemq_inbox_inbox.up.sql" {
+		t.Errorf("Export in the zero Format: %v, %v; want golang-migrate's files", files, err)
 	}
-	if err := migrate.New(exported, all...).Validate(ctx); err != nil {
-		t.Fatalf("Validate after the exported files: %v", err)
-	}
-	for _, f := range slices.Backward(downs) {
-		if _, err := exported.Exec(ctx, read(t, f)); err != nil {
-			t.Fatalf("%s: %v", filepath.Base(f), err)
-		}
-	}
-	if _, err := migrate.New(migrated, all...).Down(ctx, 0); err != nil {
-		t.Fatal(err)
-	}
-	if got, want := schema(t, exported), schema(t, migrated); !slices.Equal(got, want) {
-		t.Fatalf("the exported down files leave another schema than Down(0):\n%s", diff(want, got))
+	if _, err := m.Export(t.TempDir(), "atlas"); !errors.Is(err, idemq.ErrConfig) {
+		t.Errorf("Export in an unknown format: %v, want idemq.ErrConfig", err)
 	}
 }
 
@@ -405,14 +440,12 @@ func diff(want, got []string) string {
 	return b.String()
 }
 
-// sqlFiles returns the up and the down files in dir, by name.
-func sqlFiles(t *testing.T, dir string) (ups, downs []string) {
-	ups = must(filepath.Glob(filepath.Join(dir, "*.up.sql")))(t)
-	downs = must(filepath.Glob(filepath.Join(dir, "*.down.sql")))(t)
-	if len(ups) == 0 || len(ups) != len(downs) {
-		t.Fatalf("%d up and %d down files in %s", len(ups), len(downs), dir)
+// readAll returns the contents of the files in dir that match pattern, by
+// name.
+func readAll(t *testing.T, dir, pattern string) []string {
+	var out []string
+	for _, name := range must(filepath.Glob(filepath.Join(dir, pattern)))(t) {
+		out = append(out, string(must(os.ReadFile(name))(t)))
 	}
-	return ups, downs
+	return out
 }
-
-func read(t *testing.T, name string) string { return string(must(os.ReadFile(name))(t)) }

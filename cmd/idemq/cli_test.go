@@ -93,6 +93,10 @@ func TestMigrateExport(t *testing.T) {
 		t.Errorf("a second export: %q, want it to say there is nothing to export", out)
 	}
 	wantCode(t, "", exitUsage, "migrate", "export")
+	wantCode(t, "", exitUsage, "migrate", "export", "--format", "liquibase", t.TempDir())
+	if out := mustRun(t, "", "migrate", "export", "--format", "flyway", t.TempDir()); !strings.Contains(out, "V0005__idemq_inbox_conflicts.sql") {
+		t.Errorf("export --format flyway wrote:\n%s", out)
+	}
 
 	url := testenv.PostgresURL(t)
 	wantCode(t, url, exitPending, validate...)

@@ -95,11 +95,13 @@ func migrateCommand() *cli.Command {
 		Commands: []*cli.Command{
 			{Name: "list", Usage: "list applied and pending migrations", Flags: []cli.Flag{componentsFlag("outbox", "inbox")}, Action: migrateList},
 			{Name: "validate", Usage: "exit 4 while migrations are pending", Flags: []cli.Flag{componentsFlag("outbox", "inbox")}, Action: migrateValidate},
-			{Name: "export", Usage: "write the migrations as NNNN_name.up.sql and .down.sql files into DIR", ArgsUsage: "DIR",
+			{Name: "export", Usage: "write the migrations as numbered SQL files into DIR", ArgsUsage: "DIR",
 				Description: "The files carry the schema and table names of the flags, and record themselves in idemq_migrations,\n" +
 					"so 'migrate validate' and the relay see a database migrated from them as current. Exporting into the same\n" +
 					"DIR after an upgrade adds only the new migrations, numbered after the files there. No database is needed.",
-				Flags: []cli.Flag{componentsFlag("outbox", "inbox")}, Action: migrateExport},
+				Flags: []cli.Flag{componentsFlag("outbox", "inbox"), &cli.StringFlag{Name: "format", Value: string(migrate.GolangMigrate),
+					Usage: "golang-migrate (NNNN_name.up.sql and .down.sql, also for Atlas), goose (NNNN_name.sql) or flyway (VNNNN__name.sql, UNNNN__name.sql)"}},
+				Action: migrateExport},
 		},
 	}
 }
@@ -228,9 +230,9 @@ func migrateExport(ctx context.Context, cmd *cli.Command) error {
 	if err != nil {
 		return err
 	}
-	files, err := m.Export(cmd.Args().First())
+	files, err := m.Export(cmd.Args().First(), migrate.Format(cmd.String("format")))
 	if err != nil {
-		return err
+		return configError(err)
 	}
 	return output(cmd, files, func(t *table) {
 		if len(files) == 0 {
