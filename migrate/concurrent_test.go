@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -92,3 +93,24 @@ func TestMigrationLogNameIsReserved(t *testing.T) {
 type source migrate.Source
 
 func (s source) MigrationSource() migrate.Source { return migrate.Source(s) }
+
+// TestImportsNoHeavyLibrary: migrating the inbox compiles no broker,
+// Redis, AWS or gRPC library: package migrate imports no store, and the
+// inbox imports nothing heavier than package migrate.
+func TestImportsNoHeavyLibrary(t *testing.T) {
+	t.Parallel()
+	out, err := exec.Command("go", "list", "-deps", "github.com/idemq/idemq/migrate", "github.com/idemq/idemq/inbox").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list (the go command must be on PATH): %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "github.com/jackc/pgx/v5\n") {
+		t.Fatalf("go list did not list pgx:\n%s", out)
+	}
+	for _, dep := range strings.Fields(string(out)) {
+		for _, heavy := range []string{"kafka", "nats-io", "franz-go", "redis", "aws", "grpc", "urfave", "/idemq/outbox", "/idemq/transports", "/idemq/request"} {
+			if strings.Contains(dep, heavy) {
+				t.Errorf("migrate or inbox depends on %s", dep)
+			}
+		}
+	}
+}

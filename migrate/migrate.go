@@ -133,8 +133,9 @@ type step struct {
 // New returns a Migrator of stores' migrations, run on db; stores are
 // migrated in the order given and undone in the reverse order. A store
 // named twice (or an inbox and a request store on one table) is one store.
-// New touches no database. An invalid Source makes every method return an
-// error matching idemq.ErrConfig.
+// New touches no database. An invalid Source makes every method return
+// the error: invalid names, or no store at all, match idemq.ErrConfig;
+// misnamed files and a version without its up or its down say which.
 func New(db DB, stores ...Store) *Migrator {
 	m := &Migrator{db: db}
 	if len(stores) == 0 {
