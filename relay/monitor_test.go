@@ -1,17 +1,12 @@
 package relay_test
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -25,55 +20,10 @@ import (
 	"github.com/idemq/idemq/testenv"
 )
 
-// logs captures a relay's log as JSON lines.
-type logs struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *logs) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *logs) logger() *slog.Logger {
-	return slog.New(slog.NewJSONHandler(l, &slog.HandlerOptions{Level: slog.LevelInfo}))
-}
-
-// lines returns the records whose message starts with msg and whose
-// attributes include attrs (compared as text).
-func (l *logs) lines(t testing.TB, msg string, attrs ...string) []map[string]any {
+// count asserts that exactly want records of out match.
+func count(t testing.TB, out *testenv.Logs, want int, msg string, attrs ...string) {
 	t.Helper()
-	l.mu.Lock()
-	data := bytes.Clone(l.buf.Bytes())
-	l.mu.Unlock()
-	var out []map[string]any
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	sc.Buffer(nil, 1<<20)
-	for sc.Scan() {
-		var rec map[string]any
-		if err := json.Unmarshal(sc.Bytes(), &rec); err != nil {
-			t.Fatalf("log line %q: %v", sc.Text(), err)
-		}
-		if m, _ := rec["msg"].(string); !strings.HasPrefix(m, msg) {
-			continue
-		}
-		match := true
-		for i := 0; i+1 < len(attrs); i += 2 {
-			match = match && fmt.Sprint(rec[attrs[i]]) == attrs[i+1]
-		}
-		if match {
-			out = append(out, rec)
-		}
-	}
-	return out
-}
-
-// count asserts that exactly want records match.
-func (l *logs) count(t testing.TB, want int, msg string, attrs ...string) {
-	t.Helper()
-	if got := l.lines(t, msg, attrs...); len(got) != want {
+	if got := out.Records(msg, attrs...); len(got) != want {
 		t.Errorf("%d log lines %q %v, want %d:\n%v", len(got), msg, attrs, want, got)
 	}
 }
@@ -127,9 +77,9 @@ func TestRelayLogsStateChanges(t *testing.T) {
 	})); err != nil {
 		t.Fatal(err)
 	}
-	var out logs
+	var out testenv.Logs
 	r := newRelay(t, b, router, relay.Config{
-		Logger: out.logger(), ListenConnString: direct, StatsInterval: 20 * time.Millisecond,
+		Logger: out.Logger(), ListenConnString: direct, StatsInterval: 20 * time.Millisecond,
 		Retry: idemq.Retry{BaseDelay: 5 * time.Millisecond, MaxDelay: 20 * time.Millisecond, MaxAttempts: 1000},
 		Hooks: relay.Hooks{OnFailed: func(relay.FailedEvent) { failed.Add(1) }},
 	})
@@ -139,32 +89,32 @@ func TestRelayLogsStateChanges(t *testing.T) {
 		enqueue(t, bd, outbox.Message{Destination: "nowhere", Key: fmt.Sprint("n", i)})
 	}
 	waitFor(t, "several failed rounds", func() bool { return failed.Load() >= 300 })
-	waitFor(t, "a backlog line", func() bool { return len(out.lines(t, "relay: backlog", "unrouted", "5")) > 0 })
+	waitFor(t, "a backlog line", func() bool { return len(out.Records("relay: backlog", "unrouted", "5")) > 0 })
 	down.Store(false)
 	waitFor(t, "the outage's end", func() bool { return pending(t, bd) == 5 })
-	waitFor(t, "the outage's end logged", func() bool { return len(out.lines(t, "relay: broker outage over")) > 0 })
+	waitFor(t, "the outage's end logged", func() bool { return len(out.Records("relay: broker outage over")) > 0 })
 
-	out.count(t, 1, "relay: broker outage began", "destination", "d", "err", "broker unreachable")
-	out.count(t, 1, "relay: broker outage over", "destination", "d")
-	out.count(t, 1, "relay: holding the messages of a destination", "destination", "nowhere", "reason", relay.HoldNoRoute)
-	out.count(t, 1, "relay: partitions acquired")
-	if got := out.lines(t, "relay: partitions acquired"); len(got) == 1 {
-		if parts, _ := got[0]["partitions"].([]any); len(parts) != 64 {
-			t.Errorf("acquired %d partitions, want 64", len(parts))
+	count(t, &out, 1, "relay: broker outage began", "destination", "d", "err", "broker unreachable")
+	count(t, &out, 1, "relay: broker outage over", "destination", "d")
+	count(t, &out, 1, "relay: holding the messages of a destination", "destination", "nowhere", "reason", relay.HoldNoRoute)
+	count(t, &out, 1, "relay: partitions acquired")
+	if got := out.Records("relay: partitions acquired"); len(got) == 1 {
+		if parts := got[0].Attrs["partitions"]; len(strings.Fields(parts)) != 64 {
+			t.Errorf("acquired partitions %s, want 64", parts)
 		}
 	}
 
 	// The database goes away for a while and comes back.
 	proxy.Stop()
-	waitFor(t, "the database outage logged", func() bool { return len(out.lines(t, "relay: database unavailable")) > 0 })
+	waitFor(t, "the database outage logged", func() bool { return len(out.Records("relay: database unavailable")) > 0 })
 	proxy.Start()
 	enqueue(t, bd, keyed("d", 1, 1, 0)...)
-	waitFor(t, "the database back", func() bool { return len(out.lines(t, "relay: database available again")) > 0 })
+	waitFor(t, "the database back", func() bool { return len(out.Records("relay: database available again")) > 0 })
 	waitFor(t, "the new message published", func() bool { return pending(t, bd) == 5 })
-	out.count(t, 1, "relay: database unavailable")
-	out.count(t, 1, "relay: database available again")
-	out.count(t, 1, "relay: broker outage began")
-	out.count(t, 0, "relay: partitions lost")
+	count(t, &out, 1, "relay: database unavailable")
+	count(t, &out, 1, "relay: database available again")
+	count(t, &out, 1, "relay: broker outage began")
+	count(t, &out, 0, "relay: partitions lost")
 }
 
 // A due message that the relay cannot take (an outside session holds its
@@ -182,19 +132,19 @@ func TestRelayLogsStall(t *testing.T) {
 	if _, err := tx.Exec(b.ctx, `SELECT 1 FROM `+b.table()+` FOR UPDATE`); err != nil {
 		t.Fatal(err)
 	}
-	var out logs
+	var out testenv.Logs
 	rec := &recorder{}
 	run(t, newRelay(t, b, rec, relay.Config{
-		Logger: out.logger(), StatsInterval: 20 * time.Millisecond, StallThreshold: 200 * time.Millisecond,
+		Logger: out.Logger(), StatsInterval: 20 * time.Millisecond, StallThreshold: 200 * time.Millisecond,
 		PollInterval: 20 * time.Millisecond,
 	}))
-	waitFor(t, "the stall logged", func() bool { return len(out.lines(t, "relay: stalled")) > 0 })
+	waitFor(t, "the stall logged", func() bool { return len(out.Records("relay: stalled")) > 0 })
 	if err := tx.Rollback(b.ctx); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "the message published", func() bool { return len(rec.deliveries()) == 1 })
-	waitFor(t, "the stall's end logged", func() bool { return len(out.lines(t, "relay: stall over")) > 0 })
-	out.count(t, 1, "relay: stalled")
-	out.count(t, 1, "relay: stall over")
-	out.count(t, 1, "relay: backlog drained")
+	waitFor(t, "the stall's end logged", func() bool { return len(out.Records("relay: stall over")) > 0 })
+	count(t, &out, 1, "relay: stalled")
+	count(t, &out, 1, "relay: stall over")
+	count(t, &out, 1, "relay: backlog drained")
 }
