@@ -118,8 +118,10 @@ func TestPgBouncer(t *testing.T) {
 		}
 		return f.Err(ctx)
 	})
+	var out testenv.Logs
 	for range 2 {
 		r := newRelay(t, b, sink, relay.Config{
+			Logger:  out.Logger(),
 			Workers: 2, BatchSize: 50, ListenConnString: p.direct,
 			PollInterval: time.Hour, LeaseTTL: time.Hour,
 		})
@@ -153,6 +155,9 @@ func TestPgBouncer(t *testing.T) {
 	got := append([]relay.Message(nil), delivered...)
 	mu.Unlock()
 	checkOrder(t, got)
+	if n := len(out.Records("relay: LISTEN receives no notifications")); n != 0 {
+		t.Errorf("the relays warned %d times that LISTEN receives nothing; their listen connection is direct", n)
+	}
 	// The relays commit their last batches after the consumer applied them.
 	waitFor(t, "an empty outbox", func() bool { return pending(t, b) == 0 })
 }
@@ -241,4 +246,19 @@ func mustOutbox(t *testing.T, pool *pgxpool.Pool) *outbox.Outbox {
 		t.Fatal(err)
 	}
 	return ob
+}
+
+// Without a direct connection for LISTEN, a relay behind PgBouncer listens
+// through the pooler, where notifications never arrive: it says so in a
+// warning naming the fix, and still publishes, by polling.
+func TestPgBouncerListenThroughPoolerWarns(t *testing.T) {
+	t.Parallel()
+	p := setupPooled(t)
+	b := setupOn(t, p.pool(t, nil))
+	var out testenv.Logs
+	rec := &recorder{}
+	run(t, newRelay(t, b, rec, relay.Config{Logger: out.Logger(), PollInterval: 50 * time.Millisecond}))
+	waitFor(t, "the warning", func() bool { return len(out.Records("relay: LISTEN receives no notifications")) == 1 })
+	enqueue(t, b, keyed("d", 10, 2, 0)...)
+	waitFor(t, "publishing by polling", func() bool { return len(rec.deliveries()) == 10 })
 }

@@ -544,10 +544,14 @@ func (r *Relay) listenLoop(ctx context.Context, wake, ready func()) {
 			ready()
 			failures = 0
 			wake() // notifications sent while we were away are lost
+			probe := r.startListenProbe(ctx, r.ob.Config().Channel)
+			defer probe.stop()
 			for {
-				if _, err := conn.WaitForNotification(ctx); err != nil {
+				n, err := conn.WaitForNotification(ctx)
+				if err != nil {
 					return err
 				}
+				probe.notified(n.Payload)
 				wake()
 			}
 		}()
