@@ -122,7 +122,7 @@ func (m *monitor) settled(d decision) {
 			}
 			delete(m.dests, dest)
 			if st.held != "" {
-				m.log.Info("relay: destination no longer held", "destination", dest, "reason", st.held, "held_for", now.Sub(st.outage.since))
+				m.log.Log(context.Background(), holdLevel(st.held), "relay: destination no longer held", "destination", dest, "reason", st.held, "held_for", now.Sub(st.outage.since))
 			} else {
 				m.log.Info("relay: broker outage over", "destination", dest, "lasted", now.Sub(st.outage.since), "failed_publishes", st.outage.failures)
 			}
@@ -139,10 +139,21 @@ func (m *monitor) settled(d decision) {
 				continue
 			}
 			m.dests[dest] = &destState{held: reason, outage: outage{since: now}}
-			m.log.Warn("relay: holding the messages of a destination; they stay in the outbox and come back without an attempt",
+			m.log.Log(context.Background(), holdLevel(reason), "relay: holding the messages of a destination; they stay in the outbox and come back without an attempt",
 				"destination", dest, "reason", reason, "retry_in", t.held.Delay, "err", t.held.Err)
 		}
 	}
+}
+
+// holdLevel is the level of a destination's hold lines: a missing route is
+// the relay's to report; a Sink's holds (a rate limit, a breaker, a
+// disabled endpoint) come and go in normal operation and the Sink logs
+// their causes itself, so the relay reports them at debug level.
+func holdLevel(reason string) slog.Level {
+	if reason == HoldNoRoute {
+		return slog.LevelWarn
+	}
+	return slog.LevelDebug
 }
 
 // dbFailed notes a failed round of a worker; retry is its wait.

@@ -91,7 +91,8 @@ type Config struct {
 	// StatsInterval is how often the relay reads the backlog
 	// (outbox.Outbox.Stats, which scans the outbox): for
 	// [Hooks.OnBacklog], the backlog line of the log and stall detection.
-	// Defaults to 15 seconds.
+	// A read that takes longer than a tenth of it spaces the reads out
+	// to ten times its duration. Defaults to 15 seconds.
 	StatsInterval time.Duration
 	// StallThreshold is how long a message free to go (due, and no
 	// earlier message of its key waiting for a retry) may have been due
@@ -504,11 +505,16 @@ func (r *Relay) vacuumLoop(ctx context.Context) {
 	}
 }
 
+// statsLoop reads the backlog every StatsInterval, or less often when the
+// read is slow: Stats scans the outbox, and a large backlog must not keep
+// a server backend busy more than a tenth of the time.
 func (r *Relay) statsLoop(ctx context.Context) {
-	t := time.NewTicker(r.cfg.StatsInterval)
+	t := time.NewTimer(r.cfg.StatsInterval)
 	defer t.Stop()
 	for {
+		start := time.Now()
 		s, err := r.ob.Stats(ctx)
+		t.Reset(max(r.cfg.StatsInterval, 10*time.Since(start)))
 		if err == nil {
 			r.mon.backlog(s)
 			if h := r.cfg.Hooks.OnBacklog; h != nil {
