@@ -19,14 +19,16 @@ import (
 // PgBouncerExecMode is the pgx query execution mode that connection strings
 // through [PgBouncer] carry (default_query_exec_mode). PgBouncer before
 // 1.21 does not track protocol-level prepared statements in transaction
-// mode, so pgx's default, cache_statement (named statements prepared once
-// per connection), fails as soon as a statement prepared in one
-// transaction runs on another server connection ("prepared statement
-// stmtcache_… does not exist"). cache_describe sends every statement as an
-// unnamed one, parsed, bound and executed in one go, and caches only its
-// description: it works through any pooler, and costs no extra round trip
-// once the description is cached. (exec and simple_protocol work too;
-// simple_protocol also loses binary results.)
+// mode, so two of pgx's modes fail through it as soon as clients share
+// server connections: cache_statement, the default (named statements
+// prepared once per client connection: "prepared statement stmtcache_…
+// already exists", 42P05), and describe_exec (an unnamed statement
+// described in one exchange and executed in the next, which may reach
+// another server connection: "unnamed prepared statement does not exist",
+// 26000). cache_describe parses, binds and executes each statement in one
+// exchange and caches only its description: no extra round trip once
+// cached. exec and simple_protocol work too (simple_protocol also gives
+// up binary results).
 const PgBouncerExecMode = "cache_describe"
 
 const pgbouncerHelp = `install it (Debian/Ubuntu: apt-get install -y pgbouncer; make test does it when missing)`
