@@ -140,6 +140,8 @@ func TestExitCodes(t *testing.T) {
 		{"unknown sink", exitUsage, []string{"relay", "--migrate", "--route", "orders=rabbitmq"}},
 		{"route without broker", exitUsage, []string{"relay", "--migrate", "--route", "orders=kafka"}},
 		{"no routes", exitUsage, []string{"relay", "--migrate"}},
+		{"bad log format", exitUsage, []string{"relay", "--log-format", "xml", "--route", "orders=nats"}},
+		{"bad log level", exitUsage, []string{"relay", "--log-level", "loud", "--route", "orders=nats"}},
 		{"bad message id", exitUsage, []string{"dlq", "show", "not-a-uuid"}},
 		{"database unreachable", exitUnreachable, []string{"--database-url", "postgres://postgres@127.0.0.1:1/none", "--connect-timeout", "3s", "stats"}},
 	} {
