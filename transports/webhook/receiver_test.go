@@ -11,12 +11,15 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/inbox"
 	"github.com/idemq/idemq/transports/webhook"
 )
 
 // TestReceiverHandlerSharesTheInboxTransaction: the handler's writes and
-// the webhook-id's record commit together: a failing handler leaves
-// neither (and the retry applies it), a successful one both, once.
+// the webhook-id's record commit together: a failing handler leaves none
+// of its writes, only its counted failure, and 503 with the Retry-After
+// it asked for (the retry applies it); a successful one commits both,
+// once.
 func TestReceiverHandlerSharesTheInboxTransaction(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -24,12 +27,8 @@ func TestReceiverHandlerSharesTheInboxTransaction(t *testing.T) {
 		t.Fatal(err)
 	}
 	secret := webhook.NewSecret()
-	recv, err := webhook.NewReceiver(b.inbox, webhook.ReceiverConfig{Keys: []string{secret}, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
 	calls := 0
-	srv := httptest.NewServer(recv.Handler(func(ctx context.Context, tx pgx.Tx, d webhook.Delivery) error {
+	srv := httptest.NewServer(newWebhookReceiver(t, b, secret, func(ctx context.Context, tx pgx.Tx, d webhook.Delivery) error {
 		calls++
 		if _, err := tx.Exec(ctx, `INSERT INTO paid VALUES ('inv_1')`); err != nil {
 			return err
@@ -53,9 +52,12 @@ func TestReceiverHandlerSharesTheInboxTransaction(t *testing.T) {
 		return paid, records
 	}
 	resp := post()
-	if paid, records := count(); resp.StatusCode != http.StatusInternalServerError || resp.Header.Get("Retry-After") != "3" || paid != 0 || records != 0 {
-		t.Fatalf("failing handler: status %d, Retry-After %q, %d rows, %d records; want 500, 3, nothing",
-			resp.StatusCode, resp.Header.Get("Retry-After"), paid, records)
+	if paid, _ := count(); resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") != "3" || paid != 0 {
+		t.Fatalf("failing handler: status %d, Retry-After %q, %d rows; want 503, 3, none",
+			resp.StatusCode, resp.Header.Get("Retry-After"), paid)
+	}
+	if rec, err := b.inbox.Get(b.ctx, "webhook", "msg_1"); err != nil || rec.Status != inbox.FailedRetryable || rec.Failures != 1 {
+		t.Fatalf("after the failure: %+v, %v; want FAILED_RETRYABLE with 1 failure", rec, err)
 	}
 	for range 2 {
 		if resp := post(); resp.StatusCode != http.StatusOK {

@@ -80,12 +80,8 @@ func TestReceiverRejectsAndRecordsNothing(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	secret := webhook.NewSecret()
-	recv, err := webhook.NewReceiver(b.inbox, webhook.ReceiverConfig{Keys: []string{secret}, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
 	applied := 0
-	srv := httptest.NewServer(recv.Handler(func(ctx context.Context, tx pgx.Tx, d webhook.Delivery) error {
+	srv := httptest.NewServer(newWebhookReceiver(t, b, secret, func(ctx context.Context, tx pgx.Tx, d webhook.Delivery) error {
 		applied++
 		return nil
 	}))
