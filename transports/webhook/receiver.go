@@ -47,6 +47,20 @@ type ReceiverConfig struct {
 	// MaxBody is the largest body accepted, in bytes; a larger one gets
 	// 413. Defaults to 1 MiB.
 	MaxBody int64
+
+	// Test holds crash points for tests; leave it zero in production.
+	Test ReceiverTestConfig
+}
+
+// ReceiverTestConfig holds a [Receiver]'s crash point, for tests and
+// chaos drills.
+type ReceiverTestConfig struct {
+	// BeforeAnswer, if set, runs after the consumer settled a webhook and
+	// before the Receiver answers, with the message and its result. A
+	// non-nil error aborts the response (http.ErrAbortHandler): the sender
+	// sees the connection drop as if the process died between the
+	// database commit and the answer, and sends the webhook again.
+	BeforeAnswer func(ctx context.Context, msgs []*consumer.Message, results []consumer.Result) error
 }
 
 func (c ReceiverConfig) withDefaults() ReceiverConfig {
@@ -198,7 +212,13 @@ func (r *Receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	for name, v := range req.Header {
 		headers[name] = v[0]
 	}
-	res := r.c.Process(req.Context(), &consumer.Message{ID: d.ID, Payload: d.Body, Headers: headers, Source: d})
+	msg := &consumer.Message{ID: d.ID, Payload: d.Body, Headers: headers, Source: d}
+	res := r.c.Process(req.Context(), msg)
+	if hook := r.cfg.Test.BeforeAnswer; hook != nil {
+		if err := hook(req.Context(), []*consumer.Message{msg}, []consumer.Result{res}); err != nil {
+			panic(http.ErrAbortHandler)
+		}
+	}
 	answer(w, res)
 }
 
