@@ -120,9 +120,9 @@ func New(db DB, cfg Config) (*Store, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	table, err := pgutil.NewTable(cfg.Schema, cfg.Table)
+	table, err := pgutil.ConfigTable("inbox", cfg.Schema, cfg.Table)
 	if err != nil {
-		return nil, idemq.NewConfigError("inbox", "Table", "%v", err)
+		return nil, err
 	}
 	return &Store{db: db, cfg: cfg, table: table, sql: newQueries(table), connCheck: connCheck(db, cfg), scopes: map[string]int32{}}, nil
 }

@@ -136,7 +136,11 @@ func TestFanOutOneRowPerSubscribedEndpoint(t *testing.T) {
 	if got[2].Dest != webhook.DestinationPrefix+all.ID || got[2].Key != "" {
 		t.Fatalf("third row %+v: want invoice.sent to the unfiltered endpoint, unkeyed", got[2])
 	}
-	if _, err := b.pub.PublishTx(b.ctx, nil, webhook.Event{Type: "bad type!", Data: []byte(`{}`)}); !errors.Is(err, webhook.ErrInvalidEvent) {
+	err = pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
+		_, err := b.pub.PublishTx(b.ctx, tx, webhook.Event{Type: "bad type!", Data: []byte(`{}`)})
+		return err
+	})
+	if !errors.Is(err, webhook.ErrInvalidEvent) {
 		t.Fatalf("bad type: %v, want ErrInvalidEvent", err)
 	}
 }
