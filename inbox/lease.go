@@ -47,11 +47,8 @@ func (s *Store) Acquire(ctx context.Context, scope, key string, fingerprint []by
 			return AcquireResult{}, err
 		}
 		if found {
-			r := AcquireResult{ClaimResult: ClaimResult{Existing: &rec}}
-			if string(rec.Fingerprint) != string(k.fingerprint) {
-				return r, &ConflictError{Key: key, Fingerprint: k.fingerprint, Stored: rec}
-			}
-			return r, nil
+			rec, err := against(rec, key, k.fingerprint)
+			return AcquireResult{ClaimResult: ClaimResult{Existing: &rec}}, err
 		}
 		// Deleted by GC in between: claim it afresh.
 	}
@@ -106,6 +103,15 @@ func (s *Store) FailFinalTx(ctx context.Context, tx pgx.Tx, lease Lease, cause e
 		return errNilTx
 	}
 	return s.finalize(ctx, tx, lease, s.sql.fail, FailedFinal, errText(cause), s.cfg.Retention)
+}
+
+// Abandon gives the key back before its lease runs out, for a holder that
+// stops without an outcome (its context was cancelled, it shuts down): no
+// failure is counted and the next Acquire takes over at once instead of
+// waiting for the deadline. It fails with ErrLeaseLost like
+// [Store.Complete].
+func (s *Store) Abandon(ctx context.Context, lease Lease) error {
+	return s.finalize(ctx, s.db, lease, s.sql.abandon)
 }
 
 // Extend moves the lease's deadline to ttl from now, for work that runs

@@ -80,8 +80,8 @@ func TestMigrateIsIdempotentAndConcurrent(t *testing.T) {
 		`SELECT count(*) FROM idemq.idemq_migrations WHERE owner = 'inbox:idemq.events_inbox'`).Scan(&versions); err != nil {
 		t.Fatal(err)
 	}
-	if versions != 3 {
-		t.Fatalf("migration log has %d versions, want 3", versions)
+	if versions != 4 {
+		t.Fatalf("migration log has %d versions, want 4", versions)
 	}
 }
 
@@ -535,7 +535,7 @@ func TestPendingMigrations(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"0001_inbox.sql", "0002_failures.sql", "0003_conflicts.sql"}
+	want := []string{"0001_inbox.sql", "0002_failures.sql", "0003_conflicts.sql", "0004_superseded.sql"}
 	if pending, err := store.PendingMigrations(ctx); err != nil || !slices.Equal(pending, want) {
 		t.Fatalf("before Migrate: %v, %v; want %v", pending, err, want)
 	}
