@@ -24,8 +24,8 @@ import (
 // working on it until Existing.LeaseUntil), or FailedFinal (a dead letter).
 // A different fingerprint is a *ConflictError.
 func (s *Store) Acquire(ctx context.Context, scope, key string, fingerprint []byte, owner string, ttl time.Duration) (AcquireResult, error) {
-	if ttl <= 0 {
-		return AcquireResult{}, fmt.Errorf("inbox: lease duration must be positive, got %v", ttl)
+	if err := checkTTL(ttl); err != nil {
+		return AcquireResult{}, err
 	}
 	k, err := s.resolve(ctx, scope, key, fingerprint)
 	if err != nil {
@@ -53,6 +53,18 @@ func (s *Store) Acquire(ctx context.Context, scope, key string, fingerprint []by
 		// Deleted by GC in between: claim it afresh.
 	}
 	return AcquireResult{}, fmt.Errorf("inbox: acquire %q: record vanished twice", key)
+}
+
+// MinLeaseTTL is the shortest lease Acquire and Extend take: a shorter
+// one runs out before its holder can use it, and under Postgres's 1 µs
+// interval unit it would be stored as none at all.
+const MinLeaseTTL = time.Millisecond
+
+func checkTTL(ttl time.Duration) error {
+	if ttl < MinLeaseTTL {
+		return fmt.Errorf("inbox: lease duration %v is below the minimum of %v", ttl, MinLeaseTTL)
+	}
+	return nil
 }
 
 // Complete finalizes a lease as SUCCEEDED with an optional result to replay
@@ -118,6 +130,9 @@ func (s *Store) Abandon(ctx context.Context, lease Lease) error {
 // longer than planned, and returns the extended lease. It fails with
 // ErrLeaseLost when the lease was taken over or finalized.
 func (s *Store) Extend(ctx context.Context, lease Lease, ttl time.Duration) (Lease, error) {
+	if err := checkTTL(ttl); err != nil {
+		return lease, err
+	}
 	scopeID, err := s.scopeID(ctx, lease.Scope)
 	if err != nil {
 		return lease, err

@@ -88,6 +88,8 @@ func (c Config) validate() error {
 		return idemq.NewConfigError("inbox", "MaxKeyLen", "%d is negative", c.MaxKeyLen)
 	case c.Retention < 0:
 		return idemq.NewConfigError("inbox", "Retention", "%v is negative", c.Retention)
+	case c.Retention < time.Microsecond:
+		return idemq.NewConfigError("inbox", "Retention", "%v is below Postgres's interval unit of 1µs", c.Retention)
 	case c.ConnectionCheckInterval < 0 && c.ConnectionCheckInterval != ConnectionCheckDisabled:
 		return idemq.NewConfigError("inbox", "ConnectionCheckInterval", "%v is negative; use ConnectionCheckDisabled to turn it off", c.ConnectionCheckInterval)
 	case c.ConnectionCheckInterval > 0 && c.ConnectionCheckInterval < time.Millisecond:
