@@ -64,9 +64,9 @@ type Record struct {
 	// released conflict handed it to Fingerprint (see
 	// [Store.ReleaseConflicts]): their redeliveries are duplicates.
 	Superseded [][]byte
-	CreatedAt time.Time
-	UpdatedAt time.Time
-	ExpiresAt time.Time
+	CreatedAt  time.Time
+	UpdatedAt  time.Time
+	ExpiresAt  time.Time
 }
 
 // Item is one key to claim, with the fingerprint of its payload.
