@@ -155,7 +155,8 @@ func HandleLeased(h LeasedHandler) consumer.LeasedHandler {
 // Receiver is the http.Handler that verifies Standard Webhooks signatures
 // and applies each webhook-id once through a consumer.Consumer: the
 // webhook is the consumer's Message (ID = webhook-id, Payload = body,
-// Source = its [Delivery]), so it gets everything the consumer gives the
+// Headers = the request's headers, the first value of each, Source = its
+// [Delivery]), so it gets everything the consumer gives the
 // Kafka and NATS transports: failures counted toward Retry.MaxAttempts
 // across deliveries, database errors never counted, a panicking handler
 // turned into a failure, the lease renewed while a leased handler runs,
