@@ -27,7 +27,7 @@ import (
 // sender's position in that log; a subscription is a Receiver on its own
 // HTTP server, fed by the sender of its group.
 func TestReceiverConformance(t *testing.T) {
-	transporttest.Run(t, func(t *testing.T) transporttest.Harness { return newWebhookHarness(t) })
+	transporttest.Run(t, func(t *testing.T) transporttest.Harness { return newWebhookHarness(t, webhook.NewSecret()) })
 }
 
 type webhookHarness struct {
@@ -41,8 +41,8 @@ type webhookHarness struct {
 	next  map[string]int // group -> index of its next message
 }
 
-func newWebhookHarness(t *testing.T) *webhookHarness {
-	secret := webhook.NewSecret()
+// newWebhookHarness returns a harness whose sender signs with secret.
+func newWebhookHarness(t *testing.T, secret string) *webhookHarness {
 	keys, err := webhook.ParseKeys(secret)
 	if err != nil {
 		t.Fatal(err)
