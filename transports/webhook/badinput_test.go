@@ -61,6 +61,36 @@ func TestBadInputReceiverConfig(t *testing.T) {
 	}
 }
 
+// TestBadInputWebhookID: a correctly signed webhook whose id the inbox
+// cannot take (over its key limit, not UTF-8) gets 400 with
+// "webhook-delivery: abort-message" and records nothing; one without an
+// id gets 401.
+func TestBadInputWebhookID(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	secret := webhook.NewSecret()
+	keys, _ := webhook.ParseKeys(secret)
+	srv := httptest.NewServer(newWebhookReceiver(t, b, secret, func(context.Context, pgx.Tx, webhook.Delivery) error {
+		t.Error("the handler ran for an unusable id")
+		return nil
+	}))
+	t.Cleanup(srv.Close)
+	now := time.Now()
+	for name, id := range map[string]string{"oversized": strings.Repeat("x", 2000), "not UTF-8": "\xff\xfe"} {
+		resp := postSigned(t, srv.URL, id, now, webhook.Sign(keys, id, now, []byte(`{}`)), `{}`)
+		if resp.StatusCode != http.StatusBadRequest || resp.Header.Get(webhook.HeaderDelivery) != webhook.AbortMessage {
+			t.Errorf("%s id: %d, %q; want 400 with abort-message", name, resp.StatusCode, resp.Header.Get(webhook.HeaderDelivery))
+		}
+	}
+	if resp := postSigned(t, srv.URL, "", now, webhook.Sign(keys, "", now, []byte(`{}`)), `{}`); resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("no id: %d, want 401", resp.StatusCode)
+	}
+	var records int
+	if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM idemq_inbox`).Scan(&records); err != nil || records != 0 {
+		t.Fatalf("%d inbox records (%v), want none", records, err)
+	}
+}
+
 // TestBadInputHandlerEndsTheTransaction: a handler that commits the
 // Receiver's transaction is refused as the consumer refuses such handlers:
 // its Commit fails, returning that error rolls its writes back and

@@ -122,8 +122,9 @@ func TestReceiverRejectsAndRecordsNothing(t *testing.T) {
 	}
 	// The same id with another (correctly signed) body is a conflict.
 	other := `{"type":"a.b","data":{"x":1}}`
-	if status := post("m6", now, webhook.Sign(keys, "m6", now, []byte(other)), other); status != http.StatusConflict {
-		t.Fatalf("reused id with another body: status %d, want 409", status)
+	if resp := postSigned(t, srv.URL, "m6", now, webhook.Sign(keys, "m6", now, []byte(other)), other); resp.StatusCode != http.StatusConflict ||
+		resp.Header.Get(webhook.HeaderDelivery) != webhook.AbortMessage {
+		t.Fatalf("reused id with another body: status %d, %q; want 409 with abort-message", resp.StatusCode, resp.Header.Get(webhook.HeaderDelivery))
 	}
 }
 
