@@ -19,6 +19,7 @@ import (
 	"github.com/urfave/cli/v3"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/migrate"
 	"github.com/idemq/idemq/relay"
 )
 
@@ -103,18 +104,19 @@ func runRelay(ctx context.Context, cmd *cli.Command) error {
 	if err != nil {
 		return err
 	}
+	m, err := migrator(pool, comps)
+	if err != nil {
+		return err
+	}
 	if cmd.Bool("migrate") {
-		if err := applyMigrations(ctx, pool, comps); err != nil {
+		if _, err := m.Migrate(ctx); err != nil {
 			return err
 		}
 	}
-	if _, pending, err := migrationPlan(ctx, pool, comps); err != nil {
-		return err
-	} else if len(pending) > 0 {
-		return withCode(exitPending, "%d migrations pending: run idemq migrate, or start the relay with --migrate", len(pending))
-	}
-	schema, err := readMigrationLog(ctx, pool, comps)
-	if err != nil {
+	var pending *migrate.PendingError
+	if err := m.Validate(ctx); errors.As(err, &pending) {
+		return withCode(exitPending, "%d migrations pending: run idemq migrate, or start the relay with --migrate", len(pending.Pending))
+	} else if err != nil {
 		return err
 	}
 	reg, err := registry(cmd, pool)
@@ -149,7 +151,7 @@ func runRelay(ctx context.Context, cmd *cli.Command) error {
 		return configError(err)
 	}
 
-	h := &health{pool: pool, relay: r, comps: comps, schema: schema}
+	h := &health{pool: pool, relay: r, migrator: m}
 	if addr := cmd.String("http-addr"); addr != "" {
 		stop, err := serveHTTP(addr, h.handler(tel.registry), logger)
 		if err != nil {
@@ -169,11 +171,10 @@ func runRelay(ctx context.Context, cmd *cli.Command) error {
 
 // health answers /healthz and /readyz.
 type health struct {
-	pool    *pgxpool.Pool
-	relay   *relay.Relay
-	comps   []component
-	schema  []migration // the migration log as it was at start
-	running atomic.Bool // the relay's Run loop has not returned
+	pool     *pgxpool.Pool
+	relay    *relay.Relay
+	migrator *migrate.Migrator // of the tables the relay uses
+	running  atomic.Bool       // the relay's Run loop has not returned
 }
 
 func (h *health) handler(reg *prometheus.Registry) http.Handler {
@@ -205,19 +206,9 @@ func (h *health) loop() error {
 	return nil
 }
 
-// schemaCurrent reports whether the migration log still holds what it held
-// at start, when no migration was pending: a dropped or downgraded schema
-// makes the relay unready.
-func (h *health) schemaCurrent(ctx context.Context) error {
-	now, err := readMigrationLog(ctx, h.pool, h.comps)
-	if err != nil {
-		return err
-	}
-	if missing := newMigrations(now, h.schema); len(missing) > 0 {
-		return fmt.Errorf("migration %s %s is no longer applied", missing[0].Component, missing[0].Name)
-	}
-	return nil
-}
+// schemaCurrent reports whether the tables are still current, as they were
+// at start: a dropped or downgraded schema makes the relay unready.
+func (h *health) schemaCurrent(ctx context.Context) error { return h.migrator.Validate(ctx) }
 
 // check writes the checks as JSON: 200 when all passed, 503 otherwise.
 func check(w http.ResponseWriter, checks map[string]error) {
