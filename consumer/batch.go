@@ -162,7 +162,9 @@ func (c *Consumer) applyBatch(ctx context.Context, batch []pending, results []Re
 			err = c.recordConflict(ctx, btx, p.msg, conflict)
 		default:
 			if err = c.overDelivered(p.msg); err == nil {
-				err = guard("handler", func() error { return c.handler(ctx, btx, p.msg) })
+				if err = guard("handler", func() error { return c.handler(ctx, btx, p.msg) }); err == nil {
+					err = pgtx.Aborted(tx) // the handler swallowed a statement's error
+				}
 			}
 		}
 		if rerr := btx.Done(ctx, err != nil); rerr != nil {

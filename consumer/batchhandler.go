@@ -109,11 +109,17 @@ func (c *Consumer) pass(ctx context.Context, tx pgx.Tx, btx *pgtx.Batch, msgs []
 			for i, p := range msgs {
 				all[i] = p.msg
 			}
-			return c.batch(ctx, btx, all)
+			if err := c.batch(ctx, btx, all); err != nil {
+				return err
+			}
+			return pgtx.Aborted(tx)
 		}
 		for ; failedAt < len(msgs); failedAt++ {
 			if err := c.handler(ctx, btx, msgs[failedAt].msg); err != nil {
 				return err
+			}
+			if err := pgtx.Aborted(tx); err != nil {
+				return err // the handler swallowed a statement's error
 			}
 		}
 		return nil

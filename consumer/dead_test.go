@@ -58,7 +58,9 @@ func TestReleasedDeadLetterIsAppliedByItsNextDelivery(t *testing.T) {
 }
 
 // A conflict is recorded in the inbox, counted and listed; released, the
-// conflicting message's next delivery is applied; purged, it is forgotten.
+// conflicting message's next delivery is applied once and the original
+// payload stays a duplicate (both deliveries tested afterwards, through
+// two releases); purged, it is forgotten.
 func TestConflictsAreRecordedReleasedAndPurged(t *testing.T) {
 	for _, batch := range []bool{false, true} {
 		t.Run(fmt.Sprintf("batch=%v", batch), func(t *testing.T) {
@@ -105,14 +107,39 @@ func TestConflictsAreRecordedReleasedAndPurged(t *testing.T) {
 			if r := process(msg("order-1", "pay 99")); r.Outcome != consumer.Duplicate {
 				t.Fatalf("and again: %+v, want Duplicate", r)
 			}
+			// The payload applied before the release stays applied: a
+			// duplicate, not a new conflict that a second release would
+			// apply twice.
+			for range 2 {
+				if r := process(msg("order-1", "pay 10")); r.Outcome != consumer.Duplicate {
+					t.Fatalf("original payload after the release: %+v, want Duplicate", r)
+				}
+			}
+			if r := process(msg("order-1", "pay 7")); r.Outcome != consumer.Conflict {
+				t.Fatalf("a third payload: %+v, want Conflict", r)
+			}
+			if n, err := c.Store().ReleaseConflicts(ctx, inbox.DeadFilter{Key: "order-1"}); err != nil || n != 1 {
+				t.Fatalf("second release: %d, %v", n, err)
+			}
+			for _, p := range []string{"pay 7", "pay 7", "pay 99", "pay 10"} {
+				if r := process(msg("order-1", p)); r.Outcome == consumer.Conflict || (p != "pay 7" && r.Outcome != consumer.Duplicate) {
+					t.Fatalf("%q after the second release: %+v", p, r)
+				}
+			}
+			if n := count(t, pool, `SELECT count(*) FROM orders WHERE id = 'order-1' AND payload = 'pay 7'`); n != 1 {
+				t.Fatalf("the second released payload was applied %d times, want once", n)
+			}
 			if r := process(msg("order-2", "pay 10")); r.Outcome != consumer.Duplicate {
 				t.Fatalf("purged conflict's key keeps its record: %+v, want Duplicate", r)
 			}
 			if n := count(t, pool, `SELECT count(*) FROM orders WHERE payload = 'pay 99'`); n != 1 {
 				t.Fatalf("the released payload was applied %d times, want once", n)
 			}
-			if n := orders(t, pool); n != 3 {
-				t.Fatalf("%d business rows, want 3", n)
+			if n := count(t, pool, `SELECT count(*) FROM orders WHERE payload = 'pay 10'`); n != 2 {
+				t.Fatalf("the original payloads were applied %d times, want twice (order-1 and order-2 once each)", n)
+			}
+			if n := orders(t, pool); n != 4 {
+				t.Fatalf("%d business rows, want 4", n)
 			}
 			if st, err := c.Store().Stats(ctx); err != nil || st.Conflicts != 0 {
 				t.Fatalf("stats after release and purge %+v, %v", st, err)

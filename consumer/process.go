@@ -125,7 +125,12 @@ func (c *Consumer) try(ctx context.Context, msg *Message, key string, fingerprin
 	}
 	handlerErr := c.overDelivered(msg)
 	if handlerErr == nil {
-		handlerErr = guard("handler", func() error { return c.handler(ctx, pgtx.Handler(tx), msg) })
+		htx := pgtx.Handler(tx)
+		if handlerErr = guard("handler", func() error { return c.handler(ctx, htx, msg) }); handlerErr == nil {
+			// A handler that swallowed a statement's error: its commit
+			// would roll back, and it must count as the failure it is.
+			handlerErr = htx.Aborted()
+		}
 	}
 	if handlerErr != nil {
 		// The rollback comes first: the failure is counted in a
@@ -231,19 +236,29 @@ func (c *Consumer) tryLeased(ctx context.Context, msg *Message, key string, fing
 			return guard("handler", func() error { return c.leased(ctx, msg, lease) })
 		})
 	}
+	// The outcome is recorded even if ctx ended meanwhile, within the
+	// lease's own duration.
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.LeaseTTL)
+	defer cancel()
 	if handlerErr != nil {
-		if ctx.Err() != nil || errors.Is(handlerErr, inbox.ErrLeaseLost) {
-			// Not a failure of the message: the lease runs out and the
-			// next attempt takes over without counting this one.
+		if errors.Is(handlerErr, inbox.ErrLeaseLost) {
+			return retryLater(key, handlerErr), nil // another worker holds the key now
+		}
+		if ctx.Err() != nil {
+			// Not a failure of the message: the key goes back to the next
+			// attempt at once, without counting this one.
+			if err := c.store.Abandon(fctx, lease); err != nil {
+				handlerErr = errors.Join(handlerErr, fmt.Errorf("consumer: give the lease back: %w", err))
+			}
 			return retryLater(key, errors.Join(handlerErr, ctx.Err())), nil
 		}
 		// Count the failure and release the key to the next attempt.
-		if err := c.store.Fail(ctx, lease, handlerErr); err != nil {
+		if err := c.store.Fail(fctx, lease, handlerErr); err != nil {
 			return retryLater(key, errors.Join(handlerErr, fmt.Errorf("consumer: count failed attempt: %w", err))), nil
 		}
 		return Result{}, &failure{err: handlerErr, failures: claim.Failures + 1}
 	}
-	if err := c.store.Complete(ctx, lease, nil); err != nil {
+	if err := c.store.Complete(fctx, lease, nil); err != nil {
 		// ErrLeaseLost: another worker took over; redelivery finds out
 		// whether it succeeded.
 		return Result{Outcome: Retry, Key: key, Err: err, Attempts: claim.Failures + 1}, nil

@@ -65,7 +65,7 @@ func (s *Store) DeadLetters(ctx context.Context, f DeadFilter) ([]Record, error)
 	}
 	rows, err := s.db.Query(ctx, s.sql.listDead, args...)
 	if err != nil {
-		return nil, fmt.Errorf("inbox: list dead letters: %w", err)
+		return nil, fmt.Errorf("inbox: list dead letters: %w", notMigrated(err))
 	}
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Record, error) {
 		var scope string
@@ -82,7 +82,7 @@ func (s *Store) DeadLetters(ctx context.Context, f DeadFilter) ([]Record, error)
 		return rec.record(scope, key), nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("inbox: list dead letters: %w", err)
+		return nil, fmt.Errorf("inbox: list dead letters: %w", notMigrated(err))
 	}
 	return out, nil
 }
@@ -127,7 +127,7 @@ func (s *Store) changeDead(ctx context.Context, db DB, f DeadFilter, sql, what s
 	}
 	tag, err := db.Exec(ctx, sql, args...)
 	if err != nil {
-		return 0, fmt.Errorf("inbox: %s: %w", what, err)
+		return 0, fmt.Errorf("inbox: %s: %w", what, notMigrated(err))
 	}
 	return tag.RowsAffected(), nil
 }
@@ -155,7 +155,7 @@ type Stats struct {
 func (s *Store) Stats(ctx context.Context) (Stats, error) {
 	rows, err := s.db.Query(ctx, s.sql.stats)
 	if err != nil {
-		return Stats{}, fmt.Errorf("inbox: stats: %w", err)
+		return Stats{}, fmt.Errorf("inbox: stats: %w", notMigrated(err))
 	}
 	var st Stats
 	var status Status
@@ -177,7 +177,7 @@ func (s *Store) Stats(ctx context.Context) (Stats, error) {
 		return nil
 	})
 	if err != nil {
-		return Stats{}, fmt.Errorf("inbox: stats: %w", err)
+		return Stats{}, fmt.Errorf("inbox: stats: %w", notMigrated(err))
 	}
 	return st, nil
 }
@@ -223,7 +223,7 @@ func (s *Store) Conflicts(ctx context.Context, f DeadFilter) ([]Conflict, error)
 	}
 	rows, err := s.db.Query(ctx, s.sql.listConflicts, args...)
 	if err != nil {
-		return nil, fmt.Errorf("inbox: list conflicts: %w", err)
+		return nil, fmt.Errorf("inbox: list conflicts: %w", notMigrated(err))
 	}
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Conflict, error) {
 		var c Conflict
@@ -239,16 +239,22 @@ func (s *Store) Conflicts(ctx context.Context, f DeadFilter) ([]Conflict, error)
 		return c, nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("inbox: list conflicts: %w", err)
+		return nil, fmt.Errorf("inbox: list conflicts: %w", notMigrated(err))
 	}
 	return out, nil
 }
 
-// ReleaseConflicts accepts the conflicting messages that match f: each
-// key's record is replaced by a failed attempt of the conflicting payload
-// (the latest, if a key has several), so the next delivery of that message
-// is applied and the earlier payload's would now conflict. A key held by a
-// leased worker is left alone. It returns the number released.
+// ReleaseConflicts accepts the conflicting messages that match f: the
+// operator says the conflicting payload (the latest, if a key has several)
+// is a message of its own that reused the key, to be applied once. Each
+// key's record then stands for that payload, as a failed attempt with no
+// failure counted, so its next delivery is applied and later ones are
+// duplicates. The payload the key was applied with before stays applied:
+// its redeliveries are duplicates, never applied again and never a new
+// conflict (Record.Superseded keeps its fingerprint). A payload the key
+// held without applying it (a dead letter, a failed attempt) is let go:
+// its deliveries now conflict. A third payload conflicts as before. A key
+// held by a leased worker is left alone. It returns the number released.
 func (s *Store) ReleaseConflicts(ctx context.Context, f DeadFilter) (int64, error) {
 	return s.releaseConflicts(ctx, s.db, f)
 }
@@ -269,7 +275,7 @@ func (s *Store) releaseConflicts(ctx context.Context, db DB, f DeadFilter) (int6
 	}
 	var n int64
 	if err := db.QueryRow(ctx, s.sql.releaseConflicts, args...).Scan(&n); err != nil {
-		return 0, fmt.Errorf("inbox: release conflicts: %w", err)
+		return 0, fmt.Errorf("inbox: release conflicts: %w", notMigrated(err))
 	}
 	return n, nil
 }

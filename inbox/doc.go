@@ -33,7 +33,9 @@
 // Dead letters (FAILED_FINAL records) and conflicts are managed as the
 // outbox's dead letters are: [Store.DeadLetters] and [Store.Conflicts] list
 // them by [DeadFilter] (scope, key, age); [Store.Release] and
-// [Store.ReleaseConflicts] let the next delivery apply the message;
+// [Store.ReleaseConflicts] let the next delivery apply the message (a
+// released conflict's payload is applied once, and the payload applied
+// before it stays a duplicate);
 // [Store.Purge] and [Store.PurgeConflicts] forget them; [Store.Stats]
 // counts records by status, and conflicts.
 //

@@ -24,8 +24,8 @@ import (
 // working on it until Existing.LeaseUntil), or FailedFinal (a dead letter).
 // A different fingerprint is a *ConflictError.
 func (s *Store) Acquire(ctx context.Context, scope, key string, fingerprint []byte, owner string, ttl time.Duration) (AcquireResult, error) {
-	if ttl <= 0 {
-		return AcquireResult{}, fmt.Errorf("inbox: lease duration must be positive, got %v", ttl)
+	if err := checkTTL(ttl); err != nil {
+		return AcquireResult{}, err
 	}
 	k, err := s.resolve(ctx, scope, key, fingerprint)
 	if err != nil {
@@ -47,15 +47,24 @@ func (s *Store) Acquire(ctx context.Context, scope, key string, fingerprint []by
 			return AcquireResult{}, err
 		}
 		if found {
-			r := AcquireResult{ClaimResult: ClaimResult{Existing: &rec}}
-			if string(rec.Fingerprint) != string(k.fingerprint) {
-				return r, &ConflictError{Key: key, Fingerprint: k.fingerprint, Stored: rec}
-			}
-			return r, nil
+			rec, err := against(rec, key, k.fingerprint)
+			return AcquireResult{ClaimResult: ClaimResult{Existing: &rec}}, err
 		}
 		// Deleted by GC in between: claim it afresh.
 	}
 	return AcquireResult{}, fmt.Errorf("inbox: acquire %q: record vanished twice", key)
+}
+
+// MinLeaseTTL is the shortest lease Acquire and Extend take: a shorter
+// one runs out before its holder can use it, and under Postgres's 1 µs
+// interval unit it would be stored as none at all.
+const MinLeaseTTL = time.Millisecond
+
+func checkTTL(ttl time.Duration) error {
+	if ttl < MinLeaseTTL {
+		return fmt.Errorf("inbox: lease duration %v is below the minimum of %v", ttl, MinLeaseTTL)
+	}
+	return nil
 }
 
 // Complete finalizes a lease as SUCCEEDED with an optional result to replay
@@ -108,10 +117,22 @@ func (s *Store) FailFinalTx(ctx context.Context, tx pgx.Tx, lease Lease, cause e
 	return s.finalize(ctx, tx, lease, s.sql.fail, FailedFinal, errText(cause), s.cfg.Retention)
 }
 
+// Abandon gives the key back before its lease runs out, for a holder that
+// stops without an outcome (its context was cancelled, it shuts down): no
+// failure is counted and the next Acquire takes over at once instead of
+// waiting for the deadline. It fails with ErrLeaseLost like
+// [Store.Complete].
+func (s *Store) Abandon(ctx context.Context, lease Lease) error {
+	return s.finalize(ctx, s.db, lease, s.sql.abandon)
+}
+
 // Extend moves the lease's deadline to ttl from now, for work that runs
 // longer than planned, and returns the extended lease. It fails with
 // ErrLeaseLost when the lease was taken over or finalized.
 func (s *Store) Extend(ctx context.Context, lease Lease, ttl time.Duration) (Lease, error) {
+	if err := checkTTL(ttl); err != nil {
+		return lease, err
+	}
 	scopeID, err := s.scopeID(ctx, lease.Scope)
 	if err != nil {
 		return lease, err

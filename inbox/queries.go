@@ -11,7 +11,7 @@ import (
 type queries struct {
 	registerScope, claim, takeOver, takeOverBatch, recordFailure, failClaim  string
 	deadLetter, claimBatch, get, getBatch, gc                                string
-	acquire, complete, fail, extend                                          string
+	acquire, complete, fail, extend, abandon                                 string
 	listDead, releaseDead, purgeDead, stats, gcConflicts                     string
 	recordConflict, listConflicts, releaseConflicts, purgeConflicts, unclaim string
 }
@@ -19,7 +19,7 @@ type queries struct {
 // recordColumns are the stored columns a Record is read from, in the order
 // of storedRecord.dest.
 const recordColumns = `r.created_at, r.updated_at, r.expires_at, r.attempts, r.failures, r.status,
-	r.fingerprint, r.owner, r.lease_until, r.result, r.last_error`
+	r.fingerprint, r.owner, r.lease_until, r.result, r.last_error, r.superseded`
 
 func newQueries(t pgutil.Table) queries {
 	render := strings.NewReplacer(
@@ -171,6 +171,12 @@ UPDATE {{table}} SET status = $4, failures = failures + 1, last_error = $5, owne
 	updated_at = now(), expires_at = now() + $6::interval
 WHERE scope_id = $1 AND key_id = $2 AND attempts = $3 AND status = {{in_progress}}`),
 
+		// A lease given back runs out at once: any later now() is past it,
+		// so the next Acquire takes over.
+		abandon: render(`
+UPDATE {{table}} SET lease_until = now() - interval '1 microsecond', updated_at = now()
+WHERE scope_id = $1 AND key_id = $2 AND attempts = $3 AND status = {{in_progress}}`),
+
 		extend: render(`
 UPDATE {{table}} SET lease_until = now() + $4::interval, updated_at = now()
 WHERE scope_id = $1 AND key_id = $2 AND attempts = $3 AND status = {{in_progress}}
@@ -225,8 +231,12 @@ LIMIT $5`),
 
 		// A released conflict replaces its key's record with a failed
 		// attempt of the conflicting payload, no failure counted: the next
-		// delivery of that message is applied. Of several conflicts of one
-		// key the latest is released.
+		// delivery of that message is applied. A payload the key was
+		// applied with goes to superseded, so its redeliveries stay
+		// duplicates; one never applied (a dead letter, a failed attempt)
+		// is dropped and would now conflict. Of several conflicts of one
+		// key the latest is released; a conflict whose payload was applied
+		// before (superseded) is never released.
 		releaseConflicts: render(`
 WITH released AS (
 	DELETE FROM {{conflicts}} c USING (
@@ -234,6 +244,7 @@ WITH released AS (
 		FROM {{conflicts}} r JOIN {{scopes}} s ON s.id = r.scope_id
 		LEFT JOIN {{table}} k ON k.scope_id = r.scope_id AND k.key_id = r.key_id
 		WHERE ` + conflictWhere + ` AND k.status IS DISTINCT FROM {{in_progress}}
+			AND NOT coalesce(r.fingerprint = ANY(k.superseded), false)
 		ORDER BY r.scope_id, r.key_id, r.updated_at DESC
 		LIMIT $5
 	) d
@@ -241,7 +252,8 @@ WITH released AS (
 	RETURNING c.scope_id, c.key_id, c.fingerprint
 ), replaced AS (
 	UPDATE {{table}} t SET status = {{failed_retryable}}, fingerprint = released.fingerprint, failures = 0,
-		result = NULL, last_error = NULL, updated_at = now()
+		result = NULL, last_error = NULL, updated_at = now(),
+		superseded = CASE WHEN t.status = {{succeeded}} THEN array_append(t.superseded, t.fingerprint) ELSE t.superseded END
 	FROM released
 	WHERE t.scope_id = released.scope_id AND t.key_id = released.key_id
 )

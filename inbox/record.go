@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -59,9 +60,13 @@ type Record struct {
 	Failures  int
 	Result    []byte
 	LastError string
-	CreatedAt time.Time
-	UpdatedAt time.Time
-	ExpiresAt time.Time
+	// Superseded lists the fingerprints the key was applied with before a
+	// released conflict handed it to Fingerprint (see
+	// [Store.ReleaseConflicts]): their redeliveries are duplicates.
+	Superseded [][]byte
+	CreatedAt  time.Time
+	UpdatedAt  time.Time
+	ExpiresAt  time.Time
 }
 
 // Item is one key to claim, with the fingerprint of its payload.
@@ -134,6 +139,22 @@ func (e *ConflictError) Error() string {
 		e.Key, e.Stored.CreatedAt.Format(time.RFC3339Nano), e.Stored.Status, e.Stored.Fingerprint, e.Fingerprint)
 }
 
+// against returns rec as a claim of key with fingerprint sees it: rec
+// itself when the fingerprints match; a duplicate (Succeeded, with that
+// fingerprint and no stored result) when the key was applied with it
+// before a released conflict; otherwise rec and a *ConflictError.
+func against(rec Record, key string, fingerprint []byte) (Record, error) {
+	same := func(f []byte) bool { return string(f) == string(fingerprint) }
+	switch {
+	case same(rec.Fingerprint):
+		return rec, nil
+	case slices.ContainsFunc(rec.Superseded, same):
+		rec.Status, rec.Fingerprint, rec.Result, rec.Owner, rec.LeaseUntil = Succeeded, fingerprint, nil, "", time.Time{}
+		return rec, nil
+	}
+	return rec, &ConflictError{Key: key, Fingerprint: fingerprint, Stored: rec}
+}
+
 // maxFingerprint bounds a fingerprint: it is a digest, not a payload.
 const maxFingerprint = 64
 
@@ -147,8 +168,10 @@ func (s *Store) Validate(key string, fingerprint []byte) error {
 		return fmt.Errorf("%w: empty", ErrInvalidKey)
 	case len(key) > s.cfg.MaxKeyLen:
 		return fmt.Errorf("%w: %d bytes, over the limit of %d", ErrInvalidKey, len(key), s.cfg.MaxKeyLen)
-	case !utf8.ValidString(key) || strings.IndexByte(key, 0) >= 0:
+	case !utf8.ValidString(key):
 		return fmt.Errorf("%w: not valid UTF-8 text", ErrInvalidKey)
+	case strings.IndexByte(key, 0) >= 0:
+		return fmt.Errorf("%w: contains NUL at byte %d, which Postgres text cannot hold", ErrInvalidKey, strings.IndexByte(key, 0))
 	case len(fingerprint) > maxFingerprint:
 		return fmt.Errorf("inbox: fingerprint of %d bytes, want a digest of at most %d", len(fingerprint), maxFingerprint)
 	}

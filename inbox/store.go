@@ -89,6 +89,8 @@ func (c Config) validate() error {
 		return idemq.NewConfigError("inbox", "MaxKeyLen", "%d is negative", c.MaxKeyLen)
 	case c.Retention < 0:
 		return idemq.NewConfigError("inbox", "Retention", "%v is negative", c.Retention)
+	case c.Retention < time.Microsecond:
+		return idemq.NewConfigError("inbox", "Retention", "%v is below Postgres's interval unit of 1µs", c.Retention)
 	case c.ConnectionCheckInterval < 0 && c.ConnectionCheckInterval != ConnectionCheckDisabled:
 		return idemq.NewConfigError("inbox", "ConnectionCheckInterval", "%v is negative; use ConnectionCheckDisabled to turn it off", c.ConnectionCheckInterval)
 	case c.ConnectionCheckInterval > 0 && c.ConnectionCheckInterval < time.Millisecond:
@@ -121,9 +123,9 @@ func New(db DB, cfg Config) (*Store, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	table, err := pgutil.NewTable(cfg.Schema, cfg.Table)
+	table, err := pgutil.ConfigTable("inbox", cfg.Schema, cfg.Table)
 	if err != nil {
-		return nil, idemq.NewConfigError("inbox", "Table", "%v", err)
+		return nil, err
 	}
 	return &Store{db: db, cfg: cfg, table: table, sql: newQueries(table), connCheck: connCheck(db, cfg), scopes: map[string]int32{}}, nil
 }
@@ -214,7 +216,7 @@ func (s *Store) scopeID(ctx context.Context, scope string) (int32, error) {
 			continue
 		}
 		if err != nil {
-			return 0, fmt.Errorf("inbox: register scope %q: %w", scope, err)
+			return 0, fmt.Errorf("inbox: register scope %q: %w", scope, notMigrated(err))
 		}
 		s.mu.Lock()
 		s.scopes[scope] = id
@@ -222,6 +224,19 @@ func (s *Store) scopeID(ctx context.Context, scope string) (int32, error) {
 		return id, nil
 	}
 	return 0, fmt.Errorf("inbox: register scope %q: not visible after insert", scope)
+}
+
+// ErrNotMigrated is matched by the error of a Store call on a database
+// whose inbox tables are missing or older than this version expects.
+var ErrNotMigrated = errors.New("inbox: the inbox tables are missing or out of date: run `idemq migrate` or Store.Migrate (consumer.Consumer.Migrate) first")
+
+// notMigrated marks err with ErrNotMigrated when Postgres reports an
+// undefined table (42P01) or column (42703).
+func notMigrated(err error) error {
+	if pg := (*pgconn.PgError)(nil); errors.As(err, &pg) && (pg.Code == "42P01" || pg.Code == "42703") {
+		return fmt.Errorf("%w: %w", ErrNotMigrated, err)
+	}
+	return err
 }
 
 // errNilTx reports a nil transaction passed to a Tx method.
@@ -309,10 +324,9 @@ func (s *Store) claimExisting(ctx context.Context, tx pgx.Tx, k keyArgs) (ClaimR
 				return ClaimResult{New: true}, nil
 			}
 			continue
-		case string(rec.Fingerprint) != string(k.fingerprint):
-			return ClaimResult{Existing: &rec}, &ConflictError{Key: k.key, Fingerprint: k.fingerprint, Stored: rec}
-		case rec.Status != FailedRetryable:
-			return ClaimResult{Existing: &rec}, nil
+		}
+		if rec, err = against(rec, k.key, k.fingerprint); err != nil || rec.Status != FailedRetryable {
+			return ClaimResult{Existing: &rec}, err
 		}
 		var failures int32
 		err = tx.QueryRow(ctx, s.sql.takeOver, k.scopeID, k.id, k.fingerprint, s.cfg.Retention).Scan(&failures)
@@ -356,10 +370,7 @@ func (s *Store) RecordFailure(ctx context.Context, scope, key string, fingerprin
 			return Record{}, err
 		}
 		if ok {
-			if string(found.Fingerprint) != string(k.fingerprint) {
-				return found, &ConflictError{Key: key, Fingerprint: k.fingerprint, Stored: found}
-			}
-			return found, nil
+			return against(found, key, k.fingerprint)
 		}
 	}
 	return Record{}, fmt.Errorf("inbox: record failure of %q: the record kept changing", key)
@@ -442,10 +453,8 @@ func (s *Store) DeadLetterTx(ctx context.Context, tx pgx.Tx, scope, key string, 
 			return ClaimResult{}, err
 		}
 		if found {
-			if string(rec.Fingerprint) != string(k.fingerprint) {
-				return ClaimResult{Existing: &rec}, &ConflictError{Key: key, Fingerprint: k.fingerprint, Stored: rec}
-			}
-			return ClaimResult{Existing: &rec}, nil
+			rec, err := against(rec, key, k.fingerprint)
+			return ClaimResult{Existing: &rec}, err
 		}
 	}
 	return ClaimResult{}, fmt.Errorf("inbox: dead-letter %q: record vanished twice", key)
@@ -609,11 +618,8 @@ func (s *Store) readBatch(ctx context.Context, tx pgx.Tx, scope string, scopeID 
 	var rec storedRecord
 	_, err = pgx.ForEachRow(rows, append([]any{&id}, rec.dest()...), func() error {
 		i := index[id]
-		r := rec.record(scope, items[i].Key)
-		claims[i] = BatchClaim{ClaimResult: ClaimResult{Existing: &r}}
-		if fp := nonNil(items[i].Fingerprint); string(r.Fingerprint) != string(fp) {
-			claims[i].Err = &ConflictError{Key: items[i].Key, Fingerprint: fp, Stored: r}
-		}
+		r, err := against(rec.record(scope, items[i].Key), items[i].Key, nonNil(items[i].Fingerprint))
+		claims[i] = BatchClaim{ClaimResult: ClaimResult{Existing: &r}, Err: err}
 		return nil
 	})
 	if err != nil {
@@ -704,7 +710,7 @@ func (s *Store) GC(ctx context.Context, batchSize int) (int64, error) {
 		for {
 			tag, err := s.db.Exec(ctx, sql, batchSize)
 			if err != nil {
-				return total, fmt.Errorf("inbox: gc: %w", err)
+				return total, fmt.Errorf("inbox: gc: %w", notMigrated(err))
 			}
 			total += tag.RowsAffected()
 			if tag.RowsAffected() < int64(batchSize) {
@@ -727,7 +733,7 @@ type storedRecord struct {
 // dest lists scan targets in the order of recordColumns.
 func (r *storedRecord) dest() []any {
 	return []any{&r.CreatedAt, &r.UpdatedAt, &r.ExpiresAt, &r.attempts, &r.failures, &r.Status,
-		&r.Fingerprint, &r.owner, &r.leaseUntil, &r.Result, &r.lastError}
+		&r.Fingerprint, &r.owner, &r.leaseUntil, &r.Result, &r.lastError, &r.Superseded}
 }
 
 func (r *storedRecord) record(scope, key string) Record {

@@ -63,10 +63,11 @@ func Example() {
 		return
 	}
 	// Output:
-	// pending: 5
+	// pending: 6
 	// applied inbox 0001_inbox
 	// applied inbox 0002_failures
 	// applied inbox 0003_conflicts
+	// applied inbox 0004_superseded
 	// applied outbox 0001_outbox
 	// applied outbox 0002_partitions
 	// current: true

@@ -188,9 +188,9 @@ func New(db DB, cfg Config) (*Outbox, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	t, err := pgutil.NewTable(cfg.Schema, cfg.Table)
+	t, err := pgutil.ConfigTable("outbox", cfg.Schema, cfg.Table)
 	if err != nil {
-		return nil, fmt.Errorf("outbox: %w", err)
+		return nil, err
 	}
 	return &Outbox{db: db, cfg: cfg, table: t, q: outboxsql.New(t)}, nil
 }

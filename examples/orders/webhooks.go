@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemq/idemq/inbox"
+	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/transports/webhook"
 )
 
@@ -43,21 +43,20 @@ type partner struct {
 }
 
 func startPartner(ctx context.Context, pool *pgxpool.Pool, secret string) (*partner, error) {
-	in, err := inbox.New(pool, inbox.Config{})
-	if err != nil {
-		return nil, err
-	}
-	if err := in.Migrate(ctx); err != nil {
-		return nil, err
-	}
-	recv, err := webhook.NewReceiver(in, webhook.ReceiverConfig{Keys: []string{secret}})
-	if err != nil {
-		return nil, err
-	}
-	apply := recv.Handler(func(ctx context.Context, tx pgx.Tx, d webhook.Delivery) error {
+	c, err := consumer.New(pool, "webhook", webhook.Handle(func(ctx context.Context, tx pgx.Tx, d webhook.Delivery) error {
 		_, err := tx.Exec(ctx, `INSERT INTO effects (consumer, msg_id, payload) VALUES ('webhook', $1, $2)`, d.ID, d.Body)
 		return err
-	})
+	}), consumer.Config{Redeliver: true})
+	if err != nil {
+		return nil, err
+	}
+	if err := c.Migrate(ctx); err != nil {
+		return nil, err
+	}
+	apply, err := webhook.NewReceiver(c, webhook.ReceiverConfig{Keys: []string{secret}})
+	if err != nil {
+		return nil, err
+	}
 	p := &partner{}
 	p.srv = httptest.NewServer(nethttp.HandlerFunc(func(w nethttp.ResponseWriter, r *nethttp.Request) {
 		if p.calls.Add(1) <= webhookOutage {

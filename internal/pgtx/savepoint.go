@@ -3,6 +3,7 @@ package pgtx
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -239,8 +240,90 @@ var _ pgx.Tx = (*Batch)(nil)
 // it was given.
 var ErrHandlerTx = errors.New("consumer: the handler must not commit or roll back the transaction; return an error to roll back")
 
-// Handler returns tx as a handler sees it: everything but ending it.
-func Handler(tx pgx.Tx) pgx.Tx { return handlerTx{tx} }
+// Handler returns tx as a handler sees it: everything but ending it. It
+// remembers the first statement error, for [HandlerTx.Aborted].
+func Handler(tx pgx.Tx) *HandlerTx { return &HandlerTx{handlerTx: handlerTx{tx}} }
+
+// HandlerTx is the transaction one message's handler sees.
+type HandlerTx struct {
+	handlerTx
+	first error // the first statement error
+}
+
+func (t *HandlerTx) note(err error) {
+	if t.first == nil {
+		t.first = err
+	}
+}
+
+func (t *HandlerTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	tag, err := t.Tx.Exec(ctx, sql, args...)
+	t.note(err)
+	return tag, err
+}
+
+func (t *HandlerTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	rows, err := t.Tx.Query(ctx, sql, args...)
+	if err != nil {
+		t.note(err)
+		return nil, err
+	}
+	return &notedRows{Rows: rows, t: t}, nil
+}
+
+func (t *HandlerTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	rows, err := t.Query(ctx, sql, args...)
+	return row{rows, err}
+}
+
+func (t *HandlerTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
+	n, err := t.Tx.CopyFrom(ctx, table, columns, src)
+	t.note(err)
+	return n, err
+}
+
+// Aborted returns an error when a statement failed and left the
+// transaction aborted although the handler returned nil (it swallowed
+// the error): the commit would roll back. The error carries the first
+// statement error the handler saw.
+func (t *HandlerTx) Aborted() error {
+	err := Aborted(t.Tx)
+	if err != nil && t.first != nil {
+		err = fmt.Errorf("%w: %w", err, t.first)
+	}
+	return err
+}
+
+// Aborted returns ErrAborted when tx's connection reports a failed
+// transaction block (a statement failed and nothing rolled back to a
+// savepoint since).
+func Aborted(tx pgx.Tx) error {
+	if conn := tx.Conn(); conn != nil && !conn.IsClosed() && conn.PgConn().TxStatus() == 'E' {
+		return ErrAborted
+	}
+	return nil
+}
+
+// ErrAborted reports a handler that returned nil after a statement of its
+// transaction failed.
+var ErrAborted = errors.New("consumer: the handler returned nil, but a statement of its transaction failed and Postgres aborted it; return that statement's error (or roll back to a savepoint of your own)")
+
+// notedRows notes the error that ends a query's rows.
+type notedRows struct {
+	pgx.Rows
+	t *HandlerTx
+}
+
+func (r *notedRows) Close() {
+	r.Rows.Close()
+	r.t.note(r.Rows.Err())
+}
+
+func (r *notedRows) Err() error {
+	err := r.Rows.Err()
+	r.t.note(err)
+	return err
+}
 
 // handlerTx is the transaction a handler sees: everything but ending it.
 type handlerTx struct{ pgx.Tx }

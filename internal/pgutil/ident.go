@@ -10,6 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemq/idemq"
 )
 
 // DB is what the stores need from a database handle: a *pgxpool.Pool, a
@@ -46,6 +48,21 @@ func NewTable(schema, name string) (Table, error) {
 		return Table{}, fmt.Errorf("idemq: invalid table name %q: idemq records its migrations in that table", name)
 	}
 	return Table{Schema: schema, Name: name}, nil
+}
+
+// ConfigTable is NewTable for a constructor's Config: its error is an
+// idemq.ErrConfig of component that names the field at fault, Schema or
+// Table.
+func ConfigTable(component, schema, name string) (Table, error) {
+	t, err := NewTable(schema, name)
+	if err == nil {
+		return t, nil
+	}
+	field := "Table"
+	if !identPattern.MatchString(schema) {
+		field = "Schema"
+	}
+	return Table{}, idemq.NewConfigError(component, field, "%v", err)
 }
 
 // MigrationLog is the name of the table in each schema that records the

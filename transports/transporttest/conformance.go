@@ -320,11 +320,20 @@ func publisherDuplicates(fx *fixture) {
 }
 
 // missingID: messages without an id header get the transport's fallback
-// id and are each applied once.
+// id and are each applied once; with Features.RequiresID they are refused
+// and the messages after them applied.
 func missingID(fx *fixture) {
 	msgs := messages(10, 2, "noid")
 	for i := range msgs {
 		msgs[i].ID = ""
+	}
+	if fx.f.RequiresID {
+		after := messages(3, 1, "after")
+		fx.publish(append(msgs, after...)...)
+		fx.subscribe(fx.consumer("orders"), fx.group("g"), nil)
+		fx.waitFor("the messages after the id-less ones applied", func() bool { return fx.count(consumer.Applied) >= len(after) })
+		fx.appliedOnce(ids(after))
+		return
 	}
 	fx.publish(msgs...)
 	fx.subscribe(fx.consumer("orders"), fx.group("g"), nil)

@@ -12,7 +12,8 @@
 //   - PublisherDuplicates: a producer sending every message twice and some
 //     five times gets each applied once;
 //   - MissingID: messages without an id get the transport's fallback id and
-//     are applied once each;
+//     are applied once each (refused, never applied, with
+//     Features.RequiresID);
 //   - CrashBetweenCommitAndAck: a subscription killed after its
 //     transaction committed and before the ack is restarted, the redelivery
 //     is recognised as a duplicate, every message is applied once and none

@@ -37,6 +37,11 @@ type Features struct {
 	// publish order (Kafka partitions; a JetStream consumer with one
 	// message in flight).
 	OrderedPerKey bool
+	// RequiresID: the protocol has no message without an id and so no
+	// fallback id (Standard Webhooks signs the webhook-id). MissingID then
+	// checks that such messages are refused, never applied, and hold back
+	// none of the messages after them.
+	RequiresID bool
 }
 
 // Message is a raw message as a producer would publish it, bypassing the

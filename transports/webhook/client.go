@@ -13,6 +13,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"code.dny.dev/ssrf"
@@ -34,7 +35,14 @@ func newClient(allowed []netip.Prefix) *http.Client {
 		}
 	}
 	guard := ssrf.New(ssrf.WithAnyPort(), ssrf.WithAllowedV4Prefixes(v4...), ssrf.WithAllowedV6Prefixes(v6...))
-	dialer := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second, Control: guard.Safe}
+	control := func(network, address string, conn syscall.RawConn) error {
+		if err := guard.Safe(network, address, conn); err != nil {
+			return fmt.Errorf("%w: the SSRF guard refuses private and special-purpose addresses; "+
+				"allow this one with webhook.Config.AllowedNetworks (idemq relay --webhook-allow-network)", err)
+		}
+		return nil
+	}
+	dialer := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second, Control: control}
 	return &http.Client{
 		Transport: &http.Transport{
 			DialContext:         dialer.DialContext,

@@ -28,11 +28,7 @@ func TestRetriedUntilDeliveredAppliedOnce(t *testing.T) {
 	b := setup(t)
 	var applied, failures atomic.Int64
 	secret := webhook.NewSecret()
-	recv, err := webhook.NewReceiver(b.inbox, webhook.ReceiverConfig{Keys: []string{secret}, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	app := recv.Handler(func(ctx context.Context, tx pgx.Tx, d webhook.Delivery) error {
+	app := newWebhookReceiver(t, b, secret, func(ctx context.Context, tx pgx.Tx, d webhook.Delivery) error {
 		applied.Add(1)
 		return nil
 	})

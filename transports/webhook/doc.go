@@ -58,10 +58,13 @@
 //
 // A [Receiver] verifies the signature (constant-time, both schemes, any
 // key of its ring, timestamp within [ReceiverConfig.Tolerance]) and
-// applies each webhook-id once: the [Handler] runs in the transaction that
-// records the id in an inbox, so a redelivery after a sender's crash is
-// answered 200 without running it again. Bad or stale signatures get 401
-// and record nothing. For effects outside Postgres, [Receiver.Leased]
-// holds the id under an inbox lease instead, with a fencing token for the
-// downstream call.
+// applies each webhook-id once through a consumer.Consumer, as the Kafka
+// and NATS subscribers do: built with [Handle], the [Handler] runs in the
+// transaction that records the id in the consumer's inbox, so a
+// redelivery after a sender's crash is answered 200 without running it
+// again; built with consumer.NewLeased and [HandleLeased], a
+// [LeasedHandler] with effects outside Postgres runs under a lease the
+// consumer renews, with a fencing token for the downstream call. Bad or
+// stale signatures get 401 and record nothing; the consumer's Result
+// decides the rest (see [Receiver]).
 package webhook

@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemq/idemq"
-	"github.com/idemq/idemq/inbox"
+	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
 	"github.com/idemq/idemq/testenv"
@@ -31,26 +31,27 @@ func Example() {
 	defer done()
 	ob, _ := outbox.New(pool, outbox.Config{})
 	reg, _ := webhook.NewRegistry(pool, webhook.RegistryConfig{})
-	in, _ := inbox.New(pool, inbox.Config{})
-	for _, m := range []func(context.Context) error{ob.Migrate, reg.Migrate, in.Migrate} {
-		if err := m(ctx); err != nil {
-			fmt.Println(err)
-			return
-		}
-	}
 
-	// The receiving side: verify, then apply once in the inbox's transaction.
-	secret := webhook.NewSecret()
-	recv, _ := webhook.NewReceiver(in, webhook.ReceiverConfig{Keys: []string{secret}})
+	// The receiving side: a consumer whose handler runs in the transaction
+	// that records the webhook-id in its inbox, behind a verifying Receiver.
 	applied := make(chan string, 1)
-	srv := httptest.NewServer(recv.Handler(func(ctx context.Context, tx pgx.Tx, d webhook.Delivery) error {
+	c, _ := consumer.New(pool, "partner", webhook.Handle(func(ctx context.Context, tx pgx.Tx, d webhook.Delivery) error {
 		var p struct{ Type string }
 		if err := json.Unmarshal(d.Body, &p); err != nil {
 			return idemq.Permanent(err)
 		}
 		applied <- p.Type
 		return nil
-	}))
+	}), consumer.Config{Redeliver: true}) // the sender spaces the retries
+	for _, m := range []func(context.Context) error{ob.Migrate, reg.Migrate, c.Migrate} {
+		if err := m(ctx); err != nil {
+			fmt.Println(err)
+			return
+		}
+	}
+	secret := webhook.NewSecret()
+	recv, _ := webhook.NewReceiver(c, webhook.ReceiverConfig{Keys: []string{secret}})
+	srv := httptest.NewServer(recv)
 	defer srv.Close()
 
 	// The sending side: an endpoint, a Sink behind a relay, and an event

@@ -8,9 +8,12 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/internal/pgtx"
 	"github.com/idemq/idemq/outbox"
 )
 
@@ -27,6 +30,7 @@ type Event struct {
 	Type string
 	// Key orders the event's deliveries: one endpoint receives the events
 	// of one key in the order they were published. Empty means unordered.
+	// At most MaxEventKeyLen bytes of UTF-8 text without NUL.
 	Key string
 	// Data is the event's JSON payload, sent as the "data" member.
 	// Required.
@@ -42,6 +46,11 @@ type payload struct {
 	Data      json.RawMessage `json:"data"`
 }
 
+// MaxEventKeyLen bounds Event.Key: an outbox key (outbox.MaxKeyLen) less
+// the endpoint id (at most 200 bytes) and "/" that PublishTx puts before
+// it.
+const MaxEventKeyLen = outbox.MaxKeyLen - 201
+
 // ErrInvalidEvent is matched by the error PublishTx returns for an event
 // it refused before writing anything.
 var ErrInvalidEvent = errors.New("webhook: invalid event")
@@ -56,8 +65,11 @@ type Publisher struct {
 // NewPublisher returns a publisher that reads subscriptions from reg and
 // writes deliveries into ob.
 func NewPublisher(reg *Registry, ob *outbox.Outbox) (*Publisher, error) {
-	if reg == nil || ob == nil {
-		return nil, errors.New("webhook: NewPublisher needs a registry and an outbox")
+	switch {
+	case reg == nil:
+		return nil, idemq.NewConfigError("webhook.Publisher", "reg", "is nil: pass the Registry of the endpoints")
+	case ob == nil:
+		return nil, idemq.NewConfigError("webhook.Publisher", "ob", "is nil: pass the Outbox the deliveries go through")
 	}
 	return &Publisher{reg: reg, ob: ob}, nil
 }
@@ -67,8 +79,13 @@ func NewPublisher(reg *Registry, ob *outbox.Outbox) (*Publisher, error) {
 // is delivered, retried and dead-lettered on its own; rows of one endpoint
 // and event key keep their order. The rows exist if and only if tx
 // commits: a rollback publishes nothing. Disabled endpoints receive
-// nothing.
+// nothing. A nil tx is an error, and so is an event PublishTx refuses,
+// whose error matches ErrInvalidEvent and names the event by its index in
+// events; either way nothing is written.
 func (p *Publisher) PublishTx(ctx context.Context, tx pgx.Tx, events ...Event) (int, error) {
+	if pgtx.IsNil(tx) {
+		return 0, errors.New("webhook: PublishTx: nil tx; pass the business transaction the events belong to")
+	}
 	if len(events) == 0 {
 		return 0, nil
 	}
@@ -80,6 +97,12 @@ func (p *Publisher) PublishTx(ctx context.Context, tx pgx.Tx, events ...Event) (
 		}
 		if !json.Valid(ev.Data) {
 			return 0, fmt.Errorf("%w %d: data is not JSON", ErrInvalidEvent, i)
+		}
+		switch {
+		case len(ev.Key) > MaxEventKeyLen:
+			return 0, fmt.Errorf("%w %d: key of %d bytes, limit %d", ErrInvalidEvent, i, len(ev.Key), MaxEventKeyLen)
+		case !utf8.ValidString(ev.Key) || strings.IndexByte(ev.Key, 0) >= 0:
+			return 0, fmt.Errorf("%w %d: key is not UTF-8 text or contains NUL", ErrInvalidEvent, i)
 		}
 		ts := ev.Timestamp
 		if ts.IsZero() {
@@ -110,6 +133,7 @@ func (p *Publisher) PublishTx(ctx context.Context, tx pgx.Tx, events ...Event) (
 		return 0, fmt.Errorf("webhook: read subscriptions: %w", err)
 	}
 	var msgs []outbox.Message
+	var eventOf []int // msgs[j] delivers events[eventOf[j]]
 	for i, ev := range events {
 		for _, s := range subs {
 			if len(s.types) > 0 && !slices.Contains(s.types, ev.Type) {
@@ -126,9 +150,14 @@ func (p *Publisher) PublishTx(ctx context.Context, tx pgx.Tx, events ...Event) (
 				m.Key = s.id + "/" + ev.Key
 			}
 			msgs = append(msgs, m)
+			eventOf = append(eventOf, i)
 		}
 	}
 	if err := p.ob.EnqueueTx(ctx, tx, msgs...); err != nil {
+		if invalid := (*outbox.InvalidMessageError)(nil); errors.As(err, &invalid) {
+			return 0, fmt.Errorf("%w %d (its row to endpoint %s): %w", ErrInvalidEvent, eventOf[invalid.Index],
+				strings.TrimPrefix(msgs[invalid.Index].Destination, DestinationPrefix), err)
+		}
 		return 0, err
 	}
 	return len(msgs), nil

@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/inbox"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
@@ -251,4 +252,26 @@ WHERE $1 = '' OR destination = $2`, endpoint, webhook.DestinationPrefix+endpoint
 		t.Fatal(err)
 	}
 	return rows, attempts
+}
+
+// newWebhookReceiver returns a Receiver verifying with secret, on a
+// consumer of scope "webhook" that runs h in Redeliver mode, so a failed
+// attempt answers 503 at once.
+func newWebhookReceiver(t testing.TB, b bundle, secret string, h webhook.Handler) *webhook.Receiver {
+	t.Helper()
+	c, err := consumer.New(b.pool, "webhook", webhook.Handle(h), consumer.Config{Redeliver: true, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return receiverOn(t, c, secret)
+}
+
+// receiverOn returns a Receiver verifying with secret on c.
+func receiverOn(t testing.TB, c *consumer.Consumer, secret string) *webhook.Receiver {
+	t.Helper()
+	r, err := webhook.NewReceiver(c, webhook.ReceiverConfig{Keys: []string{secret}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
 }

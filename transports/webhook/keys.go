@@ -78,7 +78,12 @@ func ParseKey(s string) (Key, error) {
 			priv := ed25519.NewKeyFromSeed(b)
 			return Key{priv: priv, pub: priv.Public().(ed25519.PublicKey)}, nil
 		case ed25519.PrivateKeySize:
-			priv := ed25519.PrivateKey(b)
+			// The second half is the public key; it must be the seed's, or
+			// signatures would fail at every receiver.
+			priv := ed25519.NewKeyFromSeed(b[:ed25519.SeedSize])
+			if !bytes.Equal(priv[ed25519.SeedSize:], b[ed25519.SeedSize:]) {
+				return Key{}, fmt.Errorf("%w: %s key's public half is not its seed's: the key is corrupt or spliced from two keys", ErrInvalidKey, PrivateKeyPrefix)
+			}
 			return Key{priv: priv, pub: priv.Public().(ed25519.PublicKey)}, nil
 		}
 		return Key{}, fmt.Errorf("%w: %s key has %d bytes, want %d or %d", ErrInvalidKey, PrivateKeyPrefix, len(b), ed25519.SeedSize, ed25519.PrivateKeySize)

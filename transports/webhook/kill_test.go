@@ -41,12 +41,8 @@ func TestRelayKilledBetweenPostAndDelete(t *testing.T) {
 	b := setupOn(t, pool)
 
 	secret := webhook.NewSecret()
-	recv, err := webhook.NewReceiver(b.inbox, webhook.ReceiverConfig{Keys: []string{secret}, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
 	var applied atomic.Int64
-	app := recv.Handler(func(ctx context.Context, tx pgx.Tx, d webhook.Delivery) error {
+	app := newWebhookReceiver(t, b, secret, func(ctx context.Context, tx pgx.Tx, d webhook.Delivery) error {
 		applied.Add(1)
 		return nil
 	})

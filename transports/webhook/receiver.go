@@ -3,30 +3,37 @@ package webhook
 import (
 	"cmp"
 	"context"
-	"crypto/sha256"
 	"errors"
 	"io"
-	"log/slog"
 	"net/http"
 	"strconv"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/inbox"
 )
 
 // Defaults of [ReceiverConfig].
 const (
 	ToleranceDefault = 5 * time.Minute
-	ScopeDefault     = "webhook"
 	MaxBodyDefault   = 1 << 20
-	LeaseTTLDefault  = time.Minute
 )
 
-// ReceiverConfig configures a [Receiver].
+// HeaderDelivery is the response header by which a receiver steers the
+// sender (Svix's delivery control, proposed for Standard Webhooks): the
+// value [AbortMessage] asks it not to retry the message.
+const HeaderDelivery = "webhook-delivery"
+
+// AbortMessage is the [HeaderDelivery] value that stops the retries of the
+// message just sent. The Receiver sets it on every final refusal, since
+// Svix retries any status but a 2xx unless told so.
+const AbortMessage = "abort-message"
+
+// ReceiverConfig configures a [Receiver]. The inbox scope, retries, lease
+// and hooks are the consumer's (consumer.Config).
 type ReceiverConfig struct {
 	// Keys verify the signatures: "whsec_" secrets (v1) and "whpk_" public
 	// keys (v1a; a "whsk_" key works too). A message verifies when any
@@ -34,32 +41,31 @@ type ReceiverConfig struct {
 	// rotation list both the old and the new key. Required.
 	Keys []string
 	// Tolerance is how far the webhook-timestamp may lie from now, in
-	// either direction. Defaults to 5 minutes.
+	// either direction; at least 1 second, the timestamp's unit. Defaults
+	// to 5 minutes.
 	Tolerance time.Duration
-	// Scope is the inbox scope the webhook-ids are recorded under: two
-	// receivers of one sender with different scopes each apply a message
-	// once. Defaults to "webhook".
-	Scope string
 	// MaxBody is the largest body accepted, in bytes; a larger one gets
 	// 413. Defaults to 1 MiB.
 	MaxBody int64
-	// LeaseTTL is how long [Receiver.Leased] holds a webhook-id while its
-	// handler runs; another delivery of the id waits that long before it
-	// takes over. Defaults to 1 minute.
-	LeaseTTL time.Duration
-	// Logger receives handler and database errors. Defaults to
-	// slog.Default().
-	Logger *slog.Logger
+
+	// Test holds crash points for tests; leave it zero in production.
+	Test ReceiverTestConfig
+}
+
+// ReceiverTestConfig holds a [Receiver]'s crash point, for tests and
+// chaos drills.
+type ReceiverTestConfig struct {
+	// BeforeAnswer, if set, runs after the consumer settled a webhook and
+	// before the Receiver answers, with the message and its result. A
+	// non-nil error aborts the response (http.ErrAbortHandler): the sender
+	// sees the connection drop as if the process died between the
+	// database commit and the answer, and sends the webhook again.
+	BeforeAnswer func(ctx context.Context, msgs []*consumer.Message, results []consumer.Result) error
 }
 
 func (c ReceiverConfig) withDefaults() ReceiverConfig {
 	c.Tolerance = cmp.Or(c.Tolerance, ToleranceDefault)
-	c.Scope = cmp.Or(c.Scope, ScopeDefault)
 	c.MaxBody = cmp.Or(c.MaxBody, MaxBodyDefault)
-	c.LeaseTTL = cmp.Or(c.LeaseTTL, LeaseTTLDefault)
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
 	return c
 }
 
@@ -70,10 +76,10 @@ func (c ReceiverConfig) validate() error {
 		return idemq.NewConfigError(component, "Keys", "is empty: a receiver needs the keys to verify with")
 	case c.Tolerance < 0:
 		return idemq.NewConfigError(component, "Tolerance", "%v is negative", c.Tolerance)
+	case c.Tolerance > 0 && c.Tolerance < time.Second:
+		return idemq.NewConfigError(component, "Tolerance", "%v is below the timestamp's unit of 1s", c.Tolerance)
 	case c.MaxBody < 0:
 		return idemq.NewConfigError(component, "MaxBody", "%d is negative", c.MaxBody)
-	case c.LeaseTTL < 0:
-		return idemq.NewConfigError(component, "LeaseTTL", "%v is negative", c.LeaseTTL)
 	}
 	if _, err := ParseKeys(c.Keys...); err != nil {
 		return idemq.NewConfigError(component, "Keys", "%v", err)
@@ -93,132 +99,136 @@ type Delivery struct {
 	Request *http.Request
 }
 
-// Handler applies one webhook inside tx, the transaction that records its
-// webhook-id in the inbox: both commit or neither does. A returned error
-// rolls tx back and answers 500, so the sender retries; an error marked
-// with idemq.Permanent answers 422, which a Standard Webhooks sender does
-// not retry.
-type Handler func(ctx context.Context, tx pgx.Tx, d Delivery) error
-
-// Receiver verifies Standard Webhooks signatures and applies each
-// webhook-id once through an inbox.
-type Receiver struct {
-	store *inbox.Store
-	cfg   ReceiverConfig
-	keys  []Key
-	owner string // this receiver's name on the leases it takes
-	log   *slog.Logger
+// DeliveryOf returns the webhook a consumer's message came from, for
+// handlers of a consumer that a [Receiver] feeds.
+func DeliveryOf(msg *consumer.Message) (Delivery, bool) {
+	if msg == nil {
+		return Delivery{}, false
+	}
+	d, ok := msg.Source.(Delivery)
+	return d, ok
 }
 
-// NewReceiver validates cfg and returns a receiver recording into store.
-func NewReceiver(store *inbox.Store, cfg ReceiverConfig) (*Receiver, error) {
-	if store == nil {
-		return nil, idemq.NewConfigError("webhook.Receiver", "store", "is nil")
+// errNotAWebhook fails a handler given a message that no Receiver made.
+var errNotAWebhook = idemq.Permanent(errors.New("webhook: the message did not come through a webhook.Receiver"))
+
+// Handler applies one webhook inside tx, the transaction that records its
+// webhook-id in the inbox: both commit or neither does. It must not
+// commit or roll back tx. A returned error rolls tx back and counts as a
+// failed attempt; one marked with idemq.Permanent dead-letters the
+// webhook at once.
+type Handler func(ctx context.Context, tx pgx.Tx, d Delivery) error
+
+// Handle adapts h to the consumer.Handler of the consumer a [Receiver]
+// runs on: consumer.New(pool, scope, webhook.Handle(h), cfg).
+func Handle(h Handler) consumer.Handler {
+	return func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
+		d, ok := DeliveryOf(msg)
+		if !ok {
+			return errNotAWebhook
+		}
+		return h(ctx, tx, d)
+	}
+}
+
+// LeasedHandler applies one webhook whose effects lie outside Postgres (an
+// email, a call to another service) under lease, the inbox's hold on the
+// webhook-id, which the consumer renews while h runs: pass lease.Token
+// downstream so the far side can refuse a holder whose lease was taken
+// over. ctx is cancelled if the lease is lost. Errors mean what they mean
+// for [Handler].
+type LeasedHandler func(ctx context.Context, d Delivery, lease inbox.Lease) error
+
+// HandleLeased adapts h to the consumer.LeasedHandler of a leased consumer
+// a [Receiver] runs on: consumer.NewLeased(pool, scope,
+// webhook.HandleLeased(h), cfg).
+func HandleLeased(h LeasedHandler) consumer.LeasedHandler {
+	return func(ctx context.Context, msg *consumer.Message, lease inbox.Lease) error {
+		d, ok := DeliveryOf(msg)
+		if !ok {
+			return errNotAWebhook
+		}
+		return h(ctx, d, lease)
+	}
+}
+
+// Receiver is the http.Handler that verifies Standard Webhooks signatures
+// and applies each webhook-id once through a consumer.Consumer: the
+// webhook is the consumer's Message (ID = webhook-id, Payload = body,
+// Headers = the request's headers, the first value of each, Source = its
+// [Delivery]), so it gets everything the consumer gives the
+// Kafka and NATS transports: failures counted toward Retry.MaxAttempts
+// across deliveries, database errors never counted, a panicking handler
+// turned into a failure, the lease renewed while a leased handler runs,
+// the dead-letter hook and the OnResult metrics.
+//
+// The consumer's Result becomes the status the way Kafka turns it into an
+// offset commit:
+//
+//   - a missing, stale, future or wrong signature: 401, nothing recorded;
+//   - Applied or Duplicate: 200;
+//   - Conflict (the webhook-id seen before with another body): 409;
+//   - DeadLettered: 422, or 400 for a webhook-id the inbox cannot take;
+//   - Retry: 503 with Retry-After.
+//
+// 409, 422 and 400 carry "webhook-delivery: abort-message", so neither a
+// sender that stops at a 4xx (idemq's Sink) nor one that retries every
+// non-2xx (Svix) sends the message again. No 410: it would disable the
+// whole endpoint at the sender.
+//
+// Give the consumer Config.Redeliver: a failed attempt then answers 503 at
+// once, its Retry-After from the consumer's backoff, and the sender's
+// schedule spaces the attempts. Without it the consumer retries in place
+// within the request, up to Retry.MaxElapsed, which must then stay well
+// under the sender's timeout (15 s for Svix and idemq's Sink).
+type Receiver struct {
+	c    *consumer.Consumer
+	cfg  ReceiverConfig
+	keys []Key
+}
+
+// NewReceiver validates cfg and returns a receiver applying webhooks
+// through c, a consumer built with [Handle] (or consumer.NewLeased with
+// [HandleLeased]) and migrated.
+func NewReceiver(c *consumer.Consumer, cfg ReceiverConfig) (*Receiver, error) {
+	if c == nil {
+		return nil, idemq.NewConfigError("webhook.Receiver", "consumer", "is nil")
 	}
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
 	keys, _ := ParseKeys(cfg.Keys...) // validated above
-	owner, err := uuid.NewV7()
-	if err != nil {
-		return nil, err
+	return &Receiver{c: c, cfg: cfg, keys: keys}, nil
+}
+
+// ServeHTTP verifies the request and applies it through the consumer; see
+// [Receiver] for the statuses.
+func (r *Receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	d, ok := r.verify(w, req)
+	if !ok {
+		return
 	}
-	return &Receiver{store: store, cfg: cfg, keys: keys, owner: owner.String(), log: cfg.Logger.With("component", "idemq.webhook.receiver")}, nil
-}
-
-// Handler returns the http.Handler that serves h:
-//
-//   - a missing, stale, future or wrong signature: 401, nothing recorded;
-//   - a webhook-id seen before with the same body: 200 without running h;
-//   - the same webhook-id with another body: 409, not applied;
-//   - otherwise h runs in the transaction that records the id: 200 after
-//     the commit, 500 (with Retry-After for idemq.RetryAfter) or 422
-//     (idemq.Permanent) after a rollback.
-func (r *Receiver) Handler(h Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		d, sum, ok := r.verify(w, req)
-		if !ok {
-			return
+	headers := make(map[string]string, len(req.Header))
+	for name, v := range req.Header {
+		headers[name] = v[0]
+	}
+	msg := &consumer.Message{ID: d.ID, Payload: d.Body, Headers: headers, Source: d}
+	res := r.c.Process(req.Context(), msg)
+	if hook := r.cfg.Test.BeforeAnswer; hook != nil {
+		if err := hook(req.Context(), []*consumer.Message{msg}, []consumer.Result{res}); err != nil {
+			panic(http.ErrAbortHandler)
 		}
-		ctx := req.Context()
-		tx, claim, err := r.store.BeginClaim(ctx, r.cfg.Scope, d.ID, sum)
-		if r.refused(w, d.ID, err) {
-			if tx != nil {
-				_ = tx.Rollback(ctx)
-			}
-			return
-		}
-		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // a no-op after Commit
-		if !claim.New {
-			w.WriteHeader(http.StatusOK) // a duplicate: applied before
-			return
-		}
-		err = h(ctx, tx, d)
-		if err == nil {
-			err = tx.Commit(ctx)
-		}
-		r.answer(w, d.ID, err)
-	})
-}
-
-// LeasedHandler applies one webhook whose effects lie outside Postgres (an
-// email, a call to another service) under lease, the inbox's hold on the
-// webhook-id: pass lease.Token downstream so the far side can refuse a
-// holder whose lease was taken over. Errors mean what they mean for
-// [Handler].
-type LeasedHandler func(ctx context.Context, lease inbox.Lease, d Delivery) error
-
-// Leased returns the http.Handler that serves h in the inbox's leased mode:
-// verified as by [Receiver.Handler], the webhook-id is acquired for
-// [ReceiverConfig.LeaseTTL] and marked succeeded or failed after h. A
-// webhook-id another request holds under a live lease gets 503 with
-// Retry-After, so the sender retries after the lease; one that became a
-// dead letter gets 422.
-func (r *Receiver) Leased(h LeasedHandler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		d, sum, ok := r.verify(w, req)
-		if !ok {
-			return
-		}
-		ctx := req.Context()
-		got, err := r.store.Acquire(ctx, r.cfg.Scope, d.ID, sum, r.owner, r.cfg.LeaseTTL)
-		if r.refused(w, d.ID, err) {
-			return
-		}
-		if !got.New {
-			switch rec := got.Existing; rec.Status {
-			case inbox.Succeeded:
-				w.WriteHeader(http.StatusOK)
-			case inbox.FailedFinal:
-				http.Error(w, "the webhook cannot be applied", http.StatusUnprocessableEntity)
-			default: // in progress under another live lease
-				w.Header().Set("Retry-After", seconds(time.Until(rec.LeaseUntil)))
-				http.Error(w, "the webhook is being applied", http.StatusServiceUnavailable)
-			}
-			return
-		}
-		err = h(ctx, got.Lease, d)
-		// Record the outcome even if the client went away meanwhile.
-		fctx := context.WithoutCancel(ctx)
-		switch {
-		case err == nil:
-			err = r.store.Complete(fctx, got.Lease, nil)
-		case idemq.IsPermanent(err):
-			err = errors.Join(err, r.store.FailFinal(fctx, got.Lease, err))
-		default:
-			err = errors.Join(err, r.store.Fail(fctx, got.Lease, err))
-		}
-		r.answer(w, d.ID, err)
-	})
+	}
+	answer(w, res)
 }
 
 // verify reads and verifies the request; on failure it has answered.
-func (r *Receiver) verify(w http.ResponseWriter, req *http.Request) (Delivery, []byte, bool) {
+func (r *Receiver) verify(w http.ResponseWriter, req *http.Request) (Delivery, bool) {
 	if req.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
 		http.Error(w, "POST only", http.StatusMethodNotAllowed)
-		return Delivery{}, nil, false
+		return Delivery{}, false
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, req.Body, r.cfg.MaxBody))
 	if err != nil {
@@ -227,49 +237,36 @@ func (r *Receiver) verify(w http.ResponseWriter, req *http.Request) (Delivery, [
 		} else {
 			http.Error(w, "reading the body failed", http.StatusBadRequest)
 		}
-		return Delivery{}, nil, false
+		return Delivery{}, false
 	}
 	id, ts := req.Header.Get(HeaderID), req.Header.Get(HeaderTimestamp)
 	if err := Verify(r.keys, id, ts, req.Header.Get(HeaderSignature), body, r.cfg.Tolerance, time.Now()); err != nil {
 		http.Error(w, err.Error(), http.StatusUnauthorized)
-		return Delivery{}, nil, false
+		return Delivery{}, false
 	}
 	secs, _ := strconv.ParseInt(ts, 10, 64) // verified above
-	sum := sha256.Sum256(body)
-	return Delivery{ID: id, Timestamp: time.Unix(secs, 0), Body: body, Request: req}, sum[:], true
+	return Delivery{ID: id, Timestamp: time.Unix(secs, 0), Body: body, Request: req}, true
 }
 
-// refused answers a failed claim of id and reports whether it did.
-func (r *Receiver) refused(w http.ResponseWriter, id string, err error) bool {
-	switch {
-	case err == nil:
-		return false
-	case errors.Is(err, inbox.ErrInvalidKey):
-		http.Error(w, err.Error(), http.StatusBadRequest)
-	default:
-		if _, ok := errors.AsType[*inbox.ConflictError](err); ok {
-			http.Error(w, "webhook-id already applied with another body", http.StatusConflict)
-			return true
-		}
-		r.log.Error("webhook: recording the id failed", "id", id, "err", err)
-		http.Error(w, "temporarily unavailable", http.StatusServiceUnavailable)
-	}
-	return true
-}
-
-// answer reports the outcome of applying id.
-func (r *Receiver) answer(w http.ResponseWriter, id string, err error) {
-	switch {
-	case err == nil:
+// answer maps the consumer's result to the response; the consumer has
+// logged it already.
+func answer(w http.ResponseWriter, res consumer.Result) {
+	switch res.Outcome {
+	case consumer.Applied, consumer.Duplicate:
 		w.WriteHeader(http.StatusOK)
-	case idemq.IsPermanent(err):
-		http.Error(w, "the webhook cannot be applied", http.StatusUnprocessableEntity)
-	default:
-		r.log.Error("webhook: applying failed", "id", id, "err", err)
-		if d, ok := idemq.RetryAfterHint(err); ok {
-			w.Header().Set("Retry-After", seconds(d))
+	case consumer.Conflict:
+		w.Header().Set(HeaderDelivery, AbortMessage)
+		http.Error(w, "webhook-id already applied with another body", http.StatusConflict)
+	case consumer.DeadLettered:
+		w.Header().Set(HeaderDelivery, AbortMessage)
+		if errors.Is(res.Err, consumer.ErrInvalidMessage) {
+			http.Error(w, res.Err.Error(), http.StatusBadRequest)
+			return
 		}
-		http.Error(w, "applying the webhook failed", http.StatusInternalServerError)
+		http.Error(w, "the webhook cannot be applied", http.StatusUnprocessableEntity)
+	default: // Retry: nothing committed
+		w.Header().Set("Retry-After", seconds(res.RetryAfter))
+		http.Error(w, "the webhook was not applied; retry later", http.StatusServiceUnavailable)
 	}
 }
 

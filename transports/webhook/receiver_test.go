@@ -5,18 +5,23 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/inbox"
 	"github.com/idemq/idemq/transports/webhook"
 )
 
 // TestReceiverHandlerSharesTheInboxTransaction: the handler's writes and
-// the webhook-id's record commit together: a failing handler leaves
-// neither (and the retry applies it), a successful one both, once.
+// the webhook-id's record commit together: a failing handler leaves none
+// of its writes, only its counted failure, and 503 with the Retry-After
+// it asked for (the retry applies it); a successful one commits both,
+// once.
 func TestReceiverHandlerSharesTheInboxTransaction(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -24,12 +29,8 @@ func TestReceiverHandlerSharesTheInboxTransaction(t *testing.T) {
 		t.Fatal(err)
 	}
 	secret := webhook.NewSecret()
-	recv, err := webhook.NewReceiver(b.inbox, webhook.ReceiverConfig{Keys: []string{secret}, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
 	calls := 0
-	srv := httptest.NewServer(recv.Handler(func(ctx context.Context, tx pgx.Tx, d webhook.Delivery) error {
+	srv := httptest.NewServer(newWebhookReceiver(t, b, secret, func(ctx context.Context, tx pgx.Tx, d webhook.Delivery) error {
 		calls++
 		if _, err := tx.Exec(ctx, `INSERT INTO paid VALUES ('inv_1')`); err != nil {
 			return err
@@ -53,9 +54,12 @@ func TestReceiverHandlerSharesTheInboxTransaction(t *testing.T) {
 		return paid, records
 	}
 	resp := post()
-	if paid, records := count(); resp.StatusCode != http.StatusInternalServerError || resp.Header.Get("Retry-After") != "3" || paid != 0 || records != 0 {
-		t.Fatalf("failing handler: status %d, Retry-After %q, %d rows, %d records; want 500, 3, nothing",
-			resp.StatusCode, resp.Header.Get("Retry-After"), paid, records)
+	if paid, _ := count(); resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") != "3" || paid != 0 {
+		t.Fatalf("failing handler: status %d, Retry-After %q, %d rows; want 503, 3, none",
+			resp.StatusCode, resp.Header.Get("Retry-After"), paid)
+	}
+	if rec, err := b.inbox.Get(b.ctx, "webhook", "msg_1"); err != nil || rec.Status != inbox.FailedRetryable || rec.Failures != 1 {
+		t.Fatalf("after the failure: %+v, %v; want FAILED_RETRYABLE with 1 failure", rec, err)
 	}
 	for range 2 {
 		if resp := post(); resp.StatusCode != http.StatusOK {
@@ -64,5 +68,69 @@ func TestReceiverHandlerSharesTheInboxTransaction(t *testing.T) {
 	}
 	if paid, records := count(); calls != 2 || paid != 1 || records != 1 {
 		t.Fatalf("after the retry and a duplicate: %d calls, %d rows, %d records; want 2, 1, 1", calls, paid, records)
+	}
+}
+
+// TestReceiverCountsFailuresUpToADeadLetter: the consumer under the
+// Receiver counts every failed attempt across deliveries (a panic
+// included) toward Retry.MaxAttempts, answers 503 with Retry-After until
+// then, and then dead-letters the webhook through its hook, answering 422
+// with "webhook-delivery: abort-message" from then on; OnResult sees every
+// delivery.
+func TestReceiverCountsFailuresUpToADeadLetter(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	secret := webhook.NewSecret()
+	keys, _ := webhook.ParseKeys(secret)
+	calls := 0
+	var dead []string
+	var outcomes []consumer.Outcome
+	c, err := consumer.New(b.pool, "webhook", webhook.Handle(func(ctx context.Context, tx pgx.Tx, d webhook.Delivery) error {
+		calls++
+		if calls == 2 {
+			panic("handler bug")
+		}
+		return errors.New("downstream refuses")
+	}), consumer.Config{
+		Redeliver: true,
+		Retry:     idemq.Retry{MaxAttempts: 3},
+		Logger:    quiet,
+		DeadLetter: func(ctx context.Context, tx pgx.Tx, msg *consumer.Message, cause error) error {
+			d, ok := webhook.DeliveryOf(msg)
+			if !ok {
+				return errors.New("the dead letter is not a webhook")
+			}
+			dead = append(dead, d.ID)
+			return nil
+		},
+		Hooks: consumer.Hooks{OnResult: func(e consumer.ResultEvent) { outcomes = append(outcomes, e.Outcome) }},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(receiverOn(t, c, secret))
+	t.Cleanup(srv.Close)
+	post := func() *http.Response {
+		now := time.Now()
+		return postSigned(t, srv.URL, "msg_1", now, webhook.Sign(keys, "msg_1", now, []byte(`{}`)), `{}`)
+	}
+	for i := range 2 {
+		if resp := post(); resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
+			t.Fatalf("failed attempt %d: %d, Retry-After %q; want 503 with Retry-After", i+1, resp.StatusCode, resp.Header.Get("Retry-After"))
+		}
+	}
+	for range 2 {
+		resp := post()
+		if resp.StatusCode != http.StatusUnprocessableEntity || resp.Header.Get(webhook.HeaderDelivery) != webhook.AbortMessage {
+			t.Fatalf("after the third failure: %d, %q; want 422 with abort-message", resp.StatusCode, resp.Header.Get(webhook.HeaderDelivery))
+		}
+	}
+	want := []consumer.Outcome{consumer.Retry, consumer.Retry, consumer.DeadLettered, consumer.DeadLettered}
+	if calls != 3 || len(dead) != 1 || dead[0] != "msg_1" || !slices.Equal(outcomes, want) {
+		t.Fatalf("%d handler runs, dead letters %v, outcomes %v; want 3 runs, msg_1 dead-lettered once, %v", calls, dead, outcomes, want)
+	}
+	rec, err := b.inbox.Get(b.ctx, "webhook", "msg_1")
+	if err != nil || rec.Status != inbox.FailedFinal || rec.Failures != 3 {
+		t.Fatalf("record %+v, %v; want FAILED_FINAL after 3 failures", rec, err)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"embed"
 	"errors"
 	"fmt"
+	"math"
 	"net/url"
 	"regexp"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/internal/pgtx"
 	"github.com/idemq/idemq/internal/pgutil"
 	"github.com/idemq/idemq/migrate"
 )
@@ -98,13 +100,13 @@ type Registry struct {
 // NewRegistry validates cfg and returns a registry on db. Call
 // [Registry.Migrate] once before use.
 func NewRegistry(db DB, cfg RegistryConfig) (*Registry, error) {
-	if db == nil {
+	if pgtx.IsNil(db) {
 		return nil, idemq.NewConfigError("webhook.Registry", "db", "is nil")
 	}
 	cfg = cfg.withDefaults()
-	t, err := pgutil.NewTable(cfg.Schema, cfg.Table)
+	t, err := pgutil.ConfigTable("webhook.Registry", cfg.Schema, cfg.Table)
 	if err != nil {
-		return nil, idemq.NewConfigError("webhook.Registry", "Table", "%v", err)
+		return nil, err
 	}
 	return &Registry{db: db, table: t, sql: newRegistrySQL(t)}, nil
 }
@@ -185,10 +187,13 @@ func (e Endpoint) validate() error {
 	switch {
 	case e.Timeout < 0:
 		return fmt.Errorf("webhook: endpoint %s: Timeout %v is negative", e.ID, e.Timeout)
+	case e.Timeout > 0 && e.Timeout < time.Millisecond:
+		// Stored in milliseconds, it would become 0, the Sink's default.
+		return fmt.Errorf("webhook: endpoint %s: Timeout %v is below the stored unit of 1ms", e.ID, e.Timeout)
 	case e.Concurrency < 0:
 		return fmt.Errorf("webhook: endpoint %s: Concurrency %d is negative", e.ID, e.Concurrency)
-	case e.RateLimit < 0:
-		return fmt.Errorf("webhook: endpoint %s: RateLimit %v is negative", e.ID, e.RateLimit)
+	case e.RateLimit < 0 || math.IsNaN(e.RateLimit) || math.IsInf(e.RateLimit, 0):
+		return fmt.Errorf("webhook: endpoint %s: RateLimit %v: want a finite number of deliveries per second, 0 for unlimited", e.ID, e.RateLimit)
 	}
 	return nil
 }

@@ -80,12 +80,8 @@ func TestReceiverRejectsAndRecordsNothing(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	secret := webhook.NewSecret()
-	recv, err := webhook.NewReceiver(b.inbox, webhook.ReceiverConfig{Keys: []string{secret}, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
 	applied := 0
-	srv := httptest.NewServer(recv.Handler(func(ctx context.Context, tx pgx.Tx, d webhook.Delivery) error {
+	srv := httptest.NewServer(newWebhookReceiver(t, b, secret, func(ctx context.Context, tx pgx.Tx, d webhook.Delivery) error {
 		applied++
 		return nil
 	}))
@@ -126,8 +122,9 @@ func TestReceiverRejectsAndRecordsNothing(t *testing.T) {
 	}
 	// The same id with another (correctly signed) body is a conflict.
 	other := `{"type":"a.b","data":{"x":1}}`
-	if status := post("m6", now, webhook.Sign(keys, "m6", now, []byte(other)), other); status != http.StatusConflict {
-		t.Fatalf("reused id with another body: status %d, want 409", status)
+	if resp := postSigned(t, srv.URL, "m6", now, webhook.Sign(keys, "m6", now, []byte(other)), other); resp.StatusCode != http.StatusConflict ||
+		resp.Header.Get(webhook.HeaderDelivery) != webhook.AbortMessage {
+		t.Fatalf("reused id with another body: status %d, %q; want 409 with abort-message", resp.StatusCode, resp.Header.Get(webhook.HeaderDelivery))
 	}
 }
 
