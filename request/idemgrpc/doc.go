@@ -50,7 +50,7 @@
 // An outcome is kept at least the store's record TTL (24 hours by default)
 // and is replayed until then; stored and replayed outcomes carry the
 // trailer [ExpiresTrailer] with that time. A process that dies while running
-// a call holds its key for at most one lease (30 seconds by default), never
+// a call holds its key for at most one lease (5 seconds by default), never
 // for the record TTL: the next call takes the key over, and the late
 // holder's outcome is refused by the lease's fencing token; its client gets
 // the successor's outcome.

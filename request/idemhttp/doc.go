@@ -41,7 +41,7 @@
 // "Idempotency-Key-Expires" ([HeaderExpires]), the HTTP-date until which a
 // retry gets the stored response; a request after that may run again. A
 // process that dies while running a request holds its key for at most
-// one lease (30 seconds by default), never for the record TTL.
+// one lease (5 seconds by default), never for the record TTL.
 //
 // # One transaction
 //
