@@ -7,13 +7,16 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/request"
+	"github.com/idemq/idemq/request/dynamostore"
 	"github.com/idemq/idemq/request/idemgrpc/internal/testpb"
 	"github.com/idemq/idemq/request/pgstore"
 	"github.com/idemq/idemq/request/requesttest"
+	"github.com/idemq/idemq/testenv"
 	grpcgo "google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
@@ -117,5 +120,32 @@ func TestBadInputServerMisconfigured(t *testing.T) {
 	wide := func(context.Context, string, proto.Message) ([]byte, error) { return make([]byte, 65), nil }
 	if _, err := UnaryServerInterceptor(st, ServerConfig{Methods: chargeMethods, Fingerprint: wide}); !errors.Is(err, idemq.ErrConfig) {
 		t.Fatalf("a 65-byte Fingerprint: %v, want ErrConfig", err)
+	}
+}
+
+// TestResponseTooLargeToKeep: a response over what the DynamoDB store
+// keeps is sent, and a retry gets FAILED_PRECONDITION with reason
+// IDEMPOTENCY_RESPONSE_NOT_KEPT (the outcome stands, its body is gone),
+// never an empty message passed off as the original; the handler runs
+// once.
+func TestResponseTooLargeToKeep(t *testing.T) {
+	t.Parallel()
+	db, table := testenv.DynamoDB(t)
+	st := requesttest.Dynamo(t, db, table)
+	var runs atomic.Int64
+	big := strings.Repeat("c", dynamostore.MaxResponse)
+	charge := func(_ context.Context, req *testpb.ChargeRequest) (*testpb.ChargeResponse, error) {
+		runs.Add(1)
+		return &testpb.ChargeResponse{ChargeId: big, Amount: req.Amount}, nil
+	}
+	c := dial(t, serve(t, &ledger{charge: charge}, grpcgo.UnaryInterceptor(serverInterceptor(t, st, request.Config{}, ServerConfig{}))))
+	resp, _, err := call(t.Context(), c, "big-1", &testpb.ChargeRequest{Amount: 1})
+	if err != nil || resp.ChargeId != big {
+		t.Fatalf("first call: %v", err)
+	}
+	_, _, err = call(t.Context(), c, "big-1", &testpb.ChargeRequest{Amount: 1})
+	wantError(t, err, codes.FailedPrecondition, ReasonResponseNotKept)
+	if n := runs.Load(); n != 1 {
+		t.Fatalf("the handler ran %d times", n)
 	}
 }
