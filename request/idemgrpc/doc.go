@@ -30,9 +30,14 @@
 //   - the key has a stored outcome: that outcome (the response message,
 //     or the error's status with its details, and the header and trailer
 //     metadata the handler set) with the trailer
-//     [ReplayedTrailer] "idempotent-replayed: true";
+//     [ReplayedTrailer] "idempotent-replayed: true"; if the response was
+//     too large for the store to keep, FAILED_PRECONDITION
+//     ([ReasonResponseNotKept]): the outcome stands, do not retry;
 //   - the key store cannot be reached: UNAVAILABLE
 //     ([ReasonStoreUnavailable]); the handler never runs unprotected;
+//   - [ServerConfig.Scope] or [ServerConfig.Fingerprint] returned what the
+//     store cannot take: INTERNAL ([ReasonMisconfigured]) with the reason
+//     in [ServerConfig.Logger];
 //   - otherwise the handler runs under a lease that is renewed while it
 //     runs, and its outcome is stored if [ServerConfig.Final] says so. By
 //     default ([FinalDefault]) successes and final errors are stored, while
