@@ -3,6 +3,7 @@ package request
 import (
 	"crypto/sha256"
 	"encoding/binary"
+	"fmt"
 )
 
 // Fingerprint returns the SHA-256 of parts, each prefixed by its length so
@@ -21,3 +22,14 @@ func Fingerprint(parts ...[]byte) []byte {
 
 // MaxFingerprintLen bounds a fingerprint: it is a digest, not a payload.
 const MaxFingerprintLen = 64
+
+// CheckFingerprint reports a fingerprint over MaxFingerprintLen bytes as an
+// error wrapping [ErrMisconfigured]: the server computed it, so the
+// server's fingerprint function is at fault, not the client.
+func CheckFingerprint(fingerprint []byte) error {
+	if len(fingerprint) > MaxFingerprintLen {
+		return fmt.Errorf("%w: the fingerprint function returned %d bytes, over the limit of %d; return a digest such as SHA-256 (request.Fingerprint)",
+			ErrMisconfigured, len(fingerprint), MaxFingerprintLen)
+	}
+	return nil
+}

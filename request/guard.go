@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/internal/lifecycle"
+	"github.com/idemq/idemq/internal/nilcheck"
 )
 
 // Config configures a [Guard]. The zero value is valid.
@@ -17,7 +18,10 @@ type Config struct {
 	// Lease is how long an attempt holds its key without renewal. The
 	// Guard renews it every Lease/3 while the attempt runs and its context
 	// lives, so a crashed process frees its keys within Lease and a live
-	// one keeps them. Defaults to 30 seconds.
+	// one keeps them however long its handler runs. Keep it short: every
+	// retry of a crashed holder's key gets 409 / ABORTED until it ends.
+	// Defaults to 5 seconds; the record itself is kept for the store's
+	// record TTL (24 hours).
 	Lease time.Duration
 	// Wait is how long Begin waits for an attempt in flight on the same
 	// key to finish before it reports an [*InFlightError]; while waiting
@@ -38,7 +42,7 @@ type Config struct {
 
 // Defaults of Config.
 const (
-	LeaseDefault        = 30 * time.Second
+	LeaseDefault        = 5 * time.Second
 	StoreTimeoutDefault = 5 * time.Second
 )
 
@@ -80,8 +84,8 @@ type Guard struct {
 
 // New returns a Guard on store.
 func New(store Store, cfg Config) (*Guard, error) {
-	if store == nil {
-		return nil, idemq.NewConfigError(component, "Store", "is nil")
+	if nilcheck.IsNil(store) {
+		return nil, idemq.NewConfigError(component, "Store", "is nil (%T); pass the store its constructor returned, after checking its error", store)
 	}
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
@@ -95,6 +99,32 @@ func (g *Guard) Config() Config { return g.cfg }
 
 // Store returns the store the Guard runs on.
 func (g *Guard) Store() Store { return g.store }
+
+// MaxResponse returns the largest encoded response the store keeps, or 0
+// when it keeps responses of any size (see [ResponseLimiter]).
+func (g *Guard) MaxResponse() int {
+	if l, ok := g.store.(ResponseLimiter); ok {
+		return l.MaxResponse()
+	}
+	return 0
+}
+
+// fit returns resp as the store can keep it: without its body (counted in
+// Omitted), and then without its headers, when its encoding is over the
+// store's limit.
+func (g *Guard) fit(resp Response) Response {
+	limit := g.MaxResponse()
+	for _, trim := range []func(*Response){
+		func(r *Response) { r.Omitted, r.Body = r.Omitted+len(r.Body), nil },
+		func(r *Response) { r.Header = nil },
+	} {
+		if b, err := resp.MarshalBinary(); limit == 0 || err != nil || len(b) <= limit {
+			return resp
+		}
+		trim(&resp)
+	}
+	return resp
+}
 
 // ErrUnavailable is matched by the errors of a store that failed or did
 // not answer in time. Front ends answer 503 / UNAVAILABLE and never run
@@ -136,7 +166,8 @@ type Decision struct {
 }
 
 // Begin checks id and claims it for an attempt. The errors are an
-// ErrInvalidKey (the client sent a bad key), a *ConflictError (the key
+// ErrInvalidKey (the client sent a bad key), an ErrMisconfigured (the
+// server's scope or fingerprint is unfit), a *ConflictError (the key
 // belongs to another request), an *InFlightError (another attempt holds
 // the key, also after Wait) or an ErrUnavailable (the store failed).
 //
@@ -147,8 +178,8 @@ func (g *Guard) Begin(ctx context.Context, id ID, fingerprint []byte) (Decision,
 	if err := g.cfg.Keys.Check(id); err != nil {
 		return Decision{}, err
 	}
-	if len(fingerprint) > MaxFingerprintLen {
-		return Decision{}, fmt.Errorf("request: fingerprint of %d bytes, want a digest of at most %d", len(fingerprint), MaxFingerprintLen)
+	if err := CheckFingerprint(fingerprint); err != nil {
+		return Decision{}, err
 	}
 	var deadline time.Time
 	if g.cfg.Wait > 0 {
@@ -180,7 +211,7 @@ func (g *Guard) claim(ctx context.Context, id ID, fingerprint []byte) (Claim, er
 	ctx, cancel := g.storeContext(ctx)
 	defer cancel()
 	c, err := g.store.Claim(ctx, id, fingerprint, g.cfg.Lease)
-	if conflict := (*ConflictError)(nil); err != nil && !errors.As(err, &conflict) && !errors.Is(err, ErrInvalidKey) {
+	if conflict := (*ConflictError)(nil); err != nil && !errors.As(err, &conflict) && !errors.Is(err, ErrInvalidKey) && !errors.Is(err, ErrMisconfigured) {
 		return c, unavailable("claim", err)
 	}
 	return c, err
@@ -202,11 +233,14 @@ type Attempt struct {
 
 	mu    sync.Mutex
 	lease Lease
+	// claimed is when the key was claimed: the record lives at least the
+	// store's record TTL from then.
+	claimed time.Time
 }
 
 // start begins renewing lease in the background.
 func (g *Guard) start(ctx context.Context, lease Lease) *Attempt {
-	a := &Attempt{g: g, done: make(chan struct{}), lease: lease}
+	a := &Attempt{g: g, done: make(chan struct{}), lease: lease, claimed: time.Now()}
 	a.ctx, a.cancel = context.WithCancelCause(ctx)
 	renewCtx, stop := context.WithCancel(a.ctx)
 	a.stop = stop
@@ -227,7 +261,9 @@ func (a *Attempt) renew(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		sctx, cancel := a.g.storeContext(ctx)
+		// An extension that hangs must not eat the lease it renews: it
+		// gets a third of it, and the next tick tries again.
+		sctx, cancel := context.WithTimeout(ctx, min(a.g.cfg.StoreTimeout, a.g.cfg.Lease/3))
 		lease, err := a.g.store.Extend(sctx, a.Lease(), a.g.cfg.Lease)
 		cancel()
 		switch {
@@ -268,21 +304,39 @@ func (a *Attempt) end() {
 	a.cancel(nil)
 }
 
+// collectable reports whether the attempt's record may have been collected
+// by now: its lease ran out (renewal stopped with the request's context)
+// and the record TTL since the claim passed, less a StoreTimeout of
+// margin. A GC may then have deleted the record and a new claim started
+// the key's tokens afresh, so that this attempt's token could name a
+// stranger's lease: such an attempt must not finish.
+func (a *Attempt) collectable() bool {
+	margin := a.g.cfg.StoreTimeout
+	now := time.Now()
+	return now.After(a.Lease().Until.Add(-margin)) && now.After(a.claimed.Add(a.g.store.RecordTTL()-margin))
+}
+
 // finishContext outlives the request's context: an outcome must be stored
 // even when the client went away.
 func (a *Attempt) finishContext() (context.Context, context.CancelFunc) {
 	return a.g.storeContext(context.WithoutCancel(a.ctx))
 }
 
-// Complete stores resp as the request's outcome. It returns ErrLeaseLost
-// when the key was taken over meanwhile (the successor's outcome stands),
-// or an ErrUnavailable.
+// Complete stores resp as the request's outcome; a response over the
+// store's limit ([ResponseLimiter]) is stored without its body, marked
+// Omitted. It returns ErrLeaseLost when the key was taken over meanwhile
+// (the successor's outcome stands), or when the attempt outlived its lease
+// by so long that its record may have been collected (its token then
+// proves nothing), or an ErrUnavailable.
 func (a *Attempt) Complete(resp Response) error {
 	defer a.end()
 	a.halt()
+	if a.collectable() {
+		return ErrLeaseLost
+	}
 	ctx, cancel := a.finishContext()
 	defer cancel()
-	return a.g.finishErr("complete", a.g.store.Complete(ctx, a.Lease(), resp))
+	return a.g.finishErr("complete", a.g.store.Complete(ctx, a.Lease(), a.g.fit(resp)))
 }
 
 // CompleteWith stops renewing the lease and calls complete with it, for an
@@ -292,15 +346,22 @@ func (a *Attempt) Complete(resp Response) error {
 // transaction rolled back, and returns ErrLeaseLost if it committed.
 func (a *Attempt) CompleteWith(complete func(Lease) error) error {
 	a.halt()
+	if a.collectable() {
+		return ErrLeaseLost
+	}
 	return complete(a.Lease())
 }
 
 // Release hands the key back without an outcome, so that a retry runs the
 // request again. It returns ErrLeaseLost when the key was taken over or
-// completed, or an ErrUnavailable.
+// completed, or its record may have been collected (as for Complete), or
+// an ErrUnavailable.
 func (a *Attempt) Release() error {
 	defer a.end()
 	a.halt()
+	if a.collectable() {
+		return ErrLeaseLost
+	}
 	ctx, cancel := a.finishContext()
 	defer cancel()
 	return a.g.finishErr("release", a.g.store.Release(ctx, a.Lease()))

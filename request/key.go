@@ -66,23 +66,24 @@ func (r KeyRules) Validate(component string) error {
 	return nil
 }
 
-// Check reports whether key obeys the rules (after WithDefaults) and
-// whether scope is acceptable, as an error wrapping [ErrInvalidKey]. Keys
-// are printable ASCII (0x20 to 0x7E), the characters an HTTP sf-string and
-// gRPC metadata can carry.
+// Check reports whether id's key obeys the rules (after WithDefaults), as
+// an error wrapping [ErrInvalidKey], and whether its scope is acceptable,
+// as an error wrapping [ErrMisconfigured]: the client chose the key, but
+// the server derived the scope. Keys and scopes are printable ASCII (0x20
+// to 0x7E), the characters an HTTP sf-string and gRPC metadata can carry.
 func (r KeyRules) Check(id ID) error {
 	r = r.WithDefaults()
 	switch {
+	case len(id.Scope) > MaxScopeLen:
+		return fmt.Errorf("%w: the scope function returned %d bytes, over the limit of %d; return a tenant or principal id, or hash a longer one", ErrMisconfigured, len(id.Scope), MaxScopeLen)
+	case !printable(id.Scope):
+		return fmt.Errorf("%w: the scope function returned %q, which is not printable ASCII; return an ASCII id, or hash the name", ErrMisconfigured, id.Scope)
 	case id.Key == "":
 		return fmt.Errorf("%w: empty", ErrInvalidKey)
 	case len(id.Key) > r.MaxLen:
 		return fmt.Errorf("%w: %d bytes, over the limit of %d", ErrInvalidKey, len(id.Key), r.MaxLen)
 	case !printable(id.Key):
 		return fmt.Errorf("%w: only printable ASCII is allowed", ErrInvalidKey)
-	case len(id.Scope) > MaxScopeLen:
-		return fmt.Errorf("%w: scope of %d bytes, over the limit of %d", ErrInvalidKey, len(id.Scope), MaxScopeLen)
-	case !printable(id.Scope):
-		return fmt.Errorf("%w: scope must be printable ASCII", ErrInvalidKey)
 	}
 	switch r.Format {
 	case UUIDKey:

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 )
 
 // Response is the outcome of a request that a store keeps for replay. Its
@@ -14,17 +15,27 @@ type Response struct {
 	Status int
 	Header map[string][]string
 	Body   []byte
+	// Omitted is the size of a body that was too large to keep (over the
+	// front end's limit or the store's); Body is then empty. A replay must
+	// not pass such a response off as the original: front ends answer it
+	// with an error that says the outcome stands but its body was not kept.
+	Omitted int
 }
 
-// responseVersion leads every encoded Response, so that the encoding can
-// change without misreading records written before.
-const responseVersion = 1
+// The versions that lead every encoded Response, so that the encoding can
+// change without misreading records written before. Version 2 adds
+// Omitted; a response without it is still written as version 1, which
+// every release reads.
+const (
+	responseVersion        = 1
+	responseVersionOmitted = 2
+)
 
 // MarshalBinary encodes r compactly: a version byte, then varint lengths
 // and the raw bytes. Stores keep it as one opaque value.
 func (r Response) MarshalBinary() ([]byte, error) {
-	if r.Status < 0 {
-		return nil, fmt.Errorf("request: negative status %d", r.Status)
+	if r.Status < 0 || r.Omitted < 0 {
+		return nil, fmt.Errorf("request: negative status %d or omitted size %d", r.Status, r.Omitted)
 	}
 	size := 1 + 3*binary.MaxVarintLen64 + len(r.Body)
 	for name, values := range r.Header {
@@ -34,7 +45,11 @@ func (r Response) MarshalBinary() ([]byte, error) {
 		}
 	}
 	b := make([]byte, 0, size)
-	b = append(b, responseVersion)
+	if r.Omitted > 0 {
+		b = binary.AppendUvarint(append(b, responseVersionOmitted), uint64(r.Omitted))
+	} else {
+		b = append(b, responseVersion)
+	}
 	b = binary.AppendUvarint(b, uint64(r.Status))
 	b = binary.AppendUvarint(b, uint64(len(r.Header)))
 	for name, values := range r.Header {
@@ -55,12 +70,19 @@ var errResponseEncoding = errors.New("request: malformed stored response")
 
 // UnmarshalBinary decodes what MarshalBinary encoded.
 func (r *Response) UnmarshalBinary(b []byte) error {
-	d := decoder{b: b}
-	if len(b) == 0 || b[0] != responseVersion {
+	if len(b) == 0 || (b[0] != responseVersion && b[0] != responseVersionOmitted) {
 		return fmt.Errorf("%w: unknown version", errResponseEncoding)
 	}
-	d.b = d.b[1:]
-	*r = Response{Status: int(d.uvarint())}
+	d := decoder{b: b[1:]}
+	*r = Response{}
+	if b[0] == responseVersionOmitted {
+		n := d.uvarint()
+		if n > math.MaxInt32 {
+			return errResponseEncoding
+		}
+		r.Omitted = int(n)
+	}
+	r.Status = int(d.uvarint())
 	if n := d.uvarint(); n > 0 && d.err == nil {
 		if n > uint64(len(d.b)) {
 			return errResponseEncoding

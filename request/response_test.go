@@ -12,6 +12,7 @@ func TestResponseEncoding(t *testing.T) {
 		{},
 		{Status: 201, Body: []byte(`{"order":1}`)},
 		{Status: 404, Header: map[string][]string{"Location": {"/a"}, "Link": {"<a>", "<b>"}, "Empty": {}}},
+		{Status: 201, Header: map[string][]string{"Location": {"/reports/1"}}, Omitted: 5 << 20},
 	} {
 		b, err := r.MarshalBinary()
 		if err != nil {

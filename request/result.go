@@ -34,11 +34,16 @@ const (
 	// ResultStoreFailed: the handler ran but its outcome could not be stored;
 	// the response was sent and the key will be free after its lease.
 	ResultStoreFailed
+	// ResultMisconfigured: the server's scope or fingerprint function gave
+	// a value the store cannot take, or the store is set up wrong (HTTP
+	// 500, gRPC INTERNAL); the handler did not run and the reason is
+	// logged.
+	ResultMisconfigured
 )
 
 func (r Result) String() string {
 	names := [...]string{"", "completed", "released", "replayed", "in_flight", "conflict", "rejected",
-		"unavailable", "fenced", "unprotected", "store_failed"}
+		"unavailable", "fenced", "unprotected", "store_failed", "misconfigured"}
 	if int(r) < len(names) && r > 0 {
 		return names[r]
 	}

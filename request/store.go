@@ -53,6 +53,16 @@ type Store interface {
 	RecordTTL() time.Duration
 }
 
+// ResponseLimiter is implemented by a [Store] that cannot keep a response
+// of any size (DynamoDB's items hold 400 KB). The Guard stores a larger
+// response without its body and marks it Omitted, so that a replay never
+// passes an empty body off as the original.
+type ResponseLimiter interface {
+	// MaxResponse is the largest encoded response (Response.MarshalBinary)
+	// the store keeps, in bytes.
+	MaxResponse() int
+}
+
 // RecordTTLDefault is the record TTL of every store: how long a completed
 // request is replayed. Stripe keeps keys at least 24 hours.
 const RecordTTLDefault = 24 * time.Hour
@@ -124,9 +134,16 @@ var (
 	ErrLeaseLost = errors.New("request: lease lost")
 	// ErrNotFound reports that no record exists for the key.
 	ErrNotFound = errors.New("request: record not found")
-	// ErrInvalidKey reports a key or scope that breaks the format rules:
-	// empty, too long, not printable ASCII, or not of the required form.
+	// ErrInvalidKey reports a key that breaks the format rules: empty, too
+	// long, not printable ASCII, or not of the required form. The client
+	// sent it: front ends answer 400 / INVALID_ARGUMENT.
 	ErrInvalidKey = errors.New("request: invalid idempotency key")
+	// ErrMisconfigured reports a scope or fingerprint that the server
+	// derived and the store cannot take: a scope over [MaxScopeLen] bytes
+	// or not printable ASCII, a fingerprint over [MaxFingerprintLen]
+	// bytes. The client cannot fix it by retrying: front ends answer 500 /
+	// INTERNAL and log the reason for the operator.
+	ErrMisconfigured = errors.New("request: server misconfiguration")
 )
 
 // ConflictError reports a key that was first used with another request (a

@@ -6,16 +6,21 @@ import (
 	"time"
 
 	"github.com/urfave/cli/v3"
+
+	"github.com/idemq/idemq/request/pgstore"
 )
 
 func gcCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "gc",
-		Usage: "delete inbox records whose retention ran out",
+		Usage: "delete inbox and request records whose retention ran out",
 		Description: "Deletes expired records in bounded batches through the expires_at index, records under a live lease\n" +
-			"kept. A progress line on stderr shows it is working; the count is printed at the end.",
+			"kept: the inbox's, then the HTTP/gRPC request records of request/pgstore (skipped if that table was never\n" +
+			"migrated). A progress line on stderr shows it is working; the counts are printed at the end.",
 		Flags: []cli.Flag{
 			&cli.IntFlag{Name: "batch-size", Value: 1000, Usage: "records per DELETE", Sources: cli.EnvVars("IDEMQ_GC_BATCH_SIZE")},
+			&cli.StringFlag{Name: "requests-table", Value: pgstore.TableDefault, Usage: "table of request/pgstore's request records",
+				Sources: cli.EnvVars("IDEMQ_REQUESTS_TABLE")},
 		},
 		Action: runGC,
 	}
@@ -34,18 +39,33 @@ func runGC(ctx context.Context, cmd *cli.Command) error {
 	if err != nil {
 		return err
 	}
+	requests, err := pgstore.New(pool, pgstore.Config{Schema: cmd.String(flagSchema), Table: cmd.String("requests-table")})
+	if err != nil {
+		return configError(err)
+	}
 	// Store.GC reports only its total, so the progress line shows the time
 	// spent until it returns.
 	start := time.Now()
 	stop := progress(cmd, start)
 	n, err := ib.GC(ctx, cmd.Int("batch-size"))
+	var r int64
+	pending, perr := requests.PendingMigrations(ctx)
+	if err == nil {
+		err = perr
+	}
+	if err == nil && len(pending) == 0 {
+		r, err = requests.GC(ctx, cmd.Int("batch-size"))
+	}
 	stop()
 	if err != nil {
 		return fmt.Errorf("gc after %v: %w", time.Since(start).Round(time.Millisecond), err)
 	}
 	took := time.Since(start)
-	return output(cmd, map[string]any{"deleted": n, "seconds": took.Seconds()}, func(t *table) {
-		t.note("deleted %d expired inbox records in %v", n, took.Round(time.Millisecond))
+	return output(cmd, map[string]any{"deleted": n, "requests_deleted": r, "seconds": took.Seconds()}, func(t *table) {
+		t.note("deleted %d expired inbox records and %d expired request records in %v", n, r, took.Round(time.Millisecond))
+		if len(pending) > 0 {
+			t.note("request table %s is not migrated (pgstore.Store.Migrate): its records were not collected", cmd.String("requests-table"))
+		}
 	})
 }
 

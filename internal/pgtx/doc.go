@@ -8,9 +8,10 @@ package pgtx
 
 import (
 	"context"
-	"reflect"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/idemq/idemq/internal/nilcheck"
 )
 
 // Beginner is the smallest handle BeginBatch accepts: a *pgxpool.Pool, a
@@ -21,13 +22,4 @@ type Beginner interface {
 
 // IsNil reports whether v is nil or an interface holding a nil pointer
 // (an unset *pgxpool.Pool passed as a DB), which a plain v == nil misses.
-func IsNil(v any) bool {
-	if v == nil {
-		return true
-	}
-	switch rv := reflect.ValueOf(v); rv.Kind() {
-	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan:
-		return rv.IsNil()
-	}
-	return false
-}
+func IsNil(v any) bool { return nilcheck.IsNil(v) }

@@ -33,6 +33,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -40,6 +41,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/internal/nilcheck"
 	"github.com/idemq/idemq/request"
 )
 
@@ -74,13 +76,16 @@ func (c Config) withDefaults() Config {
 
 func (c Config) validate() error {
 	switch {
-	case len(c.Table) < 3 || len(c.Table) > 255:
-		return idemq.NewConfigError(component, "Table", "%q must be 3 to 255 characters", c.Table)
+	case len(c.Table) < 3 || len(c.Table) > 255 || strings.TrimLeft(c.Table, tableChars) != "":
+		return idemq.NewConfigError(component, "Table", "%q is not a DynamoDB table name: use 3 to 255 characters of a-z, A-Z, 0-9, '_', '-' and '.'", c.Table)
 	case c.RecordTTL < time.Second:
 		return idemq.NewConfigError(component, "RecordTTL", "%v is below one second, the TTL attribute's unit", c.RecordTTL)
 	}
 	return nil
 }
+
+// tableChars are the characters DynamoDB allows in table names.
+const tableChars = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-."
 
 // Store is a [request.Store] on DynamoDB. It is safe for concurrent use.
 type Store struct {
@@ -93,8 +98,8 @@ var _ request.Store = (*Store)(nil)
 // New returns a Store on db; call [Store.CreateTable] once, or create the
 // table as it describes.
 func New(db API, cfg Config) (*Store, error) {
-	if db == nil {
-		return nil, idemq.NewConfigError(component, "db", "is nil")
+	if nilcheck.IsNil(db) {
+		return nil, idemq.NewConfigError(component, "db", "is nil (%T); pass a *dynamodb.Client", db)
 	}
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
@@ -105,8 +110,11 @@ func New(db API, cfg Config) (*Store, error) {
 
 // CreateTable creates the table (on-demand capacity, partition key "pk"),
 // waits until it is active and enables TTL on "ex". A table that exists is
-// kept. A server without the TTL API (dynalite) is accepted: reads ignore
-// expired items anyway.
+// kept if its key is the store's (partition key "pk" of type string, no
+// sort key); one with another key schema is refused with an error
+// matching idemq.ErrConfig, since every claim would fail on it. A server
+// without the TTL API (dynalite) is accepted: reads ignore expired items
+// anyway.
 func (s *Store) CreateTable(ctx context.Context) error {
 	_, err := s.db.CreateTable(ctx, &dynamodb.CreateTableInput{
 		TableName:            &s.cfg.Table,
@@ -120,8 +128,12 @@ func (s *Store) CreateTable(ctx context.Context) error {
 	waiter := dynamodb.NewTableExistsWaiter(s.db, func(o *dynamodb.TableExistsWaiterOptions) {
 		o.MinDelay, o.MaxDelay = 100*time.Millisecond, 5*time.Second
 	})
-	if err := waiter.Wait(ctx, &dynamodb.DescribeTableInput{TableName: &s.cfg.Table}, 2*time.Minute); err != nil {
+	out, err := waiter.WaitForOutput(ctx, &dynamodb.DescribeTableInput{TableName: &s.cfg.Table}, 2*time.Minute)
+	if err != nil {
 		return fmt.Errorf("dynamostore: wait for table %s: %w", s.cfg.Table, err)
+	}
+	if err := s.checkSchema(out.Table); err != nil {
+		return err
 	}
 	_, err = s.db.UpdateTimeToLive(ctx, &dynamodb.UpdateTimeToLiveInput{
 		TableName:               &s.cfg.Table,
@@ -131,6 +143,38 @@ func (s *Store) CreateTable(ctx context.Context) error {
 		return fmt.Errorf("dynamostore: enable TTL on %s: %w", s.cfg.Table, err)
 	}
 	return nil
+}
+
+// checkSchema refuses a table whose key is not the store's: partition key
+// "pk" of type S and no sort key.
+func (s *Store) checkSchema(t *types.TableDescription) error {
+	keyType := map[string]types.ScalarAttributeType{}
+	for _, a := range t.AttributeDefinitions {
+		keyType[aws.ToString(a.AttributeName)] = a.AttributeType
+	}
+	var keys []string
+	for _, k := range t.KeySchema {
+		keys = append(keys, fmt.Sprintf("%s %s (%s)", aws.ToString(k.AttributeName), k.KeyType, keyType[aws.ToString(k.AttributeName)]))
+	}
+	if len(t.KeySchema) == 1 && aws.ToString(t.KeySchema[0].AttributeName) == "pk" && keyType["pk"] == types.ScalarAttributeTypeS {
+		return nil
+	}
+	return idemq.NewConfigError(component, "Table",
+		"%s exists with key %s, but the store needs partition key pk (S) and no sort key; set Config.Table to another name or delete the table",
+		s.cfg.Table, strings.Join(keys, ", "))
+}
+
+// apiErr wraps an error of DynamoDB. A missing table or a request the
+// table's schema refuses will not heal by retrying: it also matches
+// request.ErrMisconfigured, so front ends answer 500 and log it instead of
+// 503.
+func (s *Store) apiErr(op, key string, err error) error {
+	var api interface{ ErrorCode() string }
+	if errors.As(err, &api) && (api.ErrorCode() == "ResourceNotFoundException" || api.ErrorCode() == "ValidationException") {
+		return fmt.Errorf("dynamostore: %s %q: %w: table %s is missing or has another key schema (run Store.CreateTable, which checks it): %w",
+			op, key, request.ErrMisconfigured, s.cfg.Table, err)
+	}
+	return fmt.Errorf("dynamostore: %s %q: %w", op, key, err)
 }
 
 // ttlUnsupported reports the answer of a server without the TTL API, or
@@ -149,6 +193,16 @@ func ttlUnsupported(err error) bool {
 
 // RecordTTL returns Config.RecordTTL.
 func (s *Store) RecordTTL() time.Duration { return s.cfg.RecordTTL }
+
+// MaxResponse is the largest encoded response an item keeps: DynamoDB's
+// item limit of 400 KB less room for the key (scope and key, up to about
+// 1.2 KB) and the other attributes. It implements
+// [request.ResponseLimiter]: the Guard stores a larger response without
+// its body instead of failing.
+func (s *Store) MaxResponse() int { return MaxResponse }
+
+// MaxResponse is [Store.MaxResponse].
+const MaxResponse = 400<<10 - 4<<10
 
 func pk(id request.ID) map[string]types.AttributeValue {
 	return map[string]types.AttributeValue{"pk": str(strconv.Itoa(len(id.Scope)) + ":" + id.Scope + ":" + id.Key)}
@@ -202,7 +256,7 @@ func (s *Store) Claim(ctx context.Context, id request.ID, fingerprint []byte, le
 		}
 		var failed *types.ConditionalCheckFailedException
 		if !errors.As(err, &failed) {
-			return request.Claim{}, fmt.Errorf("dynamostore: claim %q: %w", id.Key, err)
+			return request.Claim{}, s.apiErr("claim", id.Key, err)
 		}
 		item := failed.Item
 		if item == nil {
@@ -283,7 +337,7 @@ func (s *Store) finish(ctx context.Context, op string, lease request.Lease, upda
 	case errors.As(err, &failed):
 		return request.ErrLeaseLost
 	case err != nil:
-		return fmt.Errorf("dynamostore: %s %q: %w", op, lease.Key, err)
+		return s.apiErr(op, lease.Key, err)
 	}
 	return nil
 }
@@ -300,7 +354,7 @@ func (s *Store) Get(ctx context.Context, id request.ID) (request.Record, error) 
 func (s *Store) read(ctx context.Context, id request.ID) (map[string]types.AttributeValue, error) {
 	out, err := s.db.GetItem(ctx, &dynamodb.GetItemInput{TableName: &s.cfg.Table, Key: pk(id), ConsistentRead: aws.Bool(true)})
 	if err != nil {
-		return nil, fmt.Errorf("dynamostore: get %q: %w", id.Key, err)
+		return nil, s.apiErr("get", id.Key, err)
 	}
 	return out.Item, nil
 }

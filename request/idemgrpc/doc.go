@@ -30,9 +30,14 @@
 //   - the key has a stored outcome: that outcome (the response message,
 //     or the error's status with its details, and the header and trailer
 //     metadata the handler set) with the trailer
-//     [ReplayedTrailer] "idempotent-replayed: true";
+//     [ReplayedTrailer] "idempotent-replayed: true"; if the response was
+//     too large for the store to keep, FAILED_PRECONDITION
+//     ([ReasonResponseNotKept]): the outcome stands, do not retry;
 //   - the key store cannot be reached: UNAVAILABLE
 //     ([ReasonStoreUnavailable]); the handler never runs unprotected;
+//   - [ServerConfig.Scope] or [ServerConfig.Fingerprint] returned what the
+//     store cannot take: INTERNAL ([ReasonMisconfigured]) with the reason
+//     in [ServerConfig.Logger];
 //   - otherwise the handler runs under a lease that is renewed while it
 //     runs, and its outcome is stored if [ServerConfig.Final] says so. By
 //     default ([FinalDefault]) successes and final errors are stored, while
@@ -50,7 +55,7 @@
 // An outcome is kept at least the store's record TTL (24 hours by default)
 // and is replayed until then; stored and replayed outcomes carry the
 // trailer [ExpiresTrailer] with that time. A process that dies while running
-// a call holds its key for at most one lease (30 seconds by default), never
+// a call holds its key for at most one lease (5 seconds by default), never
 // for the record TTL: the next call takes the key over, and the late
 // holder's outcome is refused by the lease's fencing token; its client gets
 // the successor's outcome.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
@@ -30,19 +31,26 @@ type ServerConfig struct {
 	// Methods lists the full method names ("/orders.v1.Orders/CreateOrder")
 	// that require a key and run at most once per key. Their generated
 	// code must be linked in: replays decode the stored response into the
-	// method's output type, found in the protobuf registry. Other methods
-	// pass through (a key they carry still derives downstream keys).
-	// Required.
+	// method's output type, found in the protobuf registry. Only unary
+	// methods can be listed: a streaming call never passes a unary
+	// interceptor, so it would run unprotected. Other methods pass through
+	// (a key they carry still derives downstream keys). Required.
 	Methods []string
 	// Scope names the principal or tenant of a call, so that one client's
 	// key can never replay another client's response. Run authentication
 	// before this interceptor. An error it returns goes to the client as
-	// is (return a status error such as UNAUTHENTICATED). Defaults to one
-	// scope for all clients: then keys must be unguessable.
+	// is (return a status error such as UNAUTHENTICATED). A scope must be
+	// printable ASCII of at most request.MaxScopeLen (128) bytes; anything
+	// else is INTERNAL with the reason logged, since the client cannot fix
+	// it. Defaults to one scope for all clients: then keys must be
+	// unguessable.
 	Scope func(ctx context.Context) (string, error)
 	// Fingerprint tells requests apart: a key reused with a request of
-	// another fingerprint is refused with FAILED_PRECONDITION. Defaults to
-	// [FingerprintDefault].
+	// another fingerprint is refused with FAILED_PRECONDITION. It returns
+	// a digest of at most request.MaxFingerprintLen (64) bytes: the
+	// constructor refuses one that returns more for an empty request of a
+	// protected method, and a longer one at run time is INTERNAL with the
+	// reason logged. Defaults to [FingerprintDefault].
 	Fingerprint func(ctx context.Context, method string, req proto.Message) ([]byte, error)
 	// Final decides whether a handler's outcome (err is nil on success)
 	// is stored and replayed to every retry (true) or releases the key so
@@ -52,6 +60,9 @@ type ServerConfig struct {
 	Final func(err error) bool
 	// Hooks observe every call of the protected methods.
 	Hooks ServerHooks
+	// Logger receives the reason of every INTERNAL the interceptor answers
+	// for a server misconfiguration. Defaults to slog.Default().
+	Logger *slog.Logger
 }
 
 // ReleaseCodes are the codes on which [FinalDefault] releases the key:
@@ -119,6 +130,13 @@ const (
 	ReasonInFlight         = "IDEMPOTENCY_KEY_IN_FLIGHT"
 	ReasonStoreUnavailable = "IDEMPOTENCY_STORE_UNAVAILABLE"
 	ReasonLeaseLost        = "IDEMPOTENCY_LEASE_LOST"
+	// ReasonMisconfigured (INTERNAL): the server's scope or fingerprint, or
+	// its store, is set up wrong; the call did not run.
+	ReasonMisconfigured = "IDEMPOTENCY_SERVER_MISCONFIGURED"
+	// ReasonResponseNotKept (FAILED_PRECONDITION): the call with this key
+	// ran and its outcome stands, but its response was too large for the
+	// store to keep, so it cannot be replayed. Do not retry.
+	ReasonResponseNotKept = "IDEMPOTENCY_RESPONSE_NOT_KEPT"
 )
 
 const serverComponent = "grpc.UnaryServerInterceptor"
@@ -132,6 +150,9 @@ func (c ServerConfig) withDefaults() ServerConfig {
 	}
 	if c.Final == nil {
 		c.Final = FinalDefault
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
 	}
 	return c
 }
@@ -152,6 +173,13 @@ func (c ServerConfig) outputTypes() (map[string]protoreflect.MessageType, error)
 		if err != nil || !ok {
 			return nil, idemq.NewConfigError(serverComponent, "Methods", "%q is not a registered method: import its generated package", m)
 		}
+		if md.IsStreamingClient() || md.IsStreamingServer() {
+			return nil, idemq.NewConfigError(serverComponent, "Methods",
+				"%q is a streaming method, which a unary interceptor never sees, so it would run unprotected; remove it, or make it unary", m)
+		}
+		if err := probeFingerprint(c.Fingerprint, m, md); err != nil {
+			return nil, err
+		}
 		t, err := protoregistry.GlobalTypes.FindMessageByName(md.Output().FullName())
 		if err != nil {
 			return nil, idemq.NewConfigError(serverComponent, "Methods", "output %s of %q is not registered: %v", md.Output().FullName(), m, err)
@@ -159,6 +187,28 @@ func (c ServerConfig) outputTypes() (map[string]protoreflect.MessageType, error)
 		types[m] = t
 	}
 	return types, nil
+}
+
+// probeFingerprint calls a custom fingerprint with an empty request of md,
+// so that one returning more than a digest is refused at startup rather
+// than on every call. A function that needs more of a request than that
+// (it fails or panics) is judged per call.
+func probeFingerprint(fingerprint func(context.Context, string, proto.Message) ([]byte, error), method string, md protoreflect.MethodDescriptor) (err error) {
+	in, ferr := protoregistry.GlobalTypes.FindMessageByName(md.Input().FullName())
+	if fingerprint == nil || ferr != nil {
+		return nil
+	}
+	defer func() {
+		if recover() != nil {
+			err = nil
+		}
+	}()
+	if fp, ferr := fingerprint(context.Background(), method, in.New().Interface()); ferr == nil {
+		if err := request.CheckFingerprint(fp); err != nil {
+			return idemq.NewConfigError(serverComponent, "Fingerprint", "%v", err)
+		}
+	}
+	return nil
 }
 
 // UnaryServerInterceptor runs each call of the configured methods at most
@@ -236,6 +286,10 @@ func (s *server) serve(ctx context.Context, req any, method string, output proto
 
 	d, err := s.guard.Begin(ctx, ev.ID, fp)
 	if err != nil {
+		if errors.Is(err, request.ErrMisconfigured) {
+			s.cfg.Logger.ErrorContext(ctx, "idempotency interceptor: refused a call with INTERNAL: the server's configuration is broken",
+				"err", err, "method", method)
+		}
 		result, sent := beginError(ctx, err)
 		return reject(result, err, sent)
 	}
@@ -335,6 +389,11 @@ func replay(ctx context.Context, rec request.Record, output protoreflect.Message
 		ExpiresTrailer, rec.ExpiresAt.UTC().Format(time.RFC3339)))
 	stored := rec.Response
 	replayMetadata(ctx, stored.Header)
+	if stored.Omitted > 0 {
+		return nil, rpcError(codes.FailedPrecondition, ReasonResponseNotKept, fmt.Sprintf(
+			"the call with this key ran and ended %s, but its response of %d bytes was too large to keep; do not retry it, read the result another way",
+			codes.Code(stored.Status), stored.Omitted))
+	}
 	if stored.Status != int(codes.OK) {
 		st := new(statusProto)
 		if err := proto.Unmarshal(stored.Body, st); err != nil {
@@ -354,6 +413,9 @@ func beginError(ctx context.Context, err error) (request.Result, error) {
 	var conflict *request.ConflictError
 	var inFlight *request.InFlightError
 	switch {
+	case errors.Is(err, request.ErrMisconfigured):
+		return request.ResultMisconfigured, rpcError(codes.Internal, ReasonMisconfigured,
+			"the server could not protect this call because of its own configuration; the call was not run and the operator's log says why")
 	case errors.Is(err, request.ErrInvalidKey):
 		return request.ResultRejected, rpcError(codes.InvalidArgument, ReasonKeyInvalid, strings.TrimPrefix(err.Error(), "request: "))
 	case errors.As(err, &conflict):

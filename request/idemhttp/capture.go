@@ -13,7 +13,7 @@ var ErrRecorded = errors.New("http: the response was recorded; nothing may be wr
 // capture buffers the handler's response so that it is stored before the
 // client sees it: a client must never hold a response whose record was
 // refused by the fence. A response over max bytes is sent through as it
-// comes (overflow) and stored without its body.
+// comes (overflow) and stored without its body, whose size counts.
 type capture struct {
 	w      nethttp.ResponseWriter
 	header nethttp.Header
@@ -22,6 +22,7 @@ type capture struct {
 	max    int
 
 	overflow bool
+	size     int
 	recorded bool
 }
 
@@ -48,7 +49,7 @@ func (c *capture) Write(p []byte) (int, error) {
 		c.WriteHeader(nethttp.StatusOK)
 	}
 	if c.overflow {
-		return c.w.Write(p)
+		return c.pass(p)
 	}
 	if c.body.Len()+len(p) <= c.max {
 		return c.body.Write(p)
@@ -57,10 +58,17 @@ func (c *capture) Write(p []byte) (int, error) {
 	// we have and stream the rest.
 	c.overflow = true
 	c.sendHead(nil)
-	if _, err := c.w.Write(c.body.Bytes()); err != nil {
+	if _, err := c.pass(c.body.Bytes()); err != nil {
 		return 0, err
 	}
 	c.body = bytes.Buffer{}
+	return c.pass(p)
+}
+
+// pass writes p through to the client and counts it in the body's size,
+// whether or not the client is still there to read it.
+func (c *capture) pass(p []byte) (int, error) {
+	c.size += len(p)
 	return c.w.Write(p)
 }
 

@@ -21,18 +21,26 @@
 //     answer once it finishes;
 //   - the key has a stored response: that response (status, body and the
 //     allow-listed headers of [ReplayHeadersDefault]) with
-//     "Idempotent-Replayed: true";
+//     "Idempotent-Replayed: true"; if its body was too large to keep
+//     ([Config.MaxResponse] or the store's limit), 410
+//     ([ProblemResponseNotKept]) with the original status and Location,
+//     never an empty body;
 //   - the key store cannot be reached: 503 with Retry-After
 //     ([ProblemUnavailable]); the handler never runs unprotected;
+//   - [Config.Scope] or [Config.Fingerprint] returned what the store
+//     cannot take: 500 ([ProblemMisconfigured]) with the reason in
+//     [Config.Logger]; the client is not to blame;
 //   - otherwise the handler runs under a lease that is renewed while it
 //     runs. Its response is buffered, stored if [Config.Final] says so,
 //     and only then sent; by default ([FinalDefault]) 2xx and 4xx (but
-//     408, 409, 425 and 429) are stored, while 5xx, 408/409/425/429, a
-//     panic, a timeout or a client that went away release the key so that
-//     a retry runs the handler again.
+//     408, 409, 425 and 429) are stored, also when the client went away
+//     meanwhile, while 5xx, 408/409/425/429, a panic, and a handler that
+//     wrote nothing when its deadline passed or its client went away
+//     release the key so that a retry runs the handler again.
 //
 // Error bodies are RFC 9457 application/problem+json documents whose type
-// URI names one of the Problem constants.
+// URI names one of the Problem constants: a section of problems.md in the
+// repository, which tells the client what to do.
 //
 // # Expiry
 //
@@ -41,7 +49,7 @@
 // "Idempotency-Key-Expires" ([HeaderExpires]), the HTTP-date until which a
 // retry gets the stored response; a request after that may run again. A
 // process that dies while running a request holds its key for at most
-// one lease (30 seconds by default), never for the record TTL.
+// one lease (5 seconds by default), never for the record TTL.
 //
 // # One transaction
 //

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	nethttp "net/http"
 	"slices"
 	"strings"
@@ -39,19 +40,31 @@ type Config struct {
 	Strict bool
 	// Scope returns the tenant or principal a request's key belongs to,
 	// so that one client's key can never replay another client's
-	// response. Run authentication before the middleware. Defaults to
-	// one scope for all clients: then keys must be unguessable.
+	// response. Run authentication before the middleware. It must return
+	// printable ASCII of at most request.MaxScopeLen (128) bytes (hash a
+	// longer or non-ASCII name); anything else is a 500
+	// ([ProblemMisconfigured]) with the reason logged, since the client
+	// cannot fix it. Defaults to one scope for all clients: then keys must
+	// be unguessable.
 	Scope func(r *nethttp.Request) string
 	// Fingerprint tells apart two requests with one key; a key reused
 	// with another fingerprint is a 422. It gets the request body, which
-	// it must not keep. Defaults to [FingerprintDefault].
+	// it must not keep, and returns a digest of at most
+	// request.MaxFingerprintLen (64) bytes: New refuses one that returns
+	// more for an empty POST, and a longer one at run time is a 500 with
+	// the reason logged. Defaults to [FingerprintDefault].
 	Fingerprint func(r *nethttp.Request, body []byte) []byte
 	// MaxBody bounds the request body read to fingerprint it; a larger
 	// body is a 413. Defaults to 1 MiB.
 	MaxBody int64
-	// MaxResponse bounds the response body stored for replay. A larger
-	// response is sent as it is produced, and replayed with its status
-	// and headers but an empty body. Defaults to 1 MiB.
+	// MaxResponse bounds the response body buffered and stored for
+	// replay. A larger response is sent as it is produced, and its key is
+	// completed without the body: a retry gets a 410
+	// ([ProblemResponseNotKept]) that says the outcome stands, never an
+	// empty body passed off as the original. The Postgres store keeps
+	// bodies of any size, so raise it there for large responses; a store
+	// with a limit of its own (DynamoDB, about 396 KB) refuses a larger
+	// MaxResponse. Defaults to 1 MiB, or the store's limit if lower.
 	MaxResponse int
 	// Final decides whether an outcome is stored and replayed to every
 	// retry (true) or releases the key so that a retry runs the handler
@@ -68,6 +81,10 @@ type Config struct {
 	Timeout time.Duration
 	// Hooks observe every protected request.
 	Hooks Hooks
+	// Logger receives the reason of every 500 the middleware answers for
+	// a server misconfiguration ([ProblemMisconfigured]). Defaults to
+	// slog.Default().
+	Logger *slog.Logger
 }
 
 // Defaults of Config.
@@ -103,16 +120,23 @@ type Outcome struct {
 	// ClientGone reports that the client had gone away when the handler
 	// returned.
 	ClientGone bool
+	// Written reports that the handler wrote a status or a body. One that
+	// returned without writing anything after its context ended most
+	// likely gave up before its work was done.
+	Written bool
 }
 
 // FinalDefault stores 2xx and 4xx responses, which a retry of the same
 // request would get again, except 408, 409, 425 and 429, which say "try
-// again". 5xx responses, a timeout and a client that went away release the
-// key: the handler may not have done its work, and the retry runs it.
-// A handler whose failure may have left work done should return 2xx or
-// 4xx, or complete in its own transaction with [Record].
+// again", whether or not the client is still there: once the handler has
+// produced a final response its work is done, and the retry must get that
+// response rather than run it again. 5xx responses release the key, and so
+// does a handler that wrote nothing when its deadline passed or its client
+// went away: it may not have done its work, and the retry runs it. A
+// handler whose failure may have left work done should return 2xx or 4xx,
+// or complete in its own transaction with [Record].
 func FinalDefault(o Outcome) bool {
-	if o.Timeout || o.ClientGone {
+	if (o.Timeout || o.ClientGone) && !o.Written {
 		return false
 	}
 	switch o.Status {
@@ -165,7 +189,9 @@ func (c Config) withDefaults() Config {
 		c.Fingerprint = FingerprintDefault
 	}
 	c.MaxBody = cmp.Or(c.MaxBody, MaxBodyDefault)
-	c.MaxResponse = cmp.Or(c.MaxResponse, MaxResponseDefault)
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
 	if c.Final == nil {
 		c.Final = FinalDefault
 	}
@@ -211,11 +237,39 @@ func New(store request.Store, cfg Config) (*Middleware, error) {
 	if err != nil {
 		return nil, err
 	}
+	if limit := guard.MaxResponse(); cfg.MaxResponse == 0 {
+		cfg.MaxResponse = MaxResponseDefault
+		if limit > 0 {
+			cfg.MaxResponse = min(MaxResponseDefault, limit)
+		}
+	} else if limit > 0 && cfg.MaxResponse > limit {
+		return nil, idemq.NewConfigError(component, "MaxResponse", "%d is over the %d bytes the %T keeps per response; lower it, or use the Postgres store for large responses", cfg.MaxResponse, limit, store)
+	}
+	if err := probeFingerprint(cfg.Fingerprint); err != nil {
+		return nil, err
+	}
 	replay := map[string]bool{}
 	for _, h := range cfg.ReplayHeaders {
 		replay[nethttp.CanonicalHeaderKey(h)] = true
 	}
 	return &Middleware{guard: guard, cfg: cfg, replay: replay}, nil
+}
+
+// probeFingerprint calls fingerprint with an empty POST /, so that one
+// returning more than a digest is refused at startup rather than on every
+// request. A function that needs more of a request than that (it panics)
+// is judged per request.
+func probeFingerprint(fingerprint func(*nethttp.Request, []byte) []byte) (err error) {
+	defer func() {
+		if recover() != nil {
+			err = nil
+		}
+	}()
+	r, _ := nethttp.NewRequestWithContext(context.Background(), nethttp.MethodPost, "/", nethttp.NoBody)
+	if err := request.CheckFingerprint(fingerprint(r, nil)); err != nil {
+		return idemq.NewConfigError(component, "Fingerprint", "%v", err)
+	}
+	return nil
 }
 
 // Response headers the middleware sets.
@@ -290,7 +344,7 @@ func (m *Middleware) serve(w nethttp.ResponseWriter, r *nethttp.Request, next ne
 	}
 	d, err := m.guard.Begin(ctx, ev.ID, m.cfg.Fingerprint(r, body))
 	if err != nil {
-		m.rejectBegin(err, reject)
+		m.rejectBegin(r, err, reject)
 		return
 	}
 	if d.Replay != nil {
@@ -318,10 +372,15 @@ func (m *Middleware) serve(w nethttp.ResponseWriter, r *nethttp.Request, next ne
 }
 
 // rejectBegin answers a Begin error.
-func (m *Middleware) rejectBegin(err error, reject func(request.Result, string, int, error, string, time.Duration)) {
+func (m *Middleware) rejectBegin(r *nethttp.Request, err error, reject func(request.Result, string, int, error, string, time.Duration)) {
 	var conflict *request.ConflictError
 	var inFlight *request.InFlightError
 	switch {
+	case errors.Is(err, request.ErrMisconfigured):
+		m.cfg.Logger.ErrorContext(r.Context(), "idempotency middleware: refused a request with 500: the server's configuration is broken",
+			"err", err, "method", r.Method, "path", r.URL.Path)
+		reject(request.ResultMisconfigured, ProblemMisconfigured, nethttp.StatusInternalServerError, err,
+			"the server could not protect this request because of its own configuration; the request was not run and the operator's log says why", 0)
 	case errors.Is(err, request.ErrInvalidKey):
 		reject(request.ResultRejected, ProblemKeyMalformed, nethttp.StatusBadRequest, err, "", 0)
 	case errors.As(err, &conflict):
@@ -367,7 +426,7 @@ func (m *Middleware) finish(ctx context.Context, r *nethttp.Request, st *state, 
 			return
 		}
 	case m.cfg.Final(Outcome{Status: ev.Status, Timeout: errors.Is(ctx.Err(), context.DeadlineExceeded),
-		ClientGone: errors.Is(r.Context().Err(), context.Canceled)}):
+		ClientGone: errors.Is(r.Context().Err(), context.Canceled), Written: c.status != 0}):
 		ev.Result, err = request.ResultCompleted, a.Complete(m.response(c))
 	default:
 		ev.Result, err = request.ResultReleased, a.Release()
@@ -409,16 +468,31 @@ func (m *Middleware) response(c *capture) request.Response {
 			resp.Header[k] = v
 		}
 	}
-	if !c.overflow {
+	if c.overflow {
+		resp.Omitted = c.size
+	} else {
 		resp.Body = c.body.Bytes()
 	}
 	return resp
 }
 
-// replayRecord answers with a stored response and returns its status.
+// replayRecord answers with a stored response and returns the status
+// sent. A response whose body was not kept is answered with
+// [ProblemResponseNotKept] and its Location, never with an empty body.
 func (m *Middleware) replayRecord(w nethttp.ResponseWriter, rec request.Record) int {
 	resp := rec.Response
 	h := w.Header()
+	if resp.Omitted > 0 {
+		h.Set(HeaderReplayed, "true")
+		h.Set(HeaderExpires, rec.ExpiresAt.UTC().Format(nethttp.TimeFormat))
+		if loc := resp.Header["Location"]; m.replay["Location"] && len(loc) > 0 {
+			h.Set("Location", loc[0])
+		}
+		p := problem{Type: ProblemResponseNotKept, Title: titles[ProblemResponseNotKept], Status: nethttp.StatusGone, Key: rec.Key, OriginalStatus: resp.Status,
+			Detail: fmt.Sprintf("the request with this key ran and answered %d, but its body of %d bytes was over the size kept for replay; do not retry it, read the result another way (see Location, if any)", resp.Status, resp.Omitted)}
+		p.write(w, 0)
+		return p.Status
+	}
 	for k, v := range resp.Header {
 		if m.replay[k] {
 			h[k] = v

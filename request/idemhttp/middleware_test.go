@@ -453,30 +453,45 @@ func TestUnprotected(t *testing.T) {
 	}
 }
 
-// TestOversizedResponse: a response over MaxResponse is sent in full and
-// replayed with its status and headers but no body.
+// TestOversizedResponse: a response over MaxResponse is sent in full, and a
+// retry gets a 410 that says its body was not kept (with the original
+// status and Location), never an empty body passed off as the original.
+// Raised, MaxResponse lets the Postgres store replay a 5 MiB body in full.
 func TestOversizedResponse(t *testing.T) {
 	s := requesttest.OpenPostgres(t)
-	big := strings.Repeat("x", 10_000)
-	var runs atomic.Int64
-	srv := server(t, s, idemhttp.Config{MaxResponse: 1000}, func(w nethttp.ResponseWriter, r *nethttp.Request) {
-		runs.Add(1)
-		w.Header().Set("Location", "/reports/1")
-		w.WriteHeader(nethttp.StatusCreated)
-		for range 10 {
-			_, _ = io.WriteString(w, big[:1000])
-		}
-	})
-	key := quoted(uuid.NewString())
-	if r := post(t, srv.URL, key, "{}"); r.status != nethttp.StatusCreated || r.body != big {
-		t.Fatalf("first: %d, %d bytes", r.status, len(r.body))
-	}
-	r := post(t, srv.URL, key, "{}")
-	if r.status != nethttp.StatusCreated || !r.replayed() || r.body != "" || r.header.Get("Location") != "/reports/1" {
-		t.Fatalf("replay: %d %v %d bytes", r.status, r.header, len(r.body))
-	}
-	if runs.Load() != 1 {
-		t.Fatalf("handler ran %d times", runs.Load())
+	for _, tc := range []struct {
+		name        string
+		maxResponse int
+		size        int
+	}{
+		{"over MaxResponse", 1000, 10_000},
+		{"kept by Postgres", 8 << 20, 5 << 20},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			big := strings.Repeat("x", tc.size)
+			var runs atomic.Int64
+			srv := server(t, s, idemhttp.Config{MaxResponse: tc.maxResponse}, func(w nethttp.ResponseWriter, r *nethttp.Request) {
+				runs.Add(1)
+				w.Header().Set("Location", "/reports/1")
+				w.WriteHeader(nethttp.StatusCreated)
+				for i := 0; i < len(big); i += 1000 {
+					_, _ = io.WriteString(w, big[i:min(i+1000, len(big))])
+				}
+			})
+			key := quoted(uuid.NewString())
+			if r := post(t, srv.URL, key, "{}"); r.status != nethttp.StatusCreated || r.body != big {
+				t.Fatalf("first: %d, %d bytes", r.status, len(r.body))
+			}
+			r := post(t, srv.URL, key, "{}")
+			if tc.size > tc.maxResponse {
+				checkNotKept(t, r)
+			} else if r.status != nethttp.StatusCreated || !r.replayed() || r.body != big {
+				t.Fatalf("replay: %d %v, %d bytes; want the original %d bytes", r.status, r.header, len(r.body), len(big))
+			}
+			if runs.Load() != 1 {
+				t.Fatalf("handler ran %d times", runs.Load())
+			}
+		})
 	}
 }
 

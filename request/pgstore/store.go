@@ -27,6 +27,7 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/inbox"
+	"github.com/idemq/idemq/internal/pgtx"
 	"github.com/idemq/idemq/migrate"
 	"github.com/idemq/idemq/request"
 )
@@ -74,8 +75,8 @@ var _ request.Store = (*Store)(nil)
 // New returns a Store on db (a *pgxpool.Pool); call [Store.Migrate] once
 // before use.
 func New(db inbox.DB, cfg Config) (*Store, error) {
-	if db == nil {
-		return nil, idemq.NewConfigError(component, "db", "is nil")
+	if pgtx.IsNil(db) {
+		return nil, idemq.NewConfigError(component, "db", "is nil (%T); pass a *pgxpool.Pool", db)
 	}
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {

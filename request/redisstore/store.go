@@ -48,6 +48,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/internal/nilcheck"
 	"github.com/idemq/idemq/request"
 )
 
@@ -99,8 +100,8 @@ var _ request.Store = (*Store)(nil)
 // its maxmemory and maxmemory-policy and refuses one that may evict
 // records.
 func New(ctx context.Context, rdb redis.UniversalClient, cfg Config) (*Store, error) {
-	if rdb == nil {
-		return nil, idemq.NewConfigError(component, "rdb", "is nil")
+	if nilcheck.IsNil(rdb) {
+		return nil, idemq.NewConfigError(component, "rdb", "is nil (%T); pass a *redis.Client, *redis.ClusterClient or failover client", rdb)
 	}
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
