@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/internal/nilcheck"
 	"github.com/idemq/idemq/internal/outboxsql"
 	"github.com/idemq/idemq/internal/pgutil"
 	"github.com/idemq/idemq/migrate"
@@ -181,7 +182,7 @@ type Outbox struct {
 // which [Outbox.Enqueue], the dead-letter calls and [Outbox.Migrate] use.
 // It does not touch the database; call Migrate once to create the tables.
 func New(db DB, cfg Config) (*Outbox, error) {
-	if db == nil {
+	if nilcheck.IsNil(db) {
 		return nil, idemq.NewConfigError("outbox", "db", "is nil: New needs a pool or a connection")
 	}
 	cfg = cfg.withDefaults()

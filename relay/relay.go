@@ -18,6 +18,7 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/internal/lifecycle"
+	"github.com/idemq/idemq/internal/nilcheck"
 	"github.com/idemq/idemq/internal/outboxsql"
 	"github.com/idemq/idemq/outbox"
 )
@@ -253,7 +254,7 @@ func New(pool *pgxpool.Pool, ob *outbox.Outbox, sink Sink, cfg Config) (*Relay, 
 		return nil, idemq.NewConfigError("relay", "pool", "is nil")
 	case ob == nil:
 		return nil, idemq.NewConfigError("relay", "outbox", "is nil")
-	case isNil(sink):
+	case nilcheck.IsNil(sink):
 		return nil, idemq.NewConfigError("relay", "sink", "is nil")
 	}
 	cfg = cfg.withDefaults()

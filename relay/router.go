@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/internal/nilcheck"
 	"github.com/idemq/idemq/internal/outboxsql"
 )
 
@@ -65,7 +66,7 @@ func NewRouter() *Router { return &Router{} }
 
 // Route sends messages whose destination is exactly destination to sink.
 func (r *Router) Route(destination string, sink Sink) error {
-	if r == nil || destination == "" || isNil(sink) {
+	if r == nil || destination == "" || nilcheck.IsNil(sink) {
 		return errors.New("relay: Route needs a Router, a destination and a sink")
 	}
 	if _, ok := r.exact[destination]; ok {
@@ -81,7 +82,7 @@ func (r *Router) Route(destination string, sink Sink) error {
 // RoutePrefix sends messages whose destination starts with prefix to sink,
 // unless an exact route or a longer prefix matches.
 func (r *Router) RoutePrefix(prefix string, sink Sink) error {
-	if r == nil || isNil(sink) {
+	if r == nil || nilcheck.IsNil(sink) {
 		return errors.New("relay: RoutePrefix needs a Router and a sink")
 	}
 	for _, p := range r.prefixes {

@@ -61,19 +61,6 @@ func (f SinkFunc) Publish(ctx context.Context, batch []Message) error {
 	return f(ctx, batch)
 }
 
-// isNil reports whether s is nil, a nil SinkFunc or a nil *Router.
-func isNil(s Sink) bool {
-	switch s := s.(type) {
-	case nil:
-		return true
-	case SinkFunc:
-		return s == nil
-	case *Router:
-		return s == nil
-	}
-	return false
-}
-
 // PublishError reports per-message failures of a batch: Failed maps an
 // index of the batch to its error; messages not in Failed were delivered.
 type PublishError struct {

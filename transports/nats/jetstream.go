@@ -17,6 +17,7 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/errtext"
 	"github.com/idemq/idemq/internal/lifecycle"
+	"github.com/idemq/idemq/internal/nilcheck"
 	"github.com/idemq/idemq/transports/internal/inbound"
 )
 
@@ -174,7 +175,7 @@ func NewJetStreamSubscriber(c *consumer.Consumer, cons jetstream.Consumer, js je
 	switch {
 	case c == nil:
 		return nil, idemq.NewConfigError(component, "consumer", "is nil")
-	case cons == nil:
+	case nilcheck.IsNil(cons):
 		return nil, idemq.NewConfigError(component, "cons", "is nil")
 	}
 	info := cons.CachedInfo()
@@ -183,7 +184,7 @@ func NewJetStreamSubscriber(c *consumer.Consumer, cons jetstream.Consumer, js je
 		return nil, idemq.NewConfigError(component, "cons", "the JetStream consumer has no info")
 	case info.Config.AckPolicy != jetstream.AckExplicitPolicy:
 		return nil, idemq.NewConfigError(component, "cons", "consumer %s has AckPolicy %v; idemq needs AckExplicitPolicy", info.Name, info.Config.AckPolicy)
-	case cfg.DeadLetterSubject != "" && js == nil:
+	case cfg.DeadLetterSubject != "" && nilcheck.IsNil(js):
 		return nil, idemq.NewConfigError(component, "DeadLetterSubject", "needs a JetStream to publish with (js is nil)")
 	}
 	ackWait := cmp.Or(info.Config.AckWait, 30*time.Second) // the server's default

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/internal/nilcheck"
 	"github.com/idemq/idemq/relay"
 )
 
@@ -113,7 +114,7 @@ type JetStreamSink struct {
 // jetstream.WithPublishAsyncTimeout if other code shares it, so that no
 // async publish can wait for its acknowledgement forever.
 func NewJetStreamSink(js jetstream.JetStream, cfg SinkConfig) (*JetStreamSink, error) {
-	if js == nil {
+	if nilcheck.IsNil(js) {
 		return nil, idemq.NewConfigError("nats.JetStreamSink", "js", "is nil")
 	}
 	cfg, err := newSinkConfig("nats.JetStreamSink", cfg)
