@@ -67,30 +67,18 @@ func relayCommand() *cli.Command {
 }
 
 func runRelay(ctx context.Context, cmd *cli.Command) error {
-	sc := sinkConfig{Routes: cmd.StringSlice("route"), KafkaBrokers: cmd.StringSlice("kafka-brokers"), NATSURL: cmd.String("nats-url"),
-		Webhooks: cmd.Bool("webhooks"), WebhookAllowNetworks: cmd.StringSlice("webhook-allow-network")}
-	if path := cmd.String("config"); path != "" {
-		file, err := readSinkConfig(path)
-		if err != nil {
-			return err
-		}
-		if !cmd.IsSet("route") {
-			sc.Routes = file.Routes
-		}
-		if !cmd.IsSet("kafka-brokers") {
-			sc.KafkaBrokers = file.KafkaBrokers
-		}
-		if !cmd.IsSet("nats-url") {
-			sc.NATSURL = file.NATSURL
-		}
-		if !cmd.IsSet("webhooks") {
-			sc.Webhooks = file.Webhooks
-		}
-		if !cmd.IsSet("webhook-allow-network") {
-			sc.WebhookAllowNetworks = file.WebhookAllowNetworks
-		}
+	// Every flag is checked before the relay touches the database or a
+	// broker: a typo must not migrate anything, and is a usage error (2)
+	// whether or not the database answers.
+	sc, err := relaySinkConfig(cmd)
+	if err != nil {
+		return err
 	}
-	pool, comps, err := connectComponents(ctx, cmd)
+	plan, err := sc.plan()
+	if err != nil {
+		return err
+	}
+	comps, err := components(cmd)
 	if err != nil {
 		return err
 	}
@@ -98,9 +86,43 @@ func runRelay(ctx context.Context, cmd *cli.Command) error {
 		// The webhook Sink reads the registry: its tables must be current too.
 		comps = append(comps, allComponents(cmd)["webhook"])
 	}
+	pool, err := openPool(cmd)
+	if err != nil {
+		return err
+	}
 	defer pool.Close()
 	ob, _, err := stores(cmd, pool)
 	if err != nil {
+		return err
+	}
+	reg, err := registry(cmd, pool)
+	if err != nil {
+		return err
+	}
+	logger := slog.New(slog.NewJSONHandler(os.Stderr, nil))
+	tel, err := newTelemetry(ctx)
+	if err != nil {
+		return err
+	}
+	defer tel.shutdown() //nolint:errcheck // best effort on exit
+	router := relay.NewRouter() // routed by buildSinks, before Run
+	r, err := relay.New(pool, ob, router, relay.Config{
+		Workers:       cmd.Int("workers"),
+		BatchSize:     cmd.Int("batch-size"),
+		PollInterval:  cmd.Duration("poll-interval"),
+		LeaseTTL:      cmd.Duration("lease-ttl"),
+		ShutdownGrace: cmd.Duration("shutdown-grace"),
+		StatsInterval: cmd.Duration("stats-interval"),
+		ParkFollowers: cmd.Bool("park-followers"),
+		Retry:         idemq.Retry{MaxAttempts: cmd.Int("max-attempts")},
+		Hooks:         tel.RelayHooks(relay.Hooks{}),
+		Logger:        logger,
+	})
+	if err != nil {
+		return configError(err)
+	}
+
+	if err := ping(ctx, cmd, pool); err != nil {
 		return err
 	}
 	if cmd.Bool("migrate") {
@@ -117,37 +139,11 @@ func runRelay(ctx context.Context, cmd *cli.Command) error {
 	if err != nil {
 		return err
 	}
-	reg, err := registry(cmd, pool)
-	if err != nil {
-		return err
-	}
-
-	logger := slog.New(slog.NewJSONHandler(os.Stderr, nil))
-	tel, err := newTelemetry(ctx)
-	if err != nil {
-		return err
-	}
-	defer tel.shutdown() //nolint:errcheck // best effort on exit
-	s, err := buildSinks(sc, reg, tel.Telemetry)
+	s, err := buildSinks(plan, router, reg, tel.Telemetry)
 	if err != nil {
 		return err
 	}
 	defer s.close()
-	r, err := relay.New(pool, ob, s.router, relay.Config{
-		Workers:       cmd.Int("workers"),
-		BatchSize:     cmd.Int("batch-size"),
-		PollInterval:  cmd.Duration("poll-interval"),
-		LeaseTTL:      cmd.Duration("lease-ttl"),
-		ShutdownGrace: cmd.Duration("shutdown-grace"),
-		StatsInterval: cmd.Duration("stats-interval"),
-		ParkFollowers: cmd.Bool("park-followers"),
-		Retry:         idemq.Retry{MaxAttempts: cmd.Int("max-attempts")},
-		Hooks:         tel.RelayHooks(relay.Hooks{}),
-		Logger:        logger,
-	})
-	if err != nil {
-		return configError(err)
-	}
 
 	h := &health{pool: pool, relay: r, comps: comps, schema: schema}
 	if addr := cmd.String("http-addr"); addr != "" {
@@ -165,6 +161,37 @@ func runRelay(ctx context.Context, cmd *cli.Command) error {
 		return fmt.Errorf("relay: %w", err)
 	}
 	return nil
+}
+
+// relaySinkConfig reads the sink flags and, for what they leave unset,
+// the --config file.
+func relaySinkConfig(cmd *cli.Command) (sinkConfig, error) {
+	sc := sinkConfig{Routes: cmd.StringSlice("route"), KafkaBrokers: cmd.StringSlice("kafka-brokers"), NATSURL: cmd.String("nats-url"),
+		Webhooks: cmd.Bool("webhooks"), WebhookAllowNetworks: cmd.StringSlice("webhook-allow-network")}
+	path := cmd.String("config")
+	if path == "" {
+		return sc, nil
+	}
+	file, err := readSinkConfig(path)
+	if err != nil {
+		return sc, err
+	}
+	if !cmd.IsSet("route") {
+		sc.Routes = file.Routes
+	}
+	if !cmd.IsSet("kafka-brokers") {
+		sc.KafkaBrokers = file.KafkaBrokers
+	}
+	if !cmd.IsSet("nats-url") {
+		sc.NATSURL = file.NATSURL
+	}
+	if !cmd.IsSet("webhooks") {
+		sc.Webhooks = file.Webhooks
+	}
+	if !cmd.IsSet("webhook-allow-network") {
+		sc.WebhookAllowNetworks = file.WebhookAllowNetworks
+	}
+	return sc, nil
 }
 
 // health answers /healthz and /readyz.
