@@ -51,7 +51,7 @@ func newApp(stdout, stderr io.Writer) *cli.Command {
 		Commands: []*cli.Command{migrateCommand(), relayCommand(), dlqCommand(), gcCommand(), statsCommand(), webhookCommand(), versionCommand()},
 		// --version prints what the version command does.
 		Version: buildVersion().String(),
-		Action:   groupAction,
+		Action:  groupAction,
 	}
 	markUsageErrors(app)
 	return app

@@ -104,7 +104,7 @@ func runRelay(ctx context.Context, cmd *cli.Command) error {
 	if err != nil {
 		return err
 	}
-	defer tel.shutdown() //nolint:errcheck // best effort on exit
+	defer tel.shutdown()        //nolint:errcheck // best effort on exit
 	router := relay.NewRouter() // routed by buildSinks, before Run
 	r, err := relay.New(pool, ob, router, relay.Config{
 		Workers:       cmd.Int("workers"),
