@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // postgresServerHelp says how to get the binaries [StartPostgres] runs.
@@ -37,6 +39,7 @@ var ErrNoPostgresBinaries = errors.New("testenv: the Postgres server binaries (i
 // do `make test` and `make demo` when nothing answers at the configured
 // address. [PostgresServer.Stop] stops it and removes the directory.
 type PostgresServer struct {
+	bin  string // the directory of initdb and postgres
 	dir  string // temporary directory: data/ and postgres.log
 	port int
 	cmd  *exec.Cmd
@@ -71,8 +74,8 @@ func StartPostgres(ctx context.Context, settings ...string) (*PostgresServer, er
 	if err != nil {
 		return nil, fmt.Errorf("testenv: temporary directory for Postgres: %w", err)
 	}
-	s := &PostgresServer{dir: dir, port: port, done: make(chan struct{})}
-	if err := s.start(ctx, bin, settings); err != nil {
+	s := &PostgresServer{bin: bin, dir: dir, port: port, done: make(chan struct{})}
+	if err := s.start(ctx, settings); err != nil {
 		return nil, errors.Join(err, s.Stop())
 	}
 	return s, nil
@@ -123,13 +126,13 @@ func (s *PostgresServer) Stop() error {
 }
 
 // start runs initdb and then postgres, and waits until it answers.
-func (s *PostgresServer) start(ctx context.Context, bin string, settings []string) error {
+func (s *PostgresServer) start(ctx context.Context, settings []string) error {
 	data := filepath.Join(s.dir, "data")
 	owner, err := unprivilegedOwner(s.dir)
 	if err != nil {
 		return err
 	}
-	initdb := exec.CommandContext(ctx, filepath.Join(bin, "initdb"), "-D", data, "-U", "postgres",
+	initdb := exec.CommandContext(ctx, filepath.Join(s.bin, "initdb"), "-D", data, "-U", "postgres",
 		"-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync")
 	initdb.Dir = s.dir
 	owner(initdb)
@@ -150,7 +153,7 @@ func (s *PostgresServer) start(ctx context.Context, bin string, settings []strin
 	for _, setting := range settings {
 		args = append(args, "-c", setting)
 	}
-	cmd := exec.Command(filepath.Join(bin, "postgres"), args...)
+	cmd := exec.Command(filepath.Join(s.bin, "postgres"), args...)
 	cmd.Dir, cmd.Stdout, cmd.Stderr = s.dir, log, log
 	owner(cmd)
 	if err := cmd.Start(); err != nil {
@@ -223,4 +226,45 @@ func majorVersion(binDir string) int {
 func isExecutable(path string) bool {
 	info, err := os.Stat(path)
 	return err == nil && !info.IsDir() && info.Mode()&0o111 != 0
+}
+
+// EnsurePostgres makes sure a Postgres server answers at [DatabaseURL], for
+// `make test`, `make demo` and programs like them. When something answers
+// at the configured address it does nothing. When nothing does (Postgres
+// installed but not running, or not on 127.0.0.1:5432), it starts a
+// private server ([StartPostgres]), points IDEMQ_TEST_DATABASE_URL at it
+// for this process and the processes it starts, and says so in one line on
+// w. stop stops that server and removes its directory.
+func EnsurePostgres(ctx context.Context, w io.Writer) (stop func() error, err error) {
+	addr, network, err := postgresAddr(DatabaseURL())
+	if err != nil {
+		return nil, err
+	}
+	if c, err := net.DialTimeout(network, addr, 2*time.Second); err == nil {
+		return func() error { return nil }, c.Close()
+	}
+	s, err := StartPostgres(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("testenv: nothing answers at %s and no private Postgres could be started: %w", addr, err)
+	}
+	if err := os.Setenv("IDEMQ_TEST_DATABASE_URL", s.URL()); err != nil {
+		return nil, errors.Join(err, s.Stop())
+	}
+	fmt.Fprintf(w, "testenv: nothing answers at %s; using a private Postgres on 127.0.0.1:%d from %s, removed at exit\n",
+		addr, s.port, s.bin)
+	return s.Stop, nil
+}
+
+// postgresAddr returns the address a connection string's first host
+// names: host:port over TCP, or a Unix socket path.
+func postgresAddr(connString string) (addr, network string, err error) {
+	cfg, err := pgconn.ParseConfig(connString)
+	if err != nil {
+		return "", "", fmt.Errorf("testenv: IDEMQ_TEST_DATABASE_URL: %w", err)
+	}
+	port := strconv.Itoa(int(cfg.Port))
+	if strings.HasPrefix(cfg.Host, "/") {
+		return filepath.Join(cfg.Host, ".s.PGSQL."+port), "unix", nil
+	}
+	return net.JoinHostPort(cfg.Host, port), "tcp", nil
 }

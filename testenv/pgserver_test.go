@@ -1,8 +1,10 @@
 package testenv
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -66,5 +68,55 @@ func TestPostgresBinariesMissingSaysWhatToInstall(t *testing.T) {
 		t.Fatalf("this machine's Postgres server binaries: %v", err)
 	} else if !isExecutable(dir + "/postgres") {
 		t.Fatalf("postgresBinDir = %s, which has no postgres", dir)
+	}
+}
+
+// TestEnsurePostgresStartsAPrivateServerWhenNothingAnswers: with nothing at
+// the configured address, EnsurePostgres starts a private server, says so
+// in one line, and points DatabaseURL at it until stop removes it.
+func TestEnsurePostgresStartsAPrivateServerWhenNothingAnswers(t *testing.T) {
+	port, err := freePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("IDEMQ_TEST_DATABASE_URL", fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port))
+	var out bytes.Buffer
+	stop, err := EnsurePostgres(context.Background(), &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lines := strings.Count(out.String(), "\n"); lines != 1 || !strings.Contains(out.String(), fmt.Sprintf("nothing answers at 127.0.0.1:%d; using a private Postgres", port)) {
+		t.Errorf("EnsurePostgres said %q, want one line about the private server", out.String())
+	}
+	connString, drop, err := CreateDatabase(context.Background(), "idemq_ensure")
+	if err != nil {
+		t.Fatalf("CreateDatabase on the private server: %v", err)
+	}
+	if err := drop(); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(connString, fmt.Sprint(port)) {
+		t.Errorf("database %s is on the address that did not answer", connString)
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pgx.Connect(context.Background(), DatabaseURL()); err == nil {
+		t.Error("the private server still answers after stop")
+	}
+}
+
+// TestEnsurePostgresKeepsAServerThatAnswers: with the configured server
+// up, EnsurePostgres changes and prints nothing.
+func TestEnsurePostgresKeepsAServerThatAnswers(t *testing.T) {
+	before := DatabaseURL()
+	var out bytes.Buffer
+	stop, err := EnsurePostgres(context.Background(), &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	if out.Len() != 0 || DatabaseURL() != before {
+		t.Errorf("EnsurePostgres with %s up: said %q, DatabaseURL %s", redact(before), out.String(), redact(DatabaseURL()))
 	}
 }
