@@ -85,6 +85,8 @@ func TestDLQPurgeNeedsAFilterOrAll(t *testing.T) {
 		{"dlq", "purge", "--inbox"},
 		{"dlq", "purge", "--inbox", "--conflicts"},
 		{"dlq", "purge", "--limit", "1"},
+		{"dlq", "purge", "--destination", "payments", "--limit", "0"}, // 0 would be no limit
+		{"dlq", "replay", "--inbox", "--limit", "-1"},
 		{"dlq", "purge", "--all", "--destination", "emails"},
 		{"dlq", "replay", "--all", "--destination", "emails"},
 	} {
@@ -176,7 +178,11 @@ func TestRelayChecksItsFlagsBeforeTouchingTheDatabase(t *testing.T) {
 		{"bad network", "--webhook-allow-network", []string{"--webhooks", "--webhook-allow-network", "10.0.0.0/33"}},
 		{"lease of 1ns", "LeaseTTL", append([]string{"--route", "orders=nats", "--lease-ttl", "1ns"}, nats...)},
 		{"lease of 2ns", "LeaseTTL", append([]string{"--route", "orders=nats", "--lease-ttl", "2ns"}, nats...)},
-		{"negative poll interval", "PollInterval", append([]string{"--route", "orders=nats", "--poll-interval", "-1s"}, nats...)},
+		{"negative poll interval", "--poll-interval", append([]string{"--route", "orders=nats", "--poll-interval", "-1s"}, nats...)},
+		{"no shutdown grace (would be the default 10s)", "--shutdown-grace", append([]string{"--route", "orders=nats", "--shutdown-grace", "0s"}, nats...)},
+		{"zero attempts (would be the default 10)", "--max-attempts", append([]string{"--route", "orders=nats", "--max-attempts", "0"}, nats...)},
+		{"zero workers", "--workers", append([]string{"--route", "orders=nats", "--workers", "0"}, nats...)},
+		{"zero lease", "--lease-ttl", append([]string{"--route", "orders=nats", "--lease-ttl", "0s"}, nats...)},
 		{"config with a second object", "want one JSON object", []string{"--config", badConfig}},
 	} {
 		args := append([]string{"relay", "--migrate"}, tc.args...)

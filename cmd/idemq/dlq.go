@@ -77,7 +77,10 @@ func outboxFilter(cmd *cli.Command) (outbox.DeadFilter, error) {
 		Destination:       cmd.String("destination"),
 		DestinationPrefix: cmd.String("destination-prefix"),
 		Key:               cmd.String("key"),
-		Limit:             cmd.Int("limit"),
+	}
+	var err error
+	if f.Limit, err = limitFlag(cmd); err != nil {
+		return f, err
 	}
 	for _, s := range cmd.StringSlice("id") {
 		id, err := uuid.Parse(s)
@@ -86,10 +89,6 @@ func outboxFilter(cmd *cli.Command) (outbox.DeadFilter, error) {
 		}
 		f.IDs = append(f.IDs, id)
 	}
-	if f.Limit < 0 {
-		return f, usageError("--limit must not be negative")
-	}
-	var err error
 	f.FailedBefore, f.FailedAfter, err = failedWindow(cmd)
 	return f, err
 }
@@ -272,6 +271,15 @@ func confirm(cmd *cli.Command, question string) bool {
 		return true
 	}
 	return false
+}
+
+// limitFlag reads --limit. Zero means no limit to the stores (or 100 for
+// a list), so an explicit --limit 0 is refused rather than taken as "all".
+func limitFlag(cmd *cli.Command) (int, error) {
+	if n := cmd.Int("limit"); cmd.IsSet("limit") && n <= 0 {
+		return 0, usageError("--limit %d: want a positive number (leave it out for no limit, or 100 for list)", n)
+	}
+	return cmd.Int("limit"), nil
 }
 
 // failedWindow reads --older-than and --newer-than as the times dead

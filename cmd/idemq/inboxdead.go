@@ -30,11 +30,11 @@ func inboxFilter(cmd *cli.Command) (inbox.DeadFilter, error) {
 			return inbox.DeadFilter{}, usageError("--%s selects outbox dead letters: drop --inbox", f)
 		}
 	}
-	f := inbox.DeadFilter{Scope: cmd.String("scope"), Key: cmd.String("key"), Limit: cmd.Int("limit")}
-	if f.Limit < 0 {
-		return f, usageError("--limit must not be negative")
-	}
+	f := inbox.DeadFilter{Scope: cmd.String("scope"), Key: cmd.String("key")}
 	var err error
+	if f.Limit, err = limitFlag(cmd); err != nil {
+		return f, err
+	}
 	f.FailedBefore, f.FailedAfter, err = failedWindow(cmd)
 	return f, err
 }

@@ -78,6 +78,9 @@ func runRelay(ctx context.Context, cmd *cli.Command) error {
 	if err != nil {
 		return err
 	}
+	if err := explicitZeros(cmd); err != nil {
+		return err
+	}
 	comps, err := components(cmd)
 	if err != nil {
 		return err
@@ -159,6 +162,23 @@ func runRelay(ctx context.Context, cmd *cli.Command) error {
 	h.running.Store(false)
 	if err != nil {
 		return fmt.Errorf("relay: %w", err)
+	}
+	return nil
+}
+
+// explicitZeros refuses a relay flag given as 0 (or less): relay.Config
+// takes zero for its default, so --shutdown-grace 0 would silently be 10
+// seconds, and --max-attempts 0 ten attempts.
+func explicitZeros(cmd *cli.Command) error {
+	for _, name := range []string{"workers", "batch-size", "max-attempts"} {
+		if cmd.IsSet(name) && cmd.Int(name) <= 0 {
+			return usageError("--%s %d: want a positive number (leave it out for the default)", name, cmd.Int(name))
+		}
+	}
+	for _, name := range []string{"poll-interval", "lease-ttl", "shutdown-grace", "stats-interval"} {
+		if cmd.IsSet(name) && cmd.Duration(name) <= 0 {
+			return usageError("--%s %v: want a positive duration (leave it out for the default)", name, cmd.Duration(name))
+		}
 	}
 	return nil
 }
