@@ -40,11 +40,7 @@ func deadLetters(t *testing.T, dests ...string) (url string, ob *outbox.Outbox, 
 // deadCount is the number of outbox dead letters.
 func deadCount(t *testing.T, ob *outbox.Outbox) int64 {
 	t.Helper()
-	s, err := ob.Stats(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s.Dead
+	return outboxStats(t, ob).Dead
 }
 
 // TestDLQNegativeAgeIsAUsageError: a negative (or zero) --older-than or
