@@ -122,7 +122,7 @@ func runRelay(ctx context.Context, cmd *cli.Command) error {
 		Logger:        logger,
 	})
 	if err != nil {
-		return configError(err)
+		return relayConfigError(err)
 	}
 
 	if err := ping(ctx, cmd, pool); err != nil {
@@ -164,6 +164,19 @@ func runRelay(ctx context.Context, cmd *cli.Command) error {
 		return fmt.Errorf("relay: %w", err)
 	}
 	return nil
+}
+
+// relayFlags names the flag of each relay.Config field the relay sets.
+var relayFlags = map[string]string{"Workers": "workers", "BatchSize": "batch-size", "PollInterval": "poll-interval",
+	"LeaseTTL": "lease-ttl", "ShutdownGrace": "shutdown-grace", "StatsInterval": "stats-interval", "Retry.MaxAttempts": "max-attempts"}
+
+// relayConfigError is configError naming the flag, not the Go field, of a
+// value relay.New refused.
+func relayConfigError(err error) error {
+	if ce, ok := errors.AsType[*idemq.ConfigError](err); ok && relayFlags[ce.Field] != "" {
+		return usageError("--%s: %s", relayFlags[ce.Field], ce.Reason)
+	}
+	return configError(err)
 }
 
 // explicitZeros refuses a relay flag given as 0 (or less): relay.Config
