@@ -156,6 +156,7 @@ func (s *PostgresServer) start(ctx context.Context, settings []string) error {
 	cmd := exec.Command(filepath.Join(s.bin, "postgres"), args...)
 	cmd.Dir, cmd.Stdout, cmd.Stderr = s.dir, log, log
 	owner(cmd)
+	dieWithParent(cmd)
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("testenv: start postgres: %w", err)
 	}
