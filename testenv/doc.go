@@ -19,6 +19,11 @@
 // Outage tests get servers of their own to stop and start again:
 // [StartRedis] (a redis-server process), [StartDynalite] and [NewProxy] (a
 // TCP forwarder that refuses connections while stopped, for Postgres).
+// Tests that need Postgres server settings of their own
+// (max_prepared_transactions, ...) start a private server from the
+// machine's Postgres binaries with [PrivatePostgres]; [EnsurePostgres]
+// starts one for `make test` and `make demo` when nothing answers at
+// IDEMQ_TEST_DATABASE_URL.
 //
 // A missing server fails the test with a message that says how to start it;
 // nothing is ever skipped silently.
