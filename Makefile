@@ -4,12 +4,20 @@ BENCHTIME ?= 2s
 SOAK_MESSAGES ?= 100000
 SOAK_INTERVAL ?= 1500ms
 
-.PHONY: demo test soak bench bench-peers lint pgbouncer
+.PHONY: demo test test-suite soak bench bench-peers lint pgbouncer
 
-demo: ## run the end-to-end demo on the local Postgres
+# Both use the Postgres at IDEMQ_TEST_DATABASE_URL (default 127.0.0.1:5432)
+# and, when nothing answers there, a private server started from the
+# machine's Postgres binaries and removed at exit.
+demo: ## run the end-to-end demo
 	$(GO) run ./examples/orders
 
 test: testenv/node_modules pgbouncer ## run the whole suite against real servers (race detector on)
+	$(GO) run ./testenv/withpostgres $(MAKE) --no-print-directory test-suite
+
+# test-suite is test's body, run by testenv/withpostgres with a Postgres to
+# talk to.
+test-suite:
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 20m ./...
 	cd cmd/idemq && $(GO) vet ./... && $(GO) test -race -count=1 -timeout 10m ./...

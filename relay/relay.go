@@ -133,7 +133,16 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
+// LeaseTTLMin is the shortest [Config.LeaseTTL] accepted. Workers beat
+// every LeaseTTL/3 and rebalance every LeaseTTL/10; a shorter lease would
+// make the heartbeat the relay's main load, lose partitions to any pause,
+// and below a microsecond be stored as no lease at all.
+const LeaseTTLMin = 100 * time.Millisecond
+
 func (c Config) validate() error {
+	if c.LeaseTTL < LeaseTTLMin {
+		return idemq.NewConfigError("relay", "LeaseTTL", "%v is below the minimum of %v", c.LeaseTTL, LeaseTTLMin)
+	}
 	for _, f := range []struct {
 		name string
 		v    int64
@@ -142,7 +151,6 @@ func (c Config) validate() error {
 		{"Workers", int64(c.Workers)},
 		{"PollInterval", int64(c.PollInterval)},
 		{"RescanInterval", int64(c.RescanInterval)},
-		{"LeaseTTL", int64(c.LeaseTTL)},
 		{"PublishTimeout", int64(c.PublishTimeout)},
 		{"ShutdownGrace", int64(c.ShutdownGrace)},
 		{"StatsInterval", int64(c.StatsInterval)},
@@ -306,6 +314,9 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	defer end()
 	if err := r.preflight(ctx); err != nil {
+		if ctx.Err() != nil { // stopped before it started: a clean stop
+			return nil
+		}
 		return err
 	}
 	// fatal ends the run for every goroutine when the tables vanish or the

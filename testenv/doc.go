@@ -22,6 +22,11 @@
 // [PgBouncer] puts a pgbouncer of the test's own (transaction mode) in
 // front of a test database, for the pooler tests. [Logs] keeps what a
 // component logged, for tests of its log lines.
+// Tests that need Postgres server settings of their own
+// (max_prepared_transactions, ...) start a private server from the
+// machine's Postgres binaries with [PrivatePostgres]; [EnsurePostgres]
+// starts one for `make test` and `make demo` when nothing answers at
+// IDEMQ_TEST_DATABASE_URL.
 //
 // A missing server fails the test with a message that says how to start it;
 // nothing is ever skipped silently.

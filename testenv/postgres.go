@@ -21,6 +21,8 @@ const DefaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=
 
 const postgresHelp = `start it with
 	pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start
+or run through make test / make demo (or go run ./testenv/withpostgres CMD), which
+start a private server from the machine's Postgres binaries when none answers,
 or point IDEMQ_TEST_DATABASE_URL at a server where the user may CREATE DATABASE`
 
 // DatabaseURL returns the admin connection string tests create databases with.

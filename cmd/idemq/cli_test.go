@@ -204,7 +204,7 @@ func TestDeadLettersRoundTrip(t *testing.T) {
 	if shown.ID.String() != ids[3] || shown.PayloadText == nil || *shown.PayloadText != `{"n":3}` || !strings.Contains(shown.LastError, "refused") {
 		t.Errorf("dlq show: %+v", shown)
 	}
-	if out := mustRun(t, url, "dlq", "list"); !strings.Contains(out, "5 dead letters") || !strings.Contains(out, "refused") {
+	if out := mustRun(t, url, "dlq", "list"); !strings.Contains(out, "5 outbox dead letters") || !strings.Contains(out, "refused") {
 		t.Errorf("dlq list table:\n%s", out)
 	}
 	wantCode(t, url, exitNotFound, "dlq", "show", uuid.Must(uuid.NewV7()).String())

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/urfave/cli/v3"
 
@@ -13,32 +14,57 @@ import (
 	"github.com/idemq/idemq/outbox"
 )
 
-const defaultConnectTimeout = 10 * time.Second
+const (
+	defaultConnectTimeout = 10 * time.Second
+	// minConnectTimeout is the shortest --connect-timeout accepted: a
+	// shorter one (1ns) reports every database as unreachable.
+	minConnectTimeout = 100 * time.Millisecond
+)
 
 // connect opens a pool on the configured database and checks that it
-// answers. The connection string goes through pgx's own parser, so an empty
-// one means the libpq environment (PGHOST, PGUSER, ...) and defaults.
+// answers.
 func connect(ctx context.Context, cmd *cli.Command) (*pgxpool.Pool, error) {
+	pool, err := openPool(cmd)
+	if err != nil {
+		return nil, err
+	}
+	if err := ping(ctx, cmd, pool); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return pool, nil
+}
+
+// openPool returns a pool on the configured database without reaching it,
+// so that commands can check all their flags before they touch anything.
+// The connection string goes through pgx's own parser, so an empty one
+// means the libpq environment (PGHOST, PGUSER, ...) and defaults.
+func openPool(cmd *cli.Command) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(cmd.String(flagDatabaseURL))
 	if err != nil {
 		return nil, usageError("--%s: %v", flagDatabaseURL, err)
 	}
 	timeout := cmd.Duration(flagConnectTimeout)
-	if timeout <= 0 {
-		return nil, usageError("--%s must be positive, got %v", flagConnectTimeout, timeout)
+	if timeout < minConnectTimeout {
+		return nil, usageError("--%s %v: want at least %v", flagConnectTimeout, timeout, minConnectTimeout)
 	}
 	cfg.ConnConfig.ConnectTimeout = timeout
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		return nil, usageError("database configuration: %v", err)
 	}
-	pingCtx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	if err := pool.Ping(pingCtx); err != nil {
-		pool.Close()
-		return nil, withCode(exitUnreachable, "database %s:%d unreachable: %w", cfg.ConnConfig.Host, cfg.ConnConfig.Port, err)
-	}
 	return pool, nil
+}
+
+// ping checks that the pool's database answers within --connect-timeout.
+func ping(ctx context.Context, cmd *cli.Command, pool *pgxpool.Pool) error {
+	ctx, cancel := context.WithTimeout(ctx, cmd.Duration(flagConnectTimeout))
+	defer cancel()
+	if err := pool.Ping(ctx); err != nil {
+		cc := pool.Config().ConnConfig
+		return withCode(exitUnreachable, "database %s:%d unreachable: %w", cc.Host, cc.Port, err)
+	}
+	return nil
 }
 
 // stores builds the outbox and inbox from the table flags on db.
@@ -61,4 +87,26 @@ func configError(err error) error {
 		return usageError("%w", err)
 	}
 	return err
+}
+
+// missingTable returns Postgres's message when err says a table or schema
+// does not exist: the migrations did not run (or ran with other --schema
+// or table flags).
+func missingTable(err error) (message string, ok bool) {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000") { // undefined_table, invalid_schema_name
+		return pgErr.Message, true
+	}
+	return "", false
+}
+
+// notMigrated turns a missing table, wherever a command met it, into an
+// error that says to migrate, with exit code 4.
+func notMigrated(err error) error {
+	msg, ok := missingTable(err)
+	if !ok || exitCode(err) != exitFailure {
+		return err
+	}
+	return withCode(exitPending, "the idemq tables are not there (%s): run `idemq migrate` with the same --schema and table flags "+
+		"(`idemq migrate --components webhook` for the webhook tables)", msg)
 }

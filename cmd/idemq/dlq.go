@@ -1,13 +1,19 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"fmt"
+	"os"
+	"slices"
+	"strings"
 	"time"
 	"unicode/utf8"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/urfave/cli/v3"
+	"golang.org/x/term"
 
 	"github.com/idemq/idemq/outbox"
 )
@@ -27,6 +33,17 @@ func dlqFlags() []cli.Flag {
 	}
 }
 
+// moveFlags are the flags of replay and, with purge, of purge.
+func moveFlags(purge bool) []cli.Flag {
+	flags := append(dlqFlags(),
+		&cli.BoolFlag{Name: "all", Usage: "every dead letter (purge: required when no filter is given)"},
+		&cli.BoolFlag{Name: "dry-run", Usage: "print what would change, and change nothing"})
+	if purge {
+		flags = append(flags, &cli.BoolFlag{Name: "yes", Usage: "purge without asking, also on a terminal"})
+	}
+	return flags
+}
+
 func dlqCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "dlq",
@@ -35,14 +52,16 @@ func dlqCommand() *cli.Command {
 			"place in their key's order). With --inbox, the consumers' dead letters: replay releases them so that the\n" +
 			"next delivery of the message is applied again; purge forgets them. --inbox --conflicts does the same for\n" +
 			"messages refused because their key was applied with another payload. Replay and purge exit 5 when a\n" +
-			"--destination, --scope or --id matches no dead letter.",
+			"--destination, --scope or --id matches no dead letter, and then change nothing. Purge needs a filter or --all;\n" +
+			"on a terminal it prints the count and the filter and asks first (--yes does not ask). --dry-run prints what\n" +
+			"would be replayed or purged and changes nothing. Ages (--older-than, --newer-than) must be positive.",
 		Action: groupAction,
 		Commands: []*cli.Command{
 			{Name: "list", Usage: "list dead letters, oldest first", Flags: dlqFlags(), Action: dlqList},
 			{Name: "show", Usage: "show one dead letter with its payload", ArgsUsage: "ID (outbox) | SCOPE KEY (--inbox)",
 				Flags: dlqFlags(), Action: dlqShow},
-			{Name: "replay", Usage: "put dead letters back for another attempt", Flags: dlqFlags(), Action: dlqMove(false)},
-			{Name: "purge", Usage: "delete dead letters", Flags: dlqFlags(), Action: dlqMove(true)},
+			{Name: "replay", Usage: "put dead letters back for another attempt", Flags: moveFlags(false), Action: dlqMove(false)},
+			{Name: "purge", Usage: "delete dead letters (a filter or --all is required)", Flags: moveFlags(true), Action: dlqMove(true)},
 		},
 	}
 }
@@ -58,7 +77,10 @@ func outboxFilter(cmd *cli.Command) (outbox.DeadFilter, error) {
 		Destination:       cmd.String("destination"),
 		DestinationPrefix: cmd.String("destination-prefix"),
 		Key:               cmd.String("key"),
-		Limit:             cmd.Int("limit"),
+	}
+	var err error
+	if f.Limit, err = limitFlag(cmd); err != nil {
+		return f, err
 	}
 	for _, s := range cmd.StringSlice("id") {
 		id, err := uuid.Parse(s)
@@ -67,16 +89,8 @@ func outboxFilter(cmd *cli.Command) (outbox.DeadFilter, error) {
 		}
 		f.IDs = append(f.IDs, id)
 	}
-	if d := cmd.Duration("older-than"); d > 0 {
-		f.FailedBefore = time.Now().Add(-d)
-	}
-	if d := cmd.Duration("newer-than"); d > 0 {
-		f.FailedAfter = time.Now().Add(-d)
-	}
-	if f.Limit < 0 {
-		return f, usageError("--limit must not be negative")
-	}
-	return f, nil
+	f.FailedBefore, f.FailedAfter, err = failedWindow(cmd)
+	return f, err
 }
 
 // deadLetterJSON is an outbox dead letter as the dlq commands print it:
@@ -95,28 +109,18 @@ type deadLetterJSON struct {
 }
 
 func dlqList(ctx context.Context, cmd *cli.Command) error {
-	if cmd.Bool("inbox") {
-		return inboxDeadList(ctx, cmd)
-	}
-	f, err := outboxFilter(cmd)
-	if err != nil {
-		return err
-	}
-	ob, done, err := openOutbox(ctx, cmd)
+	set, done, err := openDeadSet(ctx, cmd)
 	if err != nil {
 		return err
 	}
 	defer done()
-	dead, err := ob.DeadLetters(ctx, f)
+	rows, human, n, err := set.list(ctx)
 	if err != nil {
 		return err
 	}
-	return output(cmd, jsonDead(dead), func(t *table) {
-		t.header("ID", "DESTINATION", "KEY", "ATTEMPTS", "FAILED", "ERROR")
-		for _, d := range dead {
-			t.row(d.ID.String(), d.Destination, d.Key, fmt.Sprint(d.Attempts), age(d.FailedAt)+" ago", clip(d.LastError, 80))
-		}
-		t.note("%d dead letters", len(dead))
+	return output(cmd, rows, func(t *table) {
+		human(t)
+		t.note("%d %s", n, set.noun())
 	})
 }
 
@@ -171,43 +175,129 @@ func dlqShow(ctx context.Context, cmd *cli.Command) error {
 	})
 }
 
-// dlqMove replays (purge false) or purges the selected dead letters.
+// filterFlags are the dlq flags that narrow a selection; purge without any
+// of them needs --all.
+var filterFlags = []string{"destination", "destination-prefix", "scope", "key", "id", "older-than", "newer-than"}
+
+// dlqMove replays (purge false) or purges the selected dead letters. It
+// changes nothing when an --id names no dead letter; with --dry-run it
+// lists what would be moved; a purge asks first on a terminal.
 func dlqMove(purge bool) cli.ActionFunc {
 	verb := map[bool]string{false: "replayed", true: "purged"}[purge]
 	return func(ctx context.Context, cmd *cli.Command) error {
-		var (
-			n   int64
-			err error
-		)
-		if cmd.Bool("inbox") {
-			n, err = inboxDeadMove(ctx, cmd, purge)
-		} else {
-			n, err = outboxDeadMove(ctx, cmd, purge)
+		filtered := slices.ContainsFunc(filterFlags, cmd.IsSet)
+		switch {
+		case purge && !filtered && !cmd.Bool("all"):
+			return usageError("dlq purge without a filter would delete every dead letter: give a filter (--%s) or --all",
+				strings.Join(filterFlags, ", --"))
+		case cmd.Bool("all") && filtered:
+			return usageError("--all selects every dead letter: drop it or the filters")
 		}
+		set, done, err := openDeadSet(ctx, cmd)
 		if err != nil {
 			return err
 		}
-		if n == 0 && (cmd.IsSet("destination") || cmd.IsSet("scope") || cmd.IsSet("id")) {
+		defer done()
+		if err := set.checkIDs(ctx); err != nil {
+			return err
+		}
+		// Count in a transaction that is rolled back: the count is what
+		// the move would do, and nothing stays locked while a person reads.
+		var n int64
+		countedAt, err := set.rehearse(ctx, func(tx pgx.Tx) (err error) {
+			n, err = set.move(ctx, tx, purge)
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		if n == 0 && slices.ContainsFunc([]string{"destination", "scope", "id"}, cmd.IsSet) {
 			return withCode(exitNotFound, "no dead letter matches the given --destination, --scope or --id")
 		}
-		return output(cmd, map[string]int64{verb: n}, func(t *table) { t.note("%s %d dead letters", verb, n) })
+		if cmd.Bool("dry-run") {
+			return set.dryRun(ctx, verb, n)
+		}
+		if purge && n > 0 && !cmd.Bool("yes") && term.IsTerminal(int(os.Stdin.Fd())) {
+			if !confirm(cmd, fmt.Sprintf("purge %d %s %s?", n, set.noun(), describeFilter(cmd))) {
+				return withCode(exitFailure, "nothing purged: not confirmed (--yes skips the question)")
+			}
+			// Only what was counted: dead letters that failed since are
+			// left for another look.
+			set.failedBefore(countedAt)
+		}
+		err = pgx.BeginFunc(ctx, set.pool, func(tx pgx.Tx) (err error) {
+			n, err = set.move(ctx, tx, purge)
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		return output(cmd, map[string]int64{verb: n}, func(t *table) { t.note("%s %d %s", verb, n, set.noun()) })
 	}
 }
 
-func outboxDeadMove(ctx context.Context, cmd *cli.Command, purge bool) (int64, error) {
-	f, err := outboxFilter(cmd)
-	if err != nil {
-		return 0, err
+// describeFilter says in words which dead letters the flags select.
+func describeFilter(cmd *cli.Command) string {
+	var parts []string
+	for _, name := range filterFlags {
+		if !cmd.IsSet(name) {
+			continue
+		}
+		switch name {
+		case "id":
+			parts = append(parts, "--id "+strings.Join(cmd.StringSlice(name), " --id "))
+		case "older-than", "newer-than":
+			parts = append(parts, "--"+name+" "+cmd.Duration(name).String())
+		default:
+			parts = append(parts, fmt.Sprintf("--%s %q", name, cmd.String(name)))
+		}
 	}
-	ob, done, err := openOutbox(ctx, cmd)
-	if err != nil {
-		return 0, err
+	if limit := cmd.Int("limit"); limit > 0 {
+		parts = append(parts, fmt.Sprintf("--limit %d", limit))
 	}
-	defer done()
-	if purge {
-		return ob.Purge(ctx, f)
+	if len(parts) == 0 {
+		return "(all of them)"
 	}
-	return ob.Replay(ctx, f)
+	return "matching " + strings.Join(parts, " ")
+}
+
+// confirm asks question on stderr and reads the answer from stdin: true
+// for y or yes.
+func confirm(cmd *cli.Command, question string) bool {
+	fmt.Fprintf(cmd.Root().ErrWriter, "%s [y/N] ", question)
+	answer, _ := bufio.NewReader(os.Stdin).ReadString('\n')
+	switch strings.ToLower(strings.TrimSpace(answer)) {
+	case "y", "yes":
+		return true
+	}
+	return false
+}
+
+// limitFlag reads --limit. Zero means no limit to the stores (or 100 for
+// a list), so an explicit --limit 0 is refused rather than taken as "all".
+func limitFlag(cmd *cli.Command) (int, error) {
+	if n := cmd.Int("limit"); cmd.IsSet("limit") && n <= 0 {
+		return 0, usageError("--limit %d: want a positive number (leave it out for no limit, or 100 for list)", n)
+	}
+	return cmd.Int("limit"), nil
+}
+
+// failedWindow reads --older-than and --newer-than as the times dead
+// letters failed before and after. An age must be positive: a negative one
+// used to be dropped, which selected every dead letter.
+func failedWindow(cmd *cli.Command) (before, after time.Time, err error) {
+	now := time.Now()
+	for name, at := range map[string]*time.Time{"older-than": &before, "newer-than": &after} {
+		if !cmd.IsSet(name) {
+			continue
+		}
+		d := cmd.Duration(name)
+		if d <= 0 {
+			return before, after, usageError("--%s %v: want a positive age, e.g. 24h", name, d)
+		}
+		*at = now.Add(-d)
+	}
+	return before, after, nil
 }
 
 // openOutbox connects and returns the outbox; done closes the pool.

@@ -249,9 +249,15 @@ func database(t *testing.T) (string, *pgxpool.Pool, *outbox.Outbox) {
 // pending returns the outbox's pending count.
 func pending(t *testing.T, ob *outbox.Outbox) int64 {
 	t.Helper()
+	return outboxStats(t, ob).Pending
+}
+
+// outboxStats returns the outbox's counts.
+func outboxStats(t *testing.T, ob *outbox.Outbox) outbox.Stats {
+	t.Helper()
 	s, err := ob.Stats(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	return s.Pending
+	return s
 }

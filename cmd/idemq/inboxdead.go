@@ -23,23 +23,28 @@ type inboxDead struct {
 	FailedAt  time.Time `json:"failed_at"` // conflicts: last seen
 }
 
+// inboxFilter reads the filter flags for inbox dead letters.
+func inboxFilter(cmd *cli.Command) (inbox.DeadFilter, error) {
+	for _, f := range []string{"destination", "destination-prefix", "id"} {
+		if cmd.IsSet(f) {
+			return inbox.DeadFilter{}, usageError("--%s selects outbox dead letters: drop --inbox", f)
+		}
+	}
+	f := inbox.DeadFilter{Scope: cmd.String("scope"), Key: cmd.String("key")}
+	var err error
+	if f.Limit, err = limitFlag(cmd); err != nil {
+		return f, err
+	}
+	f.FailedBefore, f.FailedAfter, err = failedWindow(cmd)
+	return f, err
+}
+
 // openInbox connects and returns the inbox and the filter the flags select;
 // done closes the pool.
 func openInbox(ctx context.Context, cmd *cli.Command) (*inbox.Store, inbox.DeadFilter, func(), error) {
-	for _, f := range []string{"destination", "destination-prefix", "id"} {
-		if cmd.IsSet(f) {
-			return nil, inbox.DeadFilter{}, nil, usageError("--%s selects outbox dead letters: drop --inbox", f)
-		}
-	}
-	f := inbox.DeadFilter{Scope: cmd.String("scope"), Key: cmd.String("key"), Limit: cmd.Int("limit")}
-	if f.Limit < 0 {
-		return nil, f, nil, usageError("--limit must not be negative")
-	}
-	if d := cmd.Duration("older-than"); d > 0 {
-		f.FailedBefore = time.Now().Add(-d)
-	}
-	if d := cmd.Duration("newer-than"); d > 0 {
-		f.FailedAfter = time.Now().Add(-d)
+	f, err := inboxFilter(cmd)
+	if err != nil {
+		return nil, f, nil, err
 	}
 	pool, err := connect(ctx, cmd)
 	if err != nil {
@@ -71,23 +76,20 @@ func inboxDeadLetters(ctx context.Context, cmd *cli.Command, ib *inbox.Store, f 
 	return out, err
 }
 
-func inboxDeadList(ctx context.Context, cmd *cli.Command) error {
-	ib, f, done, err := openInbox(ctx, cmd)
-	if err != nil {
-		return err
+// inboxDeadRows prints inbox dead letters or conflicts as a table.
+func inboxDeadRows(t *table, dead []inboxDead) {
+	t.header("SCOPE", "KEY", "FAILURES", "FAILED", "ERROR")
+	for _, d := range dead {
+		t.row(d.Scope, d.Key, fmt.Sprint(d.Failures), age(d.FailedAt)+" ago", clip(d.LastError, 80))
 	}
-	defer done()
-	dead, err := inboxDeadLetters(ctx, cmd, ib, f)
-	if err != nil {
-		return err
+}
+
+// inboxNoun names what the flags select in the inbox.
+func inboxNoun(cmd *cli.Command) string {
+	if cmd.Bool("conflicts") {
+		return "conflicts"
 	}
-	return output(cmd, dead, func(t *table) {
-		t.header("SCOPE", "KEY", "FAILURES", "FAILED", "ERROR")
-		for _, d := range dead {
-			t.row(d.Scope, d.Key, fmt.Sprint(d.Failures), age(d.FailedAt)+" ago", clip(d.LastError, 80))
-		}
-		t.note("%d %s", len(dead), map[bool]string{false: "dead letters", true: "conflicts"}[cmd.Bool("conflicts")])
-	})
+	return "inbox dead letters"
 }
 
 func inboxDeadShow(ctx context.Context, cmd *cli.Command) error {
@@ -119,25 +121,4 @@ func inboxDeadShow(ctx context.Context, cmd *cli.Command) error {
 		t.row("failed", timestamp(d.FailedAt))
 		t.row("error", d.LastError)
 	})
-}
-
-// inboxDeadMove releases (purge false) or purges the selected dead letters
-// or conflicts. A released message is applied at its next delivery, its
-// retries starting afresh; a purged one is forgotten.
-func inboxDeadMove(ctx context.Context, cmd *cli.Command, purge bool) (int64, error) {
-	ib, f, done, err := openInbox(ctx, cmd)
-	if err != nil {
-		return 0, err
-	}
-	defer done()
-	switch conflicts := cmd.Bool("conflicts"); {
-	case purge && conflicts:
-		return ib.PurgeConflicts(ctx, f)
-	case purge:
-		return ib.Purge(ctx, f)
-	case conflicts:
-		return ib.ReleaseConflicts(ctx, f)
-	default:
-		return ib.Release(ctx, f)
-	}
 }

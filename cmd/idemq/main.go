@@ -27,7 +27,7 @@ const (
 	exitFailure     = 1 // anything else: a database error, a broker that refused, ...
 	exitUsage       = 2 // a bad flag, argument or configuration value
 	exitUnreachable = 3 // the database could not be reached
-	exitPending     = 4 // migrations are pending (validate, relay without --migrate)
+	exitPending     = 4 // migrations are pending, or a command found the idemq tables missing
 	exitNotFound    = 5 // an unknown destination, scope, dead letter or endpoint
 )
 
@@ -36,7 +36,7 @@ const exitCodesHelp = `Exit codes:
    1  failure (a database or broker error)
    2  bad flag, argument or configuration
    3  database unreachable
-   4  migrations pending
+   4  migrations pending or tables missing (run idemq migrate)
    5  unknown destination, scope, dead letter or webhook endpoint`
 
 // exitError carries the exit code of a failure to main.
@@ -75,7 +75,7 @@ func main() {
 
 // run executes the command line args and returns the process's exit code.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	err := newApp(stdout, stderr).Run(ctx, args)
+	err := notMigrated(newApp(stdout, stderr).Run(ctx, args))
 	if err != nil {
 		fmt.Fprintln(stderr, "idemq:", err)
 	}

@@ -76,40 +76,35 @@ func relayCommand() *cli.Command {
 }
 
 func runRelay(ctx context.Context, cmd *cli.Command) error {
+	// Every flag is checked before the relay touches the database or a
+	// broker: a typo must not migrate anything, and is a usage error (2)
+	// whether or not the database answers.
 	logger, err := newLogger(cmd.Root().ErrWriter, cmd.String("log-format"), cmd.String("log-level"))
 	if err != nil {
 		return err
 	}
-	sc := sinkConfig{Routes: cmd.StringSlice("route"), KafkaBrokers: cmd.StringSlice("kafka-brokers"), NATSURL: cmd.String("nats-url"),
-		Webhooks: cmd.Bool("webhooks"), WebhookAllowNetworks: cmd.StringSlice("webhook-allow-network")}
-	if path := cmd.String("config"); path != "" {
-		file, err := readSinkConfig(path)
-		if err != nil {
-			return err
-		}
-		if !cmd.IsSet("route") {
-			sc.Routes = file.Routes
-		}
-		if !cmd.IsSet("kafka-brokers") {
-			sc.KafkaBrokers = file.KafkaBrokers
-		}
-		if !cmd.IsSet("nats-url") {
-			sc.NATSURL = file.NATSURL
-		}
-		if !cmd.IsSet("webhooks") {
-			sc.Webhooks = file.Webhooks
-		}
-		if !cmd.IsSet("webhook-allow-network") {
-			sc.WebhookAllowNetworks = file.WebhookAllowNetworks
-		}
+	sc, err := relaySinkConfig(cmd)
+	if err != nil {
+		return err
 	}
-	pool, comps, err := connectComponents(ctx, cmd)
+	plan, err := sc.plan()
+	if err != nil {
+		return err
+	}
+	if err := explicitZeros(cmd); err != nil {
+		return err
+	}
+	comps, err := components(cmd)
 	if err != nil {
 		return err
 	}
 	if sc.Webhooks && !slices.ContainsFunc(comps, func(c component) bool { return c.name == "webhook" }) {
 		// The webhook Sink reads the registry: its tables must be current too.
 		comps = append(comps, allComponents(cmd)["webhook"])
+	}
+	pool, err := openPool(cmd)
+	if err != nil {
+		return err
 	}
 	defer pool.Close()
 	ob, _, err := stores(cmd, pool)
@@ -120,33 +115,17 @@ func runRelay(ctx context.Context, cmd *cli.Command) error {
 	if err != nil {
 		return err
 	}
-	if cmd.Bool("migrate") {
-		if _, err := m.Migrate(ctx); err != nil {
-			return err
-		}
-	}
-	var pending *migrate.PendingError
-	if err := m.Validate(ctx); errors.As(err, &pending) {
-		return withCode(exitPending, "%d migrations pending: run idemq migrate, or start the relay with --migrate", len(pending.Pending))
-	} else if err != nil {
-		return err
-	}
 	reg, err := registry(cmd, pool)
 	if err != nil {
 		return err
 	}
-
 	tel, err := newTelemetry(ctx)
 	if err != nil {
 		return err
 	}
-	defer tel.shutdown() //nolint:errcheck // best effort on exit
-	s, err := buildSinks(sc, reg, tel.Telemetry)
-	if err != nil {
-		return err
-	}
-	defer s.close()
-	r, err := relay.New(pool, ob, s.router, relay.Config{
+	defer tel.shutdown()        //nolint:errcheck // best effort on exit
+	router := relay.NewRouter() // routed by buildSinks, before Run
+	r, err := relay.New(pool, ob, router, relay.Config{
 		Workers:          cmd.Int("workers"),
 		BatchSize:        cmd.Int("batch-size"),
 		PollInterval:     cmd.Duration("poll-interval"),
@@ -162,8 +141,28 @@ func runRelay(ctx context.Context, cmd *cli.Command) error {
 		Logger:           logger,
 	})
 	if err != nil {
-		return configError(err)
+		return relayConfigError(err)
 	}
+
+	if err := ping(ctx, cmd, pool); err != nil {
+		return err
+	}
+	if cmd.Bool("migrate") {
+		if _, err := m.Migrate(ctx); err != nil {
+			return err
+		}
+	}
+	var pending *migrate.PendingError
+	if err := m.Validate(ctx); errors.As(err, &pending) {
+		return withCode(exitPending, "%d migrations pending: run idemq migrate, or start the relay with --migrate", len(pending.Pending))
+	} else if err != nil {
+		return err
+	}
+	s, err := buildSinks(plan, router, reg, tel.Telemetry)
+	if err != nil {
+		return err
+	}
+	defer s.close()
 
 	h := &health{pool: pool, relay: r, migrator: m}
 	if addr := cmd.String("http-addr"); addr != "" {
@@ -198,6 +197,67 @@ func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 		return slog.New(slog.NewTextHandler(w, opts)), nil
 	}
 	return nil, usageError("--log-format %q: want json or text", format)
+}
+
+// relayFlags names the flag of each relay.Config field the relay sets.
+var relayFlags = map[string]string{"Workers": "workers", "BatchSize": "batch-size", "PollInterval": "poll-interval",
+	"LeaseTTL": "lease-ttl", "ShutdownGrace": "shutdown-grace", "StatsInterval": "stats-interval", "Retry.MaxAttempts": "max-attempts", "StallThreshold": "stall-threshold"}
+
+// relayConfigError is configError naming the flag, not the Go field, of a
+// value relay.New refused.
+func relayConfigError(err error) error {
+	if ce, ok := errors.AsType[*idemq.ConfigError](err); ok && relayFlags[ce.Field] != "" {
+		return usageError("--%s: %s", relayFlags[ce.Field], ce.Reason)
+	}
+	return configError(err)
+}
+
+// explicitZeros refuses a relay flag given as 0 (or less): relay.Config
+// takes zero for its default, so --shutdown-grace 0 would silently be 10
+// seconds, and --max-attempts 0 ten attempts.
+func explicitZeros(cmd *cli.Command) error {
+	for _, name := range []string{"workers", "batch-size", "max-attempts"} {
+		if cmd.IsSet(name) && cmd.Int(name) <= 0 {
+			return usageError("--%s %d: want a positive number (leave it out for the default)", name, cmd.Int(name))
+		}
+	}
+	for _, name := range []string{"poll-interval", "lease-ttl", "shutdown-grace", "stats-interval", "stall-threshold"} {
+		if cmd.IsSet(name) && cmd.Duration(name) <= 0 {
+			return usageError("--%s %v: want a positive duration (leave it out for the default)", name, cmd.Duration(name))
+		}
+	}
+	return nil
+}
+
+// relaySinkConfig reads the sink flags and, for what they leave unset,
+// the --config file.
+func relaySinkConfig(cmd *cli.Command) (sinkConfig, error) {
+	sc := sinkConfig{Routes: cmd.StringSlice("route"), KafkaBrokers: cmd.StringSlice("kafka-brokers"), NATSURL: cmd.String("nats-url"),
+		Webhooks: cmd.Bool("webhooks"), WebhookAllowNetworks: cmd.StringSlice("webhook-allow-network")}
+	path := cmd.String("config")
+	if path == "" {
+		return sc, nil
+	}
+	file, err := readSinkConfig(path)
+	if err != nil {
+		return sc, err
+	}
+	if !cmd.IsSet("route") {
+		sc.Routes = file.Routes
+	}
+	if !cmd.IsSet("kafka-brokers") {
+		sc.KafkaBrokers = file.KafkaBrokers
+	}
+	if !cmd.IsSet("nats-url") {
+		sc.NATSURL = file.NATSURL
+	}
+	if !cmd.IsSet("webhooks") {
+		sc.Webhooks = file.Webhooks
+	}
+	if !cmd.IsSet("webhook-allow-network") {
+		sc.WebhookAllowNetworks = file.WebhookAllowNetworks
+	}
+	return sc, nil
 }
 
 // health answers /healthz and /readyz.

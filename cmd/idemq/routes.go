@@ -1,11 +1,15 @@
 package main
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/netip"
 	"os"
 	"strings"
+	"unicode"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -48,16 +52,22 @@ func readSinkConfig(path string) (sinkConfig, error) {
 	if err != nil {
 		return c, usageError("--config: %v", err)
 	}
-	dec := json.NewDecoder(strings.NewReader(string(data)))
+	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&c); err != nil {
 		return c, usageError("--config %s: %v", path, err)
+	}
+	// A second object (two files concatenated, a stray paste) would
+	// otherwise be ignored without a word.
+	if _, err := dec.Token(); err != io.EOF {
+		return c, usageError("--config %s: want one JSON object, found more after it (at byte %d)", path, dec.InputOffset())
 	}
 	return c, nil
 }
 
 // route is one parsed PATTERN=SINK[:TARGET].
 type route struct {
+	spec    string // as given
 	pattern string
 	prefix  bool
 	sink    string
@@ -69,8 +79,16 @@ func parseRoute(s string) (route, error) {
 	if !ok || pattern == "" || sink == "" {
 		return route{}, usageError("route %q: want PATTERN=SINK[:TARGET], e.g. orders.*=kafka", s)
 	}
-	r := route{pattern: pattern}
-	r.sink, r.target, _ = strings.Cut(sink, ":")
+	if strings.ContainsFunc(s, unicode.IsSpace) {
+		// 'orders.* =nats' would route the destination "orders.* " exactly.
+		return route{}, usageError("route %q: remove the blanks (want PATTERN=SINK[:TARGET], e.g. orders.*=kafka)", s)
+	}
+	r := route{spec: s, pattern: pattern}
+	var hasTarget bool
+	r.sink, r.target, hasTarget = strings.Cut(sink, ":")
+	if hasTarget && r.target == "" {
+		return route{}, usageError("route %q: empty TARGET after %q (drop the colon to publish to the destination's name)", s, r.sink+":")
+	}
 	if p, ok := strings.CutSuffix(pattern, "*"); ok {
 		r.pattern, r.prefix = p, true
 	}
@@ -80,6 +98,64 @@ func parseRoute(s string) (route, error) {
 		return route{}, usageError("route %q: unknown sink %q (want kafka, jetstream or nats)", s, r.sink)
 	}
 	return r, nil
+}
+
+// add routes r's pattern to sink on router.
+func (r route) add(router *relay.Router, sink relay.Sink) error {
+	if r.prefix {
+		return router.RoutePrefix(r.pattern, sink)
+	}
+	return router.Route(r.pattern, sink)
+}
+
+// sinkPlan is a sinkConfig whose every part was checked, before anything
+// connects: routes parsed and tried on a router, brokers present for the
+// sinks that need them, networks parsed.
+type sinkPlan struct {
+	sinkConfig
+	routes []route
+	allow  []netip.Prefix
+}
+
+// plan checks c: every mistake in it is a usage error found before the
+// relay touches the database or a broker.
+func (c sinkConfig) plan() (sinkPlan, error) {
+	p := sinkPlan{sinkConfig: c}
+	if len(c.Routes) == 0 && !c.Webhooks {
+		return p, usageError("no routes: give --route PATTERN=SINK or --webhooks (or \"routes\" in --config)")
+	}
+	for _, n := range c.WebhookAllowNetworks {
+		prefix, err := netip.ParsePrefix(n)
+		if err != nil {
+			return p, usageError("--webhook-allow-network %q: %v", n, err)
+		}
+		p.allow = append(p.allow, prefix)
+	}
+	// The router's own checks (a duplicate route, a bad pattern) on a
+	// scratch router with a sink that is never called.
+	scratch := relay.NewRouter()
+	nop := relay.SinkFunc(func(context.Context, []relay.Message) error { return nil })
+	if c.Webhooks {
+		if err := scratch.RoutePrefix(webhook.DestinationPrefix, nop); err != nil {
+			return p, usageError("webhooks: %w", err)
+		}
+	}
+	for _, spec := range c.Routes {
+		r, err := parseRoute(spec)
+		switch {
+		case err != nil:
+			return p, err
+		case r.sink == "kafka" && len(c.KafkaBrokers) == 0:
+			return p, usageError("route %q needs --kafka-brokers", spec)
+		case r.sink != "kafka" && c.NATSURL == "":
+			return p, usageError("route %q needs --nats-url", spec)
+		}
+		if err := r.add(scratch, nop); err != nil {
+			return p, usageError("route %q: %w", spec, err)
+		}
+		p.routes = append(p.routes, r)
+	}
+	return p, nil
 }
 
 // sinks holds the broker connections behind a Router, closed by close.
@@ -94,27 +170,16 @@ func (s *sinks) close() {
 	}
 }
 
-// buildSinks connects to the brokers the routes need and routes each
-// pattern to its sink, wrapped by tel: each message sent gets a span whose
+// buildSinks connects to the brokers p needs and routes each pattern to
+// its sink on router, wrapped by tel: each message sent gets a span whose
 // context goes downstream in its headers, and webhook deliveries are
 // counted.
-func buildSinks(c sinkConfig, reg *webhook.Registry, tel *otelidemq.Telemetry) (*sinks, error) {
-	if len(c.Routes) == 0 && !c.Webhooks {
-		return nil, usageError("no routes: give --route PATTERN=SINK or --webhooks (or \"routes\" in --config)")
-	}
-	s := &sinks{router: relay.NewRouter()}
-	if c.Webhooks {
-		cfg := webhook.Config{Hooks: tel.WebhookHooks(webhook.Hooks{})}
-		for _, n := range c.WebhookAllowNetworks {
-			p, err := netip.ParsePrefix(n)
-			if err != nil {
-				return nil, usageError("--webhook-allow-network %q: %v", n, err)
-			}
-			cfg.AllowedNetworks = append(cfg.AllowedNetworks, p)
-		}
-		sink, err := webhook.NewSink(reg, cfg)
+func buildSinks(p sinkPlan, router *relay.Router, reg *webhook.Registry, tel *otelidemq.Telemetry) (*sinks, error) {
+	s := &sinks{router: router}
+	if p.Webhooks {
+		sink, err := webhook.NewSink(reg, webhook.Config{Hooks: tel.WebhookHooks(webhook.Hooks{}), AllowedNetworks: p.allow})
 		if err == nil {
-			err = s.router.RoutePrefix(webhook.DestinationPrefix, tel.Sink("webhook", sink))
+			err = router.RoutePrefix(webhook.DestinationPrefix, tel.Sink("webhook", sink))
 		}
 		if err != nil {
 			return nil, usageError("webhooks: %w", err)
@@ -125,41 +190,29 @@ func buildSinks(c sinkConfig, reg *webhook.Registry, tel *otelidemq.Telemetry) (
 		nc     *nats.Conn
 		js     jetstream.JetStream
 	)
-	for _, spec := range c.Routes {
-		r, err := parseRoute(spec)
-		if err != nil {
-			s.close()
-			return nil, err
-		}
+	for _, r := range p.routes {
 		topic := func(dest string) string { return dest }
 		if r.target != "" {
 			topic = func(string) string { return r.target }
 		}
 		var (
 			sink   relay.Sink
+			err    error
 			system = r.sink
 		)
 		switch r.sink {
 		case "kafka":
-			if len(c.KafkaBrokers) == 0 {
-				s.close()
-				return nil, usageError("route %q needs --kafka-brokers", spec)
-			}
 			if writer == nil {
-				writer = kafka.NewWriter(c.KafkaBrokers...)
+				writer = kafka.NewWriter(p.KafkaBrokers...)
 				s.closers = append(s.closers, func() { writer.Close() })
 			}
 			sink, err = kafka.NewSink(writer, kafka.SinkConfig{Topic: topic})
 		case "jetstream", "nats":
 			system = "nats"
-			if c.NATSURL == "" {
-				s.close()
-				return nil, usageError("route %q needs --nats-url", spec)
-			}
 			if nc == nil {
-				if nc, err = nats.Connect(c.NATSURL, nats.Name("idemq relay"), nats.MaxReconnects(-1)); err != nil {
+				if nc, err = nats.Connect(p.NATSURL, nats.Name("idemq relay"), nats.MaxReconnects(-1)); err != nil {
 					s.close()
-					return nil, fmt.Errorf("nats %s: %w", c.NATSURL, err)
+					return nil, fmt.Errorf("nats %s: %w", p.NATSURL, err)
 				}
 				s.closers = append(s.closers, nc.Close)
 			}
@@ -176,16 +229,11 @@ func buildSinks(c sinkConfig, reg *webhook.Registry, tel *otelidemq.Telemetry) (
 			sink, err = natssink.NewJetStreamSink(js, natssink.SinkConfig{Subject: topic})
 		}
 		if err == nil {
-			sink = tel.Sink(system, sink)
-			if r.prefix {
-				err = s.router.RoutePrefix(r.pattern, sink)
-			} else {
-				err = s.router.Route(r.pattern, sink)
-			}
+			err = r.add(router, tel.Sink(system, sink))
 		}
 		if err != nil {
 			s.close()
-			return nil, usageError("route %q: %w", spec, err)
+			return nil, usageError("route %q: %w", r.spec, err)
 		}
 	}
 	return s, nil

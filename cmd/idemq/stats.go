@@ -8,8 +8,21 @@ import (
 	"github.com/urfave/cli/v3"
 )
 
-// statsReport is what idemq stats prints.
+// statsReport is what idemq stats prints. A part whose tables are not
+// migrated is absent, and named in NotMigrated.
 type statsReport struct {
+	*OutboxStats
+	*InboxStats
+	// WebhookEndpoints and WebhookDisabled are absent when the webhook
+	// tables were not migrated.
+	WebhookEndpoints *int     `json:"webhook_endpoints,omitempty"`
+	WebhookDisabled  *int     `json:"webhook_endpoints_disabled,omitempty"`
+	NotMigrated      []string `json:"not_migrated,omitempty"`
+}
+
+// OutboxStats is the outbox's part of [statsReport] (exported for
+// encoding/json, which fills embedded pointers only of exported types).
+type OutboxStats struct {
 	OutboxPending       int64   `json:"outbox_pending"`
 	OutboxOldestPending float64 `json:"outbox_oldest_pending_seconds"`
 	OutboxWaiting       int64   `json:"outbox_waiting"`
@@ -17,16 +30,16 @@ type statsReport struct {
 	OutboxUnrouted      int64   `json:"outbox_unrouted"`
 	OutboxOldestDue     float64 `json:"outbox_oldest_due_seconds"`
 	OutboxDead          int64   `json:"outbox_dead_letters"`
-	InboxRecords        int64   `json:"inbox_records"`
-	InboxInProgress     int64   `json:"inbox_in_progress"`
-	InboxRetrying       int64   `json:"inbox_failed_retryable"`
-	InboxDead           int64   `json:"inbox_dead_letters"`
-	InboxOldestDead     float64 `json:"inbox_oldest_dead_letter_seconds"`
-	InboxConflicts      int64   `json:"inbox_conflicts"`
-	// WebhookEndpoints and WebhookDisabled are absent when the webhook
-	// tables were not migrated.
-	WebhookEndpoints *int `json:"webhook_endpoints,omitempty"`
-	WebhookDisabled  *int `json:"webhook_endpoints_disabled,omitempty"`
+}
+
+// InboxStats is the inbox's part of [statsReport].
+type InboxStats struct {
+	InboxRecords    int64   `json:"inbox_records"`
+	InboxInProgress int64   `json:"inbox_in_progress"`
+	InboxRetrying   int64   `json:"inbox_failed_retryable"`
+	InboxDead       int64   `json:"inbox_dead_letters"`
+	InboxOldestDead float64 `json:"inbox_oldest_dead_letter_seconds"`
+	InboxConflicts  int64   `json:"inbox_conflicts"`
 }
 
 func statsCommand() *cli.Command {
@@ -56,20 +69,30 @@ func runStats(ctx context.Context, cmd *cli.Command) error {
 	if err != nil {
 		return err
 	}
-	obs, err := ob.Stats(ctx)
-	if err != nil {
+	var r statsReport
+	switch obs, err := ob.Stats(ctx); {
+	case isMissing(err):
+		r.NotMigrated = append(r.NotMigrated, "outbox")
+	case err != nil:
 		return err
+	default:
+		r.OutboxStats = &OutboxStats{OutboxPending: obs.Pending, OutboxOldestPending: obs.OldestPending.Seconds(), OutboxDead: obs.Dead,
+			OutboxWaiting: obs.Waiting, OutboxParked: obs.Parked, OutboxUnrouted: obs.Unrouted, OutboxOldestDue: obs.OldestDue.Seconds()}
 	}
-	ibs, err := ib.Stats(ctx)
-	if err != nil {
+	switch ibs, err := ib.Stats(ctx); {
+	case isMissing(err):
+		r.NotMigrated = append(r.NotMigrated, "inbox")
+	case err != nil:
 		return err
+	default:
+		r.InboxStats = &InboxStats{
+			InboxRecords:    ibs.Succeeded + ibs.InProgress + ibs.FailedRetryable + ibs.Dead,
+			InboxInProgress: ibs.InProgress, InboxRetrying: ibs.FailedRetryable, InboxDead: ibs.Dead,
+			InboxOldestDead: ibs.OldestDead.Seconds(), InboxConflicts: ibs.Conflicts,
+		}
 	}
-	r := statsReport{
-		OutboxPending: obs.Pending, OutboxOldestPending: obs.OldestPending.Seconds(), OutboxDead: obs.Dead,
-		OutboxWaiting: obs.Waiting, OutboxParked: obs.Parked, OutboxUnrouted: obs.Unrouted, OutboxOldestDue: obs.OldestDue.Seconds(),
-		InboxRecords:    ibs.Succeeded + ibs.InProgress + ibs.FailedRetryable + ibs.Dead,
-		InboxInProgress: ibs.InProgress, InboxRetrying: ibs.FailedRetryable, InboxDead: ibs.Dead,
-		InboxOldestDead: ibs.OldestDead.Seconds(), InboxConflicts: ibs.Conflicts,
+	if len(r.NotMigrated) == 2 {
+		return withCode(exitPending, "neither the outbox nor the inbox tables exist in schema %q: run `idemq migrate`", cmd.String(flagSchema))
 	}
 	var migrated bool
 	endpoints := pgx.Identifier{cmd.String(flagSchema), cmd.String(flagWebhookTable)}.Sanitize()
@@ -91,22 +114,40 @@ func runStats(ctx context.Context, cmd *cli.Command) error {
 		r.WebhookEndpoints, r.WebhookDisabled = &total, &disabled
 	}
 	return output(cmd, r, func(t *table) {
-		t.row("outbox pending", itoa(r.OutboxPending))
-		t.row("outbox oldest pending", obs.OldestPending.Round(time.Millisecond).String())
-		t.row("outbox waiting (backoff or held)", itoa(r.OutboxWaiting))
-		t.row("outbox parked", itoa(r.OutboxParked))
-		t.row("outbox unrouted", itoa(r.OutboxUnrouted))
-		t.row("outbox oldest due", obs.OldestDue.Round(time.Millisecond).String())
-		t.row("outbox dead letters", itoa(r.OutboxDead))
-		t.row("inbox records", itoa(r.InboxRecords))
-		t.row("inbox in progress", itoa(r.InboxInProgress))
-		t.row("inbox failed, retrying", itoa(r.InboxRetrying))
-		t.row("inbox dead letters", itoa(r.InboxDead))
-		t.row("inbox oldest dead letter", ibs.OldestDead.Round(time.Second).String())
-		t.row("inbox conflicts", itoa(r.InboxConflicts))
+		if o := r.OutboxStats; o != nil {
+			t.row("outbox pending", itoa(o.OutboxPending))
+			t.row("outbox oldest pending", secondsText(o.OutboxOldestPending, time.Millisecond))
+			t.row("outbox waiting (backoff or held)", itoa(o.OutboxWaiting))
+			t.row("outbox parked", itoa(o.OutboxParked))
+			t.row("outbox unrouted", itoa(o.OutboxUnrouted))
+			t.row("outbox oldest due", secondsText(o.OutboxOldestDue, time.Millisecond))
+			t.row("outbox dead letters", itoa(o.OutboxDead))
+		}
+		if i := r.InboxStats; i != nil {
+			t.row("inbox records", itoa(i.InboxRecords))
+			t.row("inbox in progress", itoa(i.InboxInProgress))
+			t.row("inbox failed, retrying", itoa(i.InboxRetrying))
+			t.row("inbox dead letters", itoa(i.InboxDead))
+			t.row("inbox oldest dead letter", secondsText(i.InboxOldestDead, time.Second))
+			t.row("inbox conflicts", itoa(i.InboxConflicts))
+		}
 		if migrated {
 			t.row("webhook endpoints", itoa(int64(*r.WebhookEndpoints)))
 			t.row("webhook endpoints disabled", itoa(int64(*r.WebhookDisabled)))
 		}
+		for _, c := range r.NotMigrated {
+			t.note("%s: not migrated (run `idemq migrate --components %s` if this service uses it)", c, c)
+		}
 	})
+}
+
+// secondsText formats seconds as a duration rounded to unit.
+func secondsText(seconds float64, unit time.Duration) string {
+	return time.Duration(seconds * float64(time.Second)).Round(unit).String()
+}
+
+// isMissing reports whether err says a table does not exist.
+func isMissing(err error) bool {
+	_, ok := missingTable(err)
+	return ok
 }

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net"
+	"net/url"
 	"strings"
 	"time"
 
@@ -26,8 +28,22 @@ func registry(cmd *cli.Command, db webhook.DB) (*webhook.Registry, error) {
 	return reg, nil
 }
 
+// redactURL hides the userinfo (user and password, either may be a
+// credential) of an endpoint URL before it is printed.
+func redactURL(s string) string {
+	u, err := url.Parse(s)
+	switch {
+	case err != nil:
+		return "(a URL that does not parse)"
+	case u.User != nil:
+		u.User = url.User("xxxxx")
+	}
+	return u.String()
+}
+
 // endpointJSON is an endpoint as the webhook commands print it: without its
-// keys, which only add prints, once.
+// keys, which only add prints, once, and with any credential in its URL
+// hidden.
 type endpointJSON struct {
 	ID             string     `json:"id"`
 	URL            string     `json:"url"`
@@ -41,7 +57,7 @@ type endpointJSON struct {
 }
 
 func toEndpointJSON(e webhook.Endpoint) endpointJSON {
-	j := endpointJSON{ID: e.ID, URL: e.URL, EventTypes: e.EventTypes, Enabled: e.Enabled(), DisabledReason: e.DisabledReason,
+	j := endpointJSON{ID: e.ID, URL: redactURL(e.URL), EventTypes: e.EventTypes, Enabled: e.Enabled(), DisabledReason: e.DisabledReason,
 		Keys: len(e.Keys), CreatedAt: e.CreatedAt}
 	if !e.DisabledAt.IsZero() {
 		j.DisabledAt = &e.DisabledAt
@@ -112,6 +128,16 @@ func endpointArg(cmd *cli.Command) (string, error) {
 }
 
 func webhookAdd(ctx context.Context, cmd *cli.Command) error {
+	if rate := cmd.Float("rate-limit"); math.IsNaN(rate) || math.IsInf(rate, 0) || rate < 0 {
+		return usageError("--rate-limit %v: want a finite number of deliveries per second (0: unlimited)", rate)
+	}
+	// The registry keeps whole milliseconds, and 0 means the relay's default.
+	if cmd.IsSet("timeout") && cmd.Duration("timeout") < time.Millisecond {
+		return usageError("--timeout %v: want at least 1ms (leave it out for the relay's default)", cmd.Duration("timeout"))
+	}
+	if cmd.Int("concurrency") < 0 {
+		return usageError("--concurrency %d: want a positive number (leave it out for the relay's default)", cmd.Int("concurrency"))
+	}
 	secret := cmp(cmd.String("secret"), webhook.NewSecret)
 	ep := webhook.Endpoint{ID: cmd.String("id"), URL: cmd.String("url"), EventTypes: cmd.StringSlice("event-type"), Keys: []string{secret},
 		Timeout: cmd.Duration("timeout"), Concurrency: cmd.Int("concurrency"), RateLimit: cmd.Float("rate-limit")}
@@ -126,7 +152,7 @@ func webhookAdd(ctx context.Context, cmd *cli.Command) error {
 		}{toEndpointJSON(added), secret}
 		return output(cmd, out, func(t *table) {
 			t.row("id", added.ID)
-			t.row("url", added.URL)
+			t.row("url", out.URL)
 			t.row("secret", secret)
 			t.note("keep the secret: receivers verify deliveries with it, and it is not shown again")
 		})

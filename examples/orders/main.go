@@ -14,13 +14,14 @@
 //     between its database commit and its acknowledgement; the partner's
 //     endpoint answers 503 for a while, then recovers.
 //
-// It prints a table of what was injected and what was applied, and exits
-// non-zero unless every order was charged, shipped and notified exactly
-// once.
+// It prints a line per phase as it goes, then a table of what was injected
+// and what was applied, and exits non-zero unless every order was charged,
+// shipped and notified exactly once.
 //
-// It needs only the local Postgres (IDEMQ_TEST_DATABASE_URL points it
-// elsewhere); it creates its own database and drops it on exit. Kafka and
-// NATS run in-process.
+// It needs only Postgres: the local server (IDEMQ_TEST_DATABASE_URL points
+// it elsewhere) or, when nothing answers there, a private server it starts
+// from the machine's Postgres binaries and removes at exit. It creates its
+// own database and drops it on exit. Kafka and NATS run in-process.
 package main
 
 import (
@@ -30,8 +31,10 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/signal"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -60,9 +63,17 @@ func main() {
 		fmt.Fprintln(os.Stderr, "relay child:", err)
 		os.Exit(1)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	// Ctrl-C ends the run cleanly: its database is dropped and a private
+	// Postgres removed.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer cancel()
-	if err := run(ctx, os.Stdout, orders); err != nil {
+	stopPostgres, err := testenv.EnsurePostgres(ctx, os.Stdout)
+	if err == nil {
+		err = errors.Join(run(ctx, os.Stdout, orders), stopPostgres())
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
 	}
@@ -82,7 +93,19 @@ func effects(ctx context.Context, pool *pgxpool.Pool, consumer string) (rows, di
 	return rows, distinct, err
 }
 
+// progress returns a func that prints one line on out, from any goroutine.
+func progress(out io.Writer) func(format string, args ...any) {
+	var mu sync.Mutex
+	return func(format string, args ...any) {
+		mu.Lock()
+		defer mu.Unlock()
+		fmt.Fprintf(out, "  "+format+"\n", args...)
+	}
+}
+
 func run(ctx context.Context, out io.Writer, n int) (err error) {
+	fmt.Fprintf(out, "orders demo: %d orders through HTTP, the outbox, Kafka, JetStream and webhooks, with trouble injected\n", n)
+	say := progress(out)
 	connString, drop, err := testenv.CreateDatabase(ctx, "idemq_demo")
 	if err != nil {
 		return err
@@ -117,6 +140,8 @@ func run(ctx context.Context, out io.Writer, n int) (err error) {
 		}
 	}
 
+	say("database ready: orders, outbox, webhook registry and request records migrated")
+
 	var legs []leg
 	defer func() {
 		for _, l := range legs {
@@ -129,6 +154,8 @@ func run(ctx context.Context, out io.Writer, n int) (err error) {
 			return fmt.Errorf("start leg: %w", err)
 		}
 		legs = append(legs, l)
+		name, _ := l.Consumer()
+		say("%s broker started in-process, for the %s consumer", l.Name(), name)
 	}
 
 	// The partner receives "order.created" webhooks.
@@ -153,10 +180,13 @@ func run(ctx context.Context, out io.Writer, n int) (err error) {
 	}
 	defer srv.Close()
 
+	say("placing %d orders over HTTP, every %dth sent twice with the same key…", n, retryEvery)
 	clients, err := placeOrders(ctx, srv.URL, n, retryEvery)
 	if err != nil {
 		return err
 	}
+	say("%d requests answered: %d orders created, %d replayed from the stored response, %d refused (key reused with another body)",
+		clients.requests, clients.created, clients.replays, clients.rejected)
 
 	// A first relay runs in a child process and is killed between a
 	// publish and its commit.
@@ -164,10 +194,12 @@ func run(ctx context.Context, out io.Writer, n int) (err error) {
 	for _, l := range legs {
 		spec.Sinks = append(spec.Sinks, l.SinkSpec())
 	}
+	say("starting a relay in a child process, to SIGKILL it between a publish and its commit…")
 	republished, err := killRelay(ctx, spec)
 	if err != nil {
 		return err
 	}
+	say("relay child killed after publishing %d messages; their outbox rows survive", republished)
 
 	// The relay that takes over publishes everything the killed one left.
 	sinks := make(map[string]relay.Sink, len(legs))
@@ -183,6 +215,7 @@ func run(ctx context.Context, out io.Writer, n int) (err error) {
 		return err
 	}
 	defer func() { err = errors.Join(err, relaying.Stop()) }()
+	say("second relay running; consumers start, each to be killed once between commit and ack…")
 
 	rows := make([]row, len(legs))
 	var wg sync.WaitGroup
@@ -192,16 +225,23 @@ func run(ctx context.Context, out io.Writer, n int) (err error) {
 		go func() {
 			defer wg.Done()
 			rows[i], errs[i] = runLeg(ctx, pool, l, a.sent[l.Name()])
+			if errs[i] == nil {
+				name, _ := l.Consumer()
+				say("%s consumer done: %d %s for %d messages, with %d re-sent copies and one crash injected",
+					name, rows[i].applied, rows[i].effect, rows[i].distinct, rows[i].injected)
+			}
 		}()
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
+	say("waiting for the partner's webhooks…")
 	webhooks, webhooksDistinct, err := waitWebhooks(ctx, pool, ob, clients.created)
 	if err != nil {
 		return err
 	}
+	say("partner applied %d webhooks after %d failed deliveries (503s)", webhooksDistinct, partner.outage())
 	var created int
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM orders`).Scan(&created); err != nil {
 		return err
@@ -211,7 +251,7 @@ func run(ctx context.Context, out io.Writer, n int) (err error) {
 	for _, r := range rows {
 		injected += r.injected
 	}
-	fmt.Fprintf(out, "orders demo: %d orders through HTTP, the outbox, Kafka, JetStream and webhooks, with trouble injected\n\n", n)
+	fmt.Fprintln(out)
 	t := table{out: out}
 	t.info("HTTP requests", clients.requests, "POST /orders, each with an Idempotency-Key")
 	t.check("replayed", clients.replays, clients.requests-n-1, "retries with the same key: the stored response, no new order")

@@ -29,7 +29,10 @@ func TestDemo(t *testing.T) {
 	if err := run(ctx, &out, 60); err != nil {
 		t.Fatalf("demo: %v\n%s", err, out.String())
 	}
-	for _, want := range []string{"charges", "shipments", "webhooks applied", "refused with 422"} {
+	// The progress lines come first, with their counts.
+	for _, want := range []string{"placing 60 orders", "requests answered: 60 orders created", "relay child killed after publishing",
+		"billing consumer done: 60 charges", "shipping consumer done: 60 shipments", "partner applied 60 webhooks",
+		"charges", "shipments", "webhooks applied", "refused with 422"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("no %q line in\n%s", want, out.String())
 		}

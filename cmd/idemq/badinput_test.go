@@ -1,0 +1,336 @@
+package main
+
+// The bad-input suite of the binary: each test gives idemq what a careless
+// user or a tired operator would, and checks that it answers with the
+// documented exit code and an error that says what to do, and that nothing
+// was deleted or changed that was not asked for. Add a case here for each
+// new flag or command.
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+
+	"github.com/google/uuid"
+
+	"github.com/idemq/idemq/outbox"
+	"github.com/idemq/idemq/testenv"
+)
+
+// deadLetters enqueues one message per destination and turns them all into
+// dead letters; it returns their ids.
+func deadLetters(t *testing.T, dests ...string) (url string, ob *outbox.Outbox, ids []string) {
+	t.Helper()
+	url, pool, ob := database(t)
+	for _, dest := range dests {
+		m := outbox.Message{ID: uuid.Must(uuid.NewV7()), Destination: dest, Key: dest, Payload: []byte(`{}`)}
+		if err := ob.Enqueue(context.Background(), m); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, m.ID.String())
+	}
+	deadLetter(t, pool, ob, len(dests))
+	return url, ob, ids
+}
+
+// deadCount is the number of outbox dead letters.
+func deadCount(t *testing.T, ob *outbox.Outbox) int64 {
+	t.Helper()
+	return outboxStats(t, ob).Dead
+}
+
+// TestDLQNegativeAgeIsAUsageError: a negative (or zero) --older-than or
+// --newer-than used to be dropped, so that purge deleted every dead
+// letter. It is a usage error, for the outbox and the inbox, in every dlq
+// command, and nothing is touched.
+func TestDLQNegativeAgeIsAUsageError(t *testing.T) {
+	t.Parallel()
+	url, ob, _ := deadLetters(t, "payments", "emails")
+	for _, args := range [][]string{
+		{"dlq", "purge", "--older-than", "-1h"},
+		{"dlq", "purge", "--newer-than", "-1h"},
+		{"dlq", "purge", "--older-than", "0s"},
+		{"dlq", "purge", "--inbox", "--older-than", "-1h"},
+		{"dlq", "purge", "--inbox", "--conflicts", "--newer-than", "-1m"},
+		{"dlq", "replay", "--older-than", "-1h"},
+		{"dlq", "replay", "--inbox", "--newer-than", "-1h"},
+		{"dlq", "list", "--older-than", "-1h"},
+	} {
+		r := wantCode(t, url, exitUsage, args...)
+		if !strings.Contains(r.stderr, "positive age") {
+			t.Errorf("idemq %v: stderr %q does not say an age must be positive", args, r.stderr)
+		}
+	}
+	if n := deadCount(t, ob); n != 2 {
+		t.Fatalf("%d dead letters left, want the 2 nothing was asked to touch", n)
+	}
+}
+
+// TestDLQPurgeNeedsAFilterOrAll: purge with no filter is refused; --all
+// with a filter is refused; --dry-run lists and counts what would go and
+// changes nothing; --all purges everything.
+func TestDLQPurgeNeedsAFilterOrAll(t *testing.T) {
+	t.Parallel()
+	url, ob, ids := deadLetters(t, "payments", "payments", "emails")
+	for _, args := range [][]string{
+		{"dlq", "purge"},
+		{"dlq", "purge", "--inbox"},
+		{"dlq", "purge", "--inbox", "--conflicts"},
+		{"dlq", "purge", "--limit", "1"},
+		{"dlq", "purge", "--destination", "payments", "--limit", "0"}, // 0 would be no limit
+		{"dlq", "replay", "--inbox", "--limit", "-1"},
+		{"dlq", "purge", "--all", "--destination", "emails"},
+		{"dlq", "replay", "--all", "--destination", "emails"},
+	} {
+		wantCode(t, url, exitUsage, args...)
+	}
+	if n := deadCount(t, ob); n != 3 {
+		t.Fatalf("%d dead letters after refused purges, want 3", n)
+	}
+
+	out := mustRun(t, url, "dlq", "purge", "--all", "--dry-run")
+	for _, id := range ids {
+		if !strings.Contains(out, id) {
+			t.Errorf("purge --dry-run does not list %s:\n%s", id, out)
+		}
+	}
+	if !strings.Contains(out, "would have purged 3 outbox dead letters (all of them); nothing changed") {
+		t.Errorf("purge --dry-run does not give the count:\n%s", out)
+	}
+	var dry struct {
+		N    int64            `json:"would_have_purged"`
+		Dead []deadLetterJSON `json:"dead_letters"`
+	}
+	mustJSON(t, url, &dry, "dlq", "purge", "--destination", "payments", "--dry-run")
+	if dry.N != 2 || len(dry.Dead) != 2 {
+		t.Errorf("purge --destination payments --dry-run --json: %+v, want 2 listed and counted", dry)
+	}
+	var replayDry map[string]any
+	mustJSON(t, url, &replayDry, "dlq", "replay", "--dry-run")
+	if replayDry["would_have_replayed"] != float64(3) {
+		t.Errorf("replay --dry-run: %v, want 3", replayDry)
+	}
+	if n := deadCount(t, ob); n != 3 {
+		t.Fatalf("%d dead letters after dry runs, want 3", n)
+	}
+
+	// Standard input is not a terminal here: no question is asked.
+	var moved map[string]int64
+	mustJSON(t, url, &moved, "dlq", "purge", "--all")
+	if moved["purged"] != 3 || deadCount(t, ob) != 0 {
+		t.Fatalf("purge --all: %v, %d left; want 3 purged", moved, deadCount(t, ob))
+	}
+}
+
+// TestDLQReplayOfAMissingIDChangesNothing: replay --id A --id B where B is
+// no dead letter names B, exits 5 and replays nothing, A included.
+func TestDLQReplayOfAMissingIDChangesNothing(t *testing.T) {
+	t.Parallel()
+	url, ob, ids := deadLetters(t, "payments", "emails")
+	missing := uuid.Must(uuid.NewV7()).String()
+	for _, verb := range []string{"replay", "purge"} {
+		r := wantCode(t, url, exitNotFound, "dlq", verb, "--id", ids[0], "--id", missing)
+		if !strings.Contains(r.stderr, missing) || strings.Contains(r.stderr, ids[0]) {
+			t.Errorf("dlq %s: stderr %q, want it to name %s alone", verb, r.stderr, missing)
+		}
+		// An id that exists but that another filter excludes is missing too.
+		wantCode(t, url, exitNotFound, "dlq", verb, "--id", ids[0], "--destination", "emails")
+	}
+	if n := deadCount(t, ob); n != 2 {
+		t.Fatalf("%d dead letters after refused replays, want 2", n)
+	}
+	var moved map[string]int64
+	mustJSON(t, url, &moved, "dlq", "replay", "--id", ids[0], "--id", ids[1])
+	if moved["replayed"] != 2 {
+		t.Fatalf("replay of two existing ids: %v", moved)
+	}
+}
+
+// TestRelayChecksItsFlagsBeforeTouchingTheDatabase: a bad route, lease or
+// --config is a usage error (2) found before --migrate migrates anything,
+// and also when the database does not answer.
+func TestRelayChecksItsFlagsBeforeTouchingTheDatabase(t *testing.T) {
+	t.Parallel()
+	url := testenv.PostgresURL(t)
+	nats := []string{"--nats-url", "nats://127.0.0.1:1"}
+	badConfig := filepath.Join(t.TempDir(), "two-objects.json")
+	if err := os.WriteFile(badConfig, []byte(`{"routes": ["orders.*=nats"]} {"routes": []}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, want string
+		args       []string
+	}{
+		{"unknown sink", "unknown sink", []string{"--route", "orders.*=rabbitmq"}},
+		{"blank before the sink", "remove the blanks", append([]string{"--route", "orders.* =nats"}, nats...)},
+		{"blank after the pattern", "remove the blanks", append([]string{"--route", "orders.*= nats"}, nats...)},
+		{"empty target", "empty TARGET", append([]string{"--route", "orders.*=nats:"}, nats...)},
+		{"duplicate route", "orders", append([]string{"--route", "orders=nats", "--route", "orders=jetstream"}, nats...)},
+		{"route without broker", "--kafka-brokers", []string{"--route", "orders=kafka"}},
+		{"bad network", "--webhook-allow-network", []string{"--webhooks", "--webhook-allow-network", "10.0.0.0/33"}},
+		{"lease of 1ns", "--lease-ttl: 1ns is below the minimum of 100ms", append([]string{"--route", "orders=nats", "--lease-ttl", "1ns"}, nats...)},
+		{"lease of 2ns", "--lease-ttl", append([]string{"--route", "orders=nats", "--lease-ttl", "2ns"}, nats...)},
+		{"negative poll interval", "--poll-interval", append([]string{"--route", "orders=nats", "--poll-interval", "-1s"}, nats...)},
+		{"no shutdown grace (would be the default 10s)", "--shutdown-grace", append([]string{"--route", "orders=nats", "--shutdown-grace", "0s"}, nats...)},
+		{"zero attempts (would be the default 10)", "--max-attempts", append([]string{"--route", "orders=nats", "--max-attempts", "0"}, nats...)},
+		{"zero workers", "--workers", append([]string{"--route", "orders=nats", "--workers", "0"}, nats...)},
+		{"zero lease", "--lease-ttl", append([]string{"--route", "orders=nats", "--lease-ttl", "0s"}, nats...)},
+		{"config with a second object", "want one JSON object", []string{"--config", badConfig}},
+	} {
+		args := append([]string{"relay", "--migrate"}, tc.args...)
+		r := runIdemq(t, url, args...)
+		if r.code != exitUsage || !strings.Contains(r.stderr, tc.want) {
+			t.Errorf("%s: idemq %v: exit %d, stderr %q; want exit 2 naming %q", tc.name, args, r.code, r.stderr, tc.want)
+		}
+		unreachable := append([]string{"--database-url", "postgres://postgres@127.0.0.1:1/none", "--connect-timeout", "3s"}, args...)
+		if r := runIdemq(t, url, unreachable...); r.code != exitUsage {
+			t.Errorf("%s with the database unreachable: exit %d, want 2\nstderr: %s", tc.name, r.code, r.stderr)
+		}
+	}
+	r := wantCode(t, url, exitPending, "migrate", "validate")
+	if strings.Contains(r.stdout, "20") { // an applied_at timestamp
+		t.Fatalf("a refused relay --migrate applied migrations:\n%s", r.stdout)
+	}
+}
+
+// TestConfigFileWithOneObjectIsRead: the check for trailing data accepts a
+// well-formed file with trailing blanks.
+func TestConfigFileWithOneObjectIsRead(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "relay.json")
+	if err := os.WriteFile(path, []byte("{\"routes\": [\"orders.*=nats\"], \"nats_url\": \"nats://127.0.0.1:1\"}\n\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// It gets past the flags to the database, which does not answer.
+	r := runIdemq(t, "postgres://postgres@127.0.0.1:1/none", "--connect-timeout", "3s", "relay", "--config", path)
+	if r.code != exitUnreachable {
+		t.Fatalf("relay --config with one object: exit %d, want 3 (database unreachable)\nstderr: %s", r.code, r.stderr)
+	}
+}
+
+// TestConnectTimeoutThatRoundsToNothingIsRefused: --connect-timeout 1ns
+// reported every database as unreachable (exit 3).
+func TestConnectTimeoutThatRoundsToNothingIsRefused(t *testing.T) {
+	t.Parallel()
+	url := testenv.PostgresURL(t)
+	for _, d := range []string{"1ns", "0s", "-1s"} {
+		r := wantCode(t, url, exitUsage, "--connect-timeout", d, "stats")
+		if !strings.Contains(r.stderr, "--connect-timeout") {
+			t.Errorf("--connect-timeout %s: stderr %q does not name the flag", d, r.stderr)
+		}
+	}
+}
+
+// TestWebhookCommandsHideURLCredentials: a password (or a token as the
+// user) in an endpoint URL is not printed by add, list, enable or
+// disable.
+func TestWebhookCommandsHideURLCredentials(t *testing.T) {
+	t.Parallel()
+	url := testenv.PostgresURL(t)
+	mustRun(t, url, "migrate", "--components", "outbox,webhook") // enable makes the held rows due
+	outputs := []string{
+		mustRun(t, url, "webhook", "add", "--id", "partner", "--url", "https://alice:s3cret@partner.example/hook"),
+		mustRun(t, url, "--json", "webhook", "add", "--id", "token", "--url", "https://tok3n@partner.example/hook"),
+		mustRun(t, url, "webhook", "list"),
+		mustRun(t, url, "--json", "webhook", "list"),
+		mustRun(t, url, "webhook", "disable", "partner"),
+		mustRun(t, url, "--json", "webhook", "enable", "partner"),
+	}
+	for _, out := range outputs {
+		for _, secret := range []string{"s3cret", "alice", "tok3n"} {
+			if strings.Contains(out, secret) {
+				t.Errorf("output shows %q:\n%s", secret, out)
+			}
+		}
+	}
+	if !strings.Contains(outputs[2], "https://xxxxx@partner.example/hook") {
+		t.Errorf("webhook list does not show the redacted URL:\n%s", outputs[2])
+	}
+}
+
+// TestWebhookAddRefusesNumbersItCannotKeep: NaN and infinite rates, a
+// timeout under the registry's millisecond (stored as 0, the default) and
+// a negative concurrency are usage errors, and nothing is registered.
+func TestWebhookAddRefusesNumbersItCannotKeep(t *testing.T) {
+	t.Parallel()
+	url := testenv.PostgresURL(t)
+	mustRun(t, url, "migrate", "--components", "webhook")
+	for _, flags := range [][]string{
+		{"--rate-limit", "NaN"}, {"--rate-limit", "+Inf"}, {"--rate-limit", "-Inf"}, {"--rate-limit", "-1"},
+		{"--timeout", "999us"}, {"--timeout", "0s"}, {"--timeout", "-1s"},
+		{"--concurrency", "-1"},
+	} {
+		args := append([]string{"webhook", "add", "--url", "https://partner.example/hook"}, flags...)
+		r := wantCode(t, url, exitUsage, args...)
+		if !strings.Contains(r.stderr, flags[0]) {
+			t.Errorf("idemq %v: stderr %q does not name %s", args, r.stderr, flags[0])
+		}
+	}
+	var eps []endpointJSON
+	mustJSON(t, url, &eps, "webhook", "list")
+	if len(eps) != 0 {
+		t.Fatalf("refused adds registered %d endpoints: %+v", len(eps), eps)
+	}
+}
+
+// TestUnmigratedDatabaseSaysToMigrate: every command that needs the
+// tables says to run `idemq migrate` and exits 4, instead of printing a
+// raw "relation does not exist (SQLSTATE 42P01)"; stats reports what is
+// migrated and names what is not.
+func TestUnmigratedDatabaseSaysToMigrate(t *testing.T) {
+	t.Parallel()
+	url := testenv.PostgresURL(t)
+	id := uuid.Must(uuid.NewV7()).String()
+	for _, args := range [][]string{
+		{"stats"},
+		{"dlq", "list"},
+		{"dlq", "list", "--inbox"},
+		{"dlq", "list", "--inbox", "--conflicts"},
+		{"dlq", "show", id},
+		{"dlq", "show", "--inbox", "billing", "k1"},
+		{"dlq", "replay", "--id", id},
+		{"dlq", "purge", "--all"},
+		{"dlq", "purge", "--inbox", "--scope", "billing"},
+		{"gc"},
+		{"webhook", "list"},
+		{"webhook", "add", "--url", "https://partner.example/hook"},
+		{"webhook", "disable", "partner"},
+		{"--schema", "nowhere", "dlq", "list"},
+	} {
+		r := wantCode(t, url, exitPending, args...)
+		if !strings.Contains(r.stderr, "run `idemq migrate") || strings.Contains(r.stderr, "SQLSTATE") {
+			t.Errorf("idemq %v: stderr %q, want it to say to run idemq migrate", args, r.stderr)
+		}
+	}
+
+	mustRun(t, url, "migrate", "--components", "inbox")
+	var stats map[string]any
+	mustJSON(t, url, &stats, "stats")
+	if _, ok := stats["outbox_pending"]; ok || stats["inbox_records"] != float64(0) || fmt.Sprint(stats["not_migrated"]) != "[outbox]" {
+		t.Errorf("stats with only the inbox migrated: %v; want the inbox's counts and not_migrated [outbox]", stats)
+	}
+	if out := mustRun(t, url, "stats"); !strings.Contains(out, "outbox: not migrated (run `idemq migrate --components outbox`") {
+		t.Errorf("stats table with only the inbox migrated:\n%s", out)
+	}
+}
+
+// TestVersion: `idemq version`, --json version and --version say which
+// build this is.
+func TestVersion(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{{"version"}, {"--version"}} {
+		r := wantCode(t, "", exitOK, args...)
+		if !strings.Contains(r.stdout, "idemq ") || !strings.Contains(r.stdout, runtime.Version()) || !strings.Contains(r.stdout, "commit ") {
+			t.Errorf("idemq %v: %q, want the module version, commit and %s", args, r.stdout, runtime.Version())
+		}
+	}
+	var v versionInfo
+	mustJSON(t, "", &v, "version")
+	if v.Version == "" || v.Commit == "" || v.Go != runtime.Version() {
+		t.Errorf("idemq --json version: %+v", v)
+	}
+}

@@ -1,0 +1,171 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/urfave/cli/v3"
+
+	"github.com/idemq/idemq/inbox"
+	"github.com/idemq/idemq/outbox"
+)
+
+// deadSet is what the dlq flags select: outbox dead letters, or with
+// --inbox the consumers' dead letters (with --conflicts, their conflicts),
+// and the moves replay and purge make on them.
+type deadSet struct {
+	cmd  *cli.Command
+	pool *pgxpool.Pool
+	ob   *outbox.Outbox // nil with --inbox
+	of   outbox.DeadFilter
+	ib   *inbox.Store // nil without --inbox
+	inf  inbox.DeadFilter
+}
+
+// openDeadSet reads the filter flags, refusing bad ones before it
+// connects; done closes the pool.
+func openDeadSet(ctx context.Context, cmd *cli.Command) (s *deadSet, done func(), err error) {
+	s = &deadSet{cmd: cmd}
+	if cmd.Bool("inbox") {
+		s.inf, err = inboxFilter(cmd)
+	} else {
+		s.of, err = outboxFilter(cmd)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	if s.pool, err = connect(ctx, cmd); err != nil {
+		return nil, nil, err
+	}
+	ob, ib, err := stores(cmd, s.pool)
+	if err != nil {
+		s.pool.Close()
+		return nil, nil, err
+	}
+	if cmd.Bool("inbox") {
+		s.ib = ib
+	} else {
+		s.ob = ob
+	}
+	return s, s.pool.Close, nil
+}
+
+// noun names what the set holds.
+func (s *deadSet) noun() string {
+	if s.ob != nil {
+		return "outbox dead letters"
+	}
+	return inboxNoun(s.cmd)
+}
+
+// list returns the first --limit (default 100) of the set, for JSON and
+// as table rows.
+func (s *deadSet) list(ctx context.Context) (rows any, human func(*table), n int, err error) {
+	if s.ob != nil {
+		dead, err := s.ob.DeadLetters(ctx, s.of)
+		return jsonDead(dead), func(t *table) { outboxDeadRows(t, dead) }, len(dead), err
+	}
+	dead, err := inboxDeadLetters(ctx, s.cmd, s.ib, s.inf)
+	return dead, func(t *table) { inboxDeadRows(t, dead) }, len(dead), err
+}
+
+// move replays (releases, in the inbox) or purges the set in tx.
+func (s *deadSet) move(ctx context.Context, tx pgx.Tx, purge bool) (int64, error) {
+	conflicts := s.cmd.Bool("conflicts")
+	switch {
+	case s.ob != nil && purge:
+		return s.ob.PurgeTx(ctx, tx, s.of)
+	case s.ob != nil:
+		return s.ob.ReplayTx(ctx, tx, s.of)
+	case purge && conflicts:
+		return s.ib.PurgeConflictsTx(ctx, tx, s.inf)
+	case purge:
+		return s.ib.PurgeTx(ctx, tx, s.inf)
+	case conflicts:
+		return s.ib.ReleaseConflictsTx(ctx, tx, s.inf)
+	default:
+		return s.ib.ReleaseTx(ctx, tx, s.inf)
+	}
+}
+
+// rehearse runs fn in a transaction that it rolls back, and returns the
+// database's time when that transaction began.
+func (s *deadSet) rehearse(ctx context.Context, fn func(pgx.Tx) error) (time.Time, error) {
+	var at time.Time
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return at, err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // a rehearsal: nothing is kept
+	if err := tx.QueryRow(ctx, `SELECT now()`).Scan(&at); err != nil {
+		return at, err
+	}
+	return at, fn(tx)
+}
+
+// failedBefore narrows the set to what failed before at.
+func (s *deadSet) failedBefore(at time.Time) {
+	for _, before := range []*time.Time{&s.of.FailedBefore, &s.inf.FailedBefore} {
+		if before.IsZero() || at.Before(*before) {
+			*before = at
+		}
+	}
+}
+
+// checkIDs returns an exitNotFound error, before anything changes, when an
+// --id names no outbox dead letter among those the other flags select.
+func (s *deadSet) checkIDs(ctx context.Context) error {
+	if s.ob == nil || len(s.of.IDs) == 0 {
+		return nil
+	}
+	f := s.of
+	f.Limit = len(f.IDs)
+	dead, err := s.ob.DeadLetters(ctx, f)
+	if err != nil {
+		return err
+	}
+	found := map[uuid.UUID]bool{}
+	for _, d := range dead {
+		found[d.ID] = true
+	}
+	var missing []string
+	for _, id := range s.of.IDs {
+		if !found[id] {
+			missing = append(missing, id.String())
+		}
+	}
+	if len(missing) > 0 {
+		return withCode(exitNotFound, "no outbox dead letter with id %s matches; nothing changed", strings.Join(missing, ", "))
+	}
+	return nil
+}
+
+// dryRun prints what a move would change: the count, and the set as dlq
+// list shows it.
+func (s *deadSet) dryRun(ctx context.Context, verb string, n int64) error {
+	rows, human, listed, err := s.list(ctx)
+	if err != nil {
+		return err
+	}
+	what := describeFilter(s.cmd)
+	return output(s.cmd, map[string]any{"would_have_" + verb: n, "dead_letters": rows}, func(t *table) {
+		human(t)
+		if int64(listed) < n {
+			t.note("(the first %d listed)", listed)
+		}
+		t.note("dry run: would have %s %d %s %s; nothing changed", verb, n, s.noun(), what)
+	})
+}
+
+// outboxDeadRows prints outbox dead letters as a table.
+func outboxDeadRows(t *table, dead []outbox.DeadLetter) {
+	t.header("ID", "DESTINATION", "KEY", "ATTEMPTS", "FAILED", "ERROR")
+	for _, d := range dead {
+		t.row(d.ID.String(), d.Destination, d.Key, fmt.Sprint(d.Attempts), age(d.FailedAt)+" ago", clip(d.LastError, 80))
+	}
+}

@@ -1,0 +1,42 @@
+package relay_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/relay"
+)
+
+// Bad input to the relay's public API: each case is refused with an error
+// that names what to change, or handled the way the documentation says.
+
+// TestLeaseTTLBelowTheMinimumIsRefused: a lease of a few nanoseconds made
+// Run panic on time.NewTicker, and one under a microsecond was stored as
+// no lease at all; New refuses both.
+func TestLeaseTTLBelowTheMinimumIsRefused(t *testing.T) {
+	b := setup(t)
+	for _, ttl := range []time.Duration{time.Nanosecond, 2 * time.Nanosecond, 999 * time.Nanosecond, relay.LeaseTTLMin - 1, -time.Second} {
+		_, err := relay.New(b.pool, b.ob, &recorder{}, relay.Config{LeaseTTL: ttl})
+		if ce, ok := errors.AsType[*idemq.ConfigError](err); !ok || ce.Field != "LeaseTTL" || !errors.Is(err, idemq.ErrConfig) {
+			t.Errorf("New(LeaseTTL: %v) = %v, want a ConfigError for LeaseTTL", ttl, err)
+		}
+	}
+	if _, err := relay.New(b.pool, b.ob, &recorder{}, relay.Config{LeaseTTL: relay.LeaseTTLMin}); err != nil {
+		t.Errorf("New(LeaseTTL: LeaseTTLMin) = %v", err)
+	}
+}
+
+// TestRunWithCancelledContextReturnsNil: a relay whose context is done
+// before it starts stops cleanly, as the idemq.Service contract says.
+func TestRunWithCancelledContextReturnsNil(t *testing.T) {
+	b := setup(t)
+	r := newRelay(t, b, &recorder{}, relay.Config{})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := r.Run(ctx); err != nil {
+		t.Fatalf("Run(cancelled context) = %v, want nil", err)
+	}
+}
