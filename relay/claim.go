@@ -180,6 +180,7 @@ func (w *worker) batch(ctx, work context.Context) (int, bool, error) {
 	}
 	picked := w.pick(win)
 	var rows []row
+	sent := time.Now() // the fence runs from here (see lease.go)
 	if len(picked) > 0 {
 		if rows, err = w.claim(ctx, tx, picked); err != nil {
 			return 0, false, fmt.Errorf("relay: claim: %w", err)
@@ -189,7 +190,14 @@ func (w *worker) batch(ctx, work context.Context) (int, bool, error) {
 	var took time.Duration
 	if len(rows) > 0 {
 		var failed map[int]error
-		failed, took = r.publish(work, rows)
+		pctx, fenced, err := r.fence(work, sent)
+		if err != nil {
+			return 0, false, err
+		}
+		failed, took = r.publish(pctx, rows)
+		if err := fenced(); err != nil {
+			return 0, false, err
+		}
 		if work.Err() != nil {
 			// Shutdown grace is over: release the rows for the next relay
 			// without counting an attempt.
@@ -220,7 +228,7 @@ func (w *worker) batch(ctx, work context.Context) (int, bool, error) {
 // horizon and locks a window of rows. It returns the leases as locked.
 func (w *worker) scan(ctx context.Context, tx *claimTx) ([]lease, []scanned, error) {
 	r := w.r
-	idle := strconv.FormatInt((r.cfg.PublishTimeout + 10*time.Second).Milliseconds(), 10)
+	idle := strconv.FormatInt(r.fenceTimeout().Milliseconds(), 10)
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
 	// Generic plans: the statements are the same every time and custom
@@ -442,10 +450,10 @@ func (w *worker) settled(d decision) {
 	}
 }
 
-// publish hands copies of the rows to the Sink and returns the failed
-// indexes and the duration of the call. A row whose stored headers do not
+// publish hands copies of the rows to the Sink, in ctx (see fence), and
+// returns the failed indexes and the duration of the call. A row whose stored headers do not
 // decode fails permanently on its own, and its key's followers with it.
-func (r *Relay) publish(work context.Context, rows []row) (map[int]error, time.Duration) {
+func (r *Relay) publish(ctx context.Context, rows []row) (map[int]error, time.Duration) {
 	msgs := make([]Message, len(rows))
 	f := NewFailures(msgs)
 	send := make([]int, 0, len(rows))
@@ -472,8 +480,6 @@ func (r *Relay) publish(work context.Context, rows []row) (map[int]error, time.D
 			batch[j] = msgs[i]
 		}
 	}
-	ctx, cancel := context.WithTimeout(work, r.cfg.PublishTimeout)
-	defer cancel()
 	start := time.Now()
 	f.Merge(send, publish(ctx, r.sink, batch))
 	return f.failed, time.Since(start)

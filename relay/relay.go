@@ -201,6 +201,9 @@ type Relay struct {
 	claimed atomic.Int64 // rows claimed since the last VACUUM
 	vacuum  chan struct{}
 	seqOID  uint32 // the outbox's identity sequence
+	// alive is when the workers' leases may run out, at the earliest (see
+	// beat); nil before the first heartbeat.
+	alive atomic.Pointer[time.Time]
 }
 
 // New validates cfg and returns a relay that publishes the rows of ob
@@ -264,6 +267,15 @@ func (r *Relay) Run(ctx context.Context) error {
 	if err := r.preflight(ctx); err != nil {
 		return err
 	}
+	ids := make([]uuid.UUID, r.cfg.Workers)
+	for i := range ids {
+		ids[i] = uuid.New()
+	}
+	beats, err := r.joinAll(ctx, ids)
+	if err != nil {
+		return err
+	}
+	defer beats.Close()
 	// fatal ends the run for every goroutine when the tables vanish or the
 	// pool is closed; the first such error is Run's.
 	ctx, cancel := context.WithCancel(ctx)
@@ -304,11 +316,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	if r.cfg.VacuumEvery > 0 {
 		wg.Go(func() { r.vacuumLoop(ctx) })
 	}
-	ids := make([]uuid.UUID, r.cfg.Workers)
-	for i := range ids {
-		ids[i] = uuid.New()
-	}
-	wg.Go(func() { r.heartbeatLoop(ctx, ids) })
+	wg.Go(func() { r.heartbeatLoop(ctx, beats, ids) })
 	var workers sync.WaitGroup
 	for i := range r.cfg.Workers {
 		workers.Go(func() { r.workerLoop(ctx, work, wakes[i], ids[i], fatal) })
