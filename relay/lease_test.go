@@ -2,7 +2,10 @@ package relay_test
 
 import (
 	"context"
+	"net"
 	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -114,4 +117,144 @@ func TestBusyPoolKeepsLeases(t *testing.T) {
 		t.Fatalf("only %d batches published in %v: the pool was not busy", before, watch)
 	}
 	t.Logf("%d batches in %v, no hand-over", before, watch)
+}
+
+// claimStaller is a pgx tracer that stalls a proxy as soon as an armed
+// connection sends the claim (the DELETE of a batch), and reports when the
+// claim's answer came back.
+type claimStaller struct {
+	proxy   *testenv.Proxy
+	armed   atomic.Bool
+	stalled chan struct{} // closed once the claim was sent into the stall
+	ended   chan struct{} // closed once its answer was read
+	claim   atomic.Pointer[pgx.Conn]
+}
+
+func (c *claimStaller) TraceQueryStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	if strings.HasPrefix(strings.TrimSpace(data.SQL), "DELETE FROM") && c.armed.CompareAndSwap(true, false) {
+		c.proxy.Stall()
+		c.claim.Store(conn)
+		close(c.stalled)
+	}
+	return ctx
+}
+
+func (c *claimStaller) TraceQueryEnd(_ context.Context, conn *pgx.Conn, _ pgx.TraceQueryEndData) {
+	if c.claim.CompareAndSwap(conn, nil) {
+		close(c.ended)
+	}
+}
+
+// TestStalledOwnerDoesNotPublishAfterItsSuccessor stalls relay A's network
+// (a proxy holds back everything the server sends it) right after A sent
+// the claim of a batch of key k: the server runs the claim, but its answer
+// waits. A's heartbeat stops landing, its workers' rows expire, the server
+// ends A's idle batch, and relay B takes A's partitions over and publishes
+// k's rows. Then the network delivers again and A gets its claim's answer,
+// long after it sent it: A must not publish anything after B's first
+// publish of k (it would be a message of k published after a later one).
+func TestStalledOwnerDoesNotPublishAfterItsSuccessor(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testenv.PostgresURL(t)
+	direct, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(direct.Close)
+	ob, err := outbox.New(direct, outbox.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ob.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// A reaches the server through the proxy.
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := testenv.NewProxy(t, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))))
+	staller := &claimStaller{proxy: proxy, stalled: make(chan struct{}), ended: make(chan struct{})}
+	host, port, _ := net.SplitHostPort(proxy.Addr())
+	p, _ := strconv.Atoi(port)
+	cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Tracer = host, uint16(p), staller
+	// One connection, so that the claim's statement is prepared on it by a
+	// first batch: the claim that meets the stall then reaches the server
+	// whole and runs there.
+	cfg.MaxConns = 1
+	viaProxy, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(viaProxy.Close)
+
+	type publish struct {
+		relay string
+		at    time.Time
+		msg   relay.Message
+	}
+	var mu sync.Mutex
+	var published []publish
+	sink := func(name string) relay.Sink {
+		return relay.SinkFunc(func(_ context.Context, batch []relay.Message) error {
+			mu.Lock()
+			defer mu.Unlock()
+			for _, m := range batch {
+				published = append(published, publish{name, time.Now(), m})
+			}
+			return nil
+		})
+	}
+	cfgRelay := relay.Config{DisableListen: true, PollInterval: 50 * time.Millisecond, LeaseTTL: 2 * time.Second, PublishTimeout: time.Second}
+	stopA := run(t, newRelay(t, bundle{ctx, viaProxy, ob}, sink("A"), cfgRelay))
+	waitFor(t, "A owning every partition", func() bool {
+		var owned int
+		err := direct.QueryRow(ctx, `SELECT count(*) FROM idemq_outbox_lease WHERE owner IS NOT NULL`).Scan(&owned)
+		return err == nil && owned == 64
+	})
+	enqueue(t, bundle{ctx, direct, ob}, outbox.Message{Destination: "d", Payload: []byte("first")})
+	waitFor(t, "A's first batch", func() bool { return pending(t, bundle{ctx, direct, ob}) == 0 })
+	staller.armed.Store(true)
+	enqueue(t, bundle{ctx, direct, ob}, keyed("d", 5, 1, 0)...)
+	<-staller.stalled
+
+	run(t, newRelay(t, bundle{ctx, direct, ob}, sink("B"), cfgRelay))
+	var first time.Time
+	waitFor(t, "B's first publish of k0", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, p := range published {
+			if p.relay == "B" && p.msg.Key != "" {
+				first = p.at
+				return true
+			}
+		}
+		return false
+	})
+	proxy.Resume()
+	select {
+	case <-staller.ended:
+	case <-time.After(60 * time.Second):
+		t.Fatal("A's claim never got its answer")
+	}
+	stopA() // A finishes the batch it was in, publishing or not
+	waitFor(t, "B publishing every row", func() bool { return pending(t, bundle{ctx, direct, ob}) == 0 })
+
+	mu.Lock()
+	defer mu.Unlock()
+	var b []relay.Message
+	for _, p := range published {
+		if p.relay == "A" && !p.at.Before(first) {
+			t.Errorf("A published %s %v after B's first publish of its partition", p.msg.Payload, p.at.Sub(first))
+		}
+		if p.relay == "B" && p.msg.Key != "" {
+			b = append(b, p.msg)
+		}
+	}
+	if len(b) != 5 {
+		t.Errorf("B published %d messages, want the 5 A had claimed", len(b))
+	}
+	checkOrder(t, b)
 }
