@@ -2,6 +2,7 @@ package relay_test
 
 import (
 	"context"
+	"errors"
 	"net"
 	"os"
 	"strconv"
@@ -14,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
 	"github.com/idemq/idemq/testenv"
@@ -257,4 +259,24 @@ func TestStalledOwnerDoesNotPublishAfterItsSuccessor(t *testing.T) {
 		t.Errorf("B published %d messages, want the 5 A had claimed", len(b))
 	}
 	checkOrder(t, b)
+}
+
+// TestReadOnlyDatabaseFailsAtStart gives the relay a database whose
+// transactions are read-only, as on a standby or a server in read-only
+// mode: Run returns an error that says so at once, instead of retrying
+// batches that can never write.
+func TestReadOnlyDatabaseFailsAtStart(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	if _, err := b.pool.Exec(b.ctx, `DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET default_transaction_read_only = on', current_database()); END $$`); err != nil {
+		t.Fatal(err)
+	}
+	b.pool.Reset() // new connections are read-only
+	ctx, cancel := context.WithTimeout(b.ctx, 60*time.Second)
+	defer cancel()
+	err := newRelay(t, b, &recorder{}, relay.Config{}).Run(ctx)
+	if err == nil || ctx.Err() != nil || !errors.Is(err, idemq.ErrConfig) || !strings.Contains(err.Error(), "read-only") {
+		t.Fatalf("Run on a read-only database: %v; want an ErrConfig error at start that says read-only", err)
+	}
+	t.Log(err)
 }

@@ -332,11 +332,22 @@ func (r *Relay) Run(ctx context.Context) error {
 	return nil
 }
 
-// preflight checks that the pool is open and the outbox's tables exist,
-// and finds the outbox's sequence.
+// preflight checks that the pool is open, reaches a server that takes
+// writes, and that the outbox's tables exist, and finds the outbox's
+// sequence. A standby or a read-only server is a configuration mistake
+// that retrying cannot mend: Run returns it at once.
 func (r *Relay) preflight(ctx context.Context) error {
-	var ok bool
-	err := r.pool.QueryRow(ctx, r.sql.Exists, r.sql.Table, r.sql.Dead, r.sql.Lease).Scan(&ok)
+	var standby, readOnly, ok bool
+	err := r.pool.QueryRow(ctx, r.sql.Writable).Scan(&standby, &readOnly)
+	switch {
+	case err != nil:
+	case standby:
+		return idemq.NewConfigError("relay", "pool", "reaches a standby (pg_is_in_recovery() is true), where nothing can be written: give the relay the primary (target_session_attrs=read-write in the connection string picks it)")
+	case readOnly:
+		return idemq.NewConfigError("relay", "pool", "reaches a read-only server (transaction_read_only is on, see default_transaction_read_only of the server, database or role): give the relay one where it can write")
+	default:
+		err = r.pool.QueryRow(ctx, r.sql.Exists, r.sql.Table, r.sql.Dead, r.sql.Lease).Scan(&ok)
+	}
 	if err == nil && ok {
 		err = r.pool.QueryRow(ctx, r.sql.Sequence, r.sql.Table).Scan(&r.seqOID)
 	}

@@ -63,6 +63,11 @@ type Queries struct {
 	// again (see the relay's claim.go).
 	Waiting, RetryNow string
 
+	// Writable reports whether the server is a standby (in recovery) and
+	// whether the session's transactions are read-only: a relay refuses
+	// both at start.
+	Writable string
+
 	// Join, Beat, Live, Take, Release, Leave, Hold, Lock, Sequence, Top, Writers,
 	// Scan, ScanAll, Claim, PutBack, Bury and Park are the relay's; see their
 	// comments below and the relay package's claim.go and lease.go.
@@ -120,7 +125,8 @@ ORDER BY m.n`,
 		Stats: `SELECT (SELECT count(*) FROM ` + table + `),
   (SELECT extract(epoch FROM clock_timestamp() - min(created_at))::float8 FROM ` + table + `),
   (SELECT count(*) FROM ` + dead + `)`,
-		Vacuum: `VACUUM ` + table,
+		Vacuum:   `VACUUM ` + table,
+		Writable: `SELECT pg_is_in_recovery(), current_setting('transaction_read_only') = 'on'`,
 		Waiting: `SELECT coalesce(array_agg(DISTINCT key) FILTER (WHERE key IS NOT NULL), '{}'), coalesce(bool_or(key IS NULL), false)
 FROM ` + table + ` WHERE destination = $1 AND available_at > now() AND available_at < 'infinity'`,
 		RetryNow: `WITH due AS (
