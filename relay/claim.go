@@ -81,6 +81,7 @@ type worker struct {
 	seen       int64    // the highest seq scanned
 	pendingTop int64    // a candidate horizon, once pending have ended
 	pending    []string // virtual transaction ids; nil: no candidate
+	seqs       sequenceWatch
 }
 
 // rewind is the lowest seq of the rows the worker left behind the cursor
@@ -238,11 +239,12 @@ func (w *worker) scan(ctx context.Context, tx *claimTx) ([]lease, []scanned, err
 	b.Queue(`SELECT set_config('idle_in_transaction_session_timeout', $1, true), set_config('plan_cache_mode', 'force_generic_plan', true),
        set_config('enable_seqscan', 'off', true)`, idle)
 	b.Queue(r.sql.Hold, w.id)
-	// The horizon needs moving only while scans reach it.
-	horizon := w.pending != nil || w.horizon <= w.seen
+	// The horizon needs moving only while scans reach it (or the sequence
+	// is due for a check, see sequence.go).
+	horizon := w.pending != nil || w.horizon <= w.seen || w.seqs.due()
 	if horizon {
 		b.Queue(r.sql.Lock)
-		b.Queue(r.sql.Top, r.seqOID)
+		b.Queue(r.sql.Top, r.seqOID, r.sql.Table)
 		b.Queue(r.sql.Writers, r.sql.Table, w.pending)
 	}
 	parts := w.partitions()
@@ -282,8 +284,11 @@ func (w *worker) scan(ctx context.Context, tx *claimTx) ([]lease, []scanned, err
 			if _, err := br.Exec(); err != nil {
 				return err
 			}
-			var top int64
-			if err := br.QueryRow().Scan(&top); err != nil {
+			var top, node, cache int64
+			if err := br.QueryRow().Scan(&top, &node, &cache); err != nil {
+				return err
+			}
+			if err := w.watchSequence(top, node, cache); err != nil {
 				return err
 			}
 			var writers []string

@@ -280,3 +280,67 @@ func TestReadOnlyDatabaseFailsAtStart(t *testing.T) {
 	}
 	t.Log(err)
 }
+
+// TestSequenceCacheRefusedAtStart: with CACHE > 1 on the outbox's
+// sequence, sessions hand out seqs out of order and the sequence's last
+// value runs ahead of seqs still to come, so the horizon would let a
+// cursor pass rows not written yet. The relay refuses to start and says
+// how to fix it.
+func TestSequenceCacheRefusedAtStart(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	if _, err := b.pool.Exec(b.ctx, `ALTER TABLE `+b.table()+` ALTER COLUMN seq SET CACHE 20`); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(b.ctx, 30*time.Second)
+	defer cancel()
+	err := newRelay(t, b, &recorder{}, relay.Config{}).Run(ctx)
+	if err == nil || ctx.Err() != nil || !errors.Is(err, outbox.ErrSequence) || !strings.Contains(err.Error(), "SET CACHE 1") {
+		t.Fatalf("Run with a sequence of CACHE 20: %v; want outbox.ErrSequence at start, saying SET CACHE 1", err)
+	}
+}
+
+// TestRestartedSequenceAtStart: dead letters keep their seq, so after
+// TRUNCATE ... RESTART IDENTITY of the outbox alone they sit above the
+// sequence, and a replay would put them behind later messages of their
+// key. The relay refuses to start and says how to move the sequence on.
+func TestRestartedSequenceAtStart(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	enqueue(t, b, keyed("d", 10, 2, 0)...)
+	if _, err := b.pool.Exec(b.ctx, `WITH m AS (DELETE FROM `+b.table()+` RETURNING *)
+INSERT INTO idemq_outbox_dead (seq, id, created_at, failed_at, attempts, destination, payload, key, headers, last_error)
+SELECT seq, id, created_at, now(), 1, destination, payload, key, headers, 'refused' FROM m`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.pool.Exec(b.ctx, `TRUNCATE `+b.table()+` RESTART IDENTITY`); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(b.ctx, 30*time.Second)
+	defer cancel()
+	err := newRelay(t, b, &recorder{}, relay.Config{}).Run(ctx)
+	if err == nil || ctx.Err() != nil || !errors.Is(err, outbox.ErrSequence) || !strings.Contains(err.Error(), "setval") {
+		t.Fatalf("Run with dead letters above a restarted sequence: %v; want outbox.ErrSequence at start, saying setval", err)
+	}
+}
+
+// TestTruncateRestartIdentityWhileRunning: the relay published rows up to
+// some seq, then the outbox is emptied with TRUNCATE ... RESTART IDENTITY
+// and new rows start again at seq 1, below the workers' cursors and
+// horizon. The relay notices (the sequence fell below what it saw, the
+// table has a new file) and reads from the start: the new rows are
+// published, in order, without waiting for a rescan.
+func TestTruncateRestartIdentityWhileRunning(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	rec := &recorder{}
+	run(t, newRelay(t, b, rec, relay.Config{BatchSize: 20, Workers: 2, RescanInterval: time.Hour}))
+	enqueue(t, b, keyed("d", 200, 10, 0)...)
+	waitFor(t, "the first 200", func() bool { return distinct(rec) == 200 })
+	if _, err := b.pool.Exec(b.ctx, `TRUNCATE `+b.table()+` RESTART IDENTITY`); err != nil {
+		t.Fatal(err)
+	}
+	enqueue(t, b, keyed("d", 100, 10, 200)...)
+	waitFor(t, "the 100 enqueued after the truncate", func() bool { return distinct(rec) == 300 })
+	checkOrder(t, rec.deliveries())
+}

@@ -351,6 +351,14 @@ func (r *Relay) preflight(ctx context.Context) error {
 	if err == nil && ok {
 		err = r.pool.QueryRow(ctx, r.sql.Sequence, r.sql.Table).Scan(&r.seqOID)
 	}
+	if err == nil && ok {
+		var seq outbox.SequenceCheck
+		if seq, err = r.ob.CheckSequence(ctx); err == nil {
+			if err := seq.Err(); err != nil {
+				return fmt.Errorf("relay: %w", err)
+			}
+		}
+	}
 	switch {
 	case err != nil:
 		if fatal := r.fatal(err); fatal != nil {
@@ -368,8 +376,8 @@ func (r *Relay) notMigrated() error {
 }
 
 // fatal returns the error that ends Run for err, nil when err is worth
-// retrying: a closed pool, or a missing table or schema (the migrations
-// did not run, or someone dropped them).
+// retrying: a closed pool, a missing table or schema (the migrations did
+// not run, or someone dropped them), or a sequence set to CACHE > 1.
 func (r *Relay) fatal(err error) error {
 	var pgErr *pgconn.PgError
 	switch {
@@ -377,6 +385,8 @@ func (r *Relay) fatal(err error) error {
 		return fmt.Errorf("relay: the pool is closed: %w", err)
 	case errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000"): // undefined_table, invalid_schema_name
 		return fmt.Errorf("%w: %w", r.notMigrated(), err)
+	case errors.Is(err, outbox.ErrSequence):
+		return err
 	}
 	return nil
 }
