@@ -93,12 +93,13 @@ func migrateCommand() *cli.Command {
 		Name:  "migrate",
 		Usage: "apply the migrations of the idemq tables",
 		Description: "Applies what is pending, each component in one transaction, safely from several processes at once.\n" +
-			"'migrate list' shows every migration and whether it is applied; 'migrate validate' exits 4 while any is pending.",
+			"'migrate list' shows every migration and whether it is applied; 'migrate validate' exits 4 while any is pending, and reports each outbox's seq sequence:\n" +
+			"it exits 1 when its CACHE is above 1 or it is below the seqs in use, which break the relay's order.",
 		Flags:  []cli.Flag{componentsFlag("outbox", "inbox")},
 		Action: migrateUp,
 		Commands: []*cli.Command{
 			{Name: "list", Usage: "list applied and pending migrations", Flags: []cli.Flag{componentsFlag("outbox", "inbox")}, Action: migrateList},
-			{Name: "validate", Usage: "exit 4 while migrations are pending", Flags: []cli.Flag{componentsFlag("outbox", "inbox")}, Action: migrateValidate},
+			{Name: "validate", Usage: "exit 4 while migrations are pending, 1 if the outbox's sequence breaks the relay's order", Flags: []cli.Flag{componentsFlag("outbox", "inbox")}, Action: migrateValidate},
 		},
 	}
 }
@@ -166,23 +167,75 @@ func migrateValidate(ctx context.Context, cmd *cli.Command) error {
 	if err != nil {
 		return err
 	}
+	seqs, err := checkSequences(ctx, pool, comps, pending)
+	if err != nil {
+		return err
+	}
 	report := struct {
-		Current bool        `json:"current"`
-		Pending []migration `json:"pending"`
-	}{len(pending) == 0, pending}
+		Current   bool             `json:"current"`
+		Pending   []migration      `json:"pending"`
+		Sequences []sequenceReport `json:"sequences"`
+	}{len(pending) == 0, pending, seqs}
 	if err := output(cmd, report, func(t *table) {
 		if len(pending) == 0 {
 			t.note("schema current")
-			return
+		} else {
+			migrationRows(t, pending)
 		}
-		migrationRows(t, pending)
+		for _, s := range seqs {
+			state := "ok"
+			if s.Problem != "" {
+				state = "breaks the relay's order"
+			}
+			t.note("outbox sequence %s: CACHE %d, last value %d, highest seq %d: %s", s.Sequence, s.Cache, s.LastValue, s.HighestSeq, state)
+		}
 	}); err != nil {
 		return err
 	}
 	if len(pending) > 0 {
 		return withCode(exitPending, "%d migrations pending: run idemq migrate", len(pending))
 	}
+	for _, s := range seqs {
+		if s.Problem != "" {
+			return withCode(exitFailure, "%s", s.Problem)
+		}
+	}
 	return nil
+}
+
+// sequenceReport is the state of an outbox's seq sequence, which the
+// relay needs at CACHE 1 and never below the seqs in use.
+type sequenceReport struct {
+	Sequence   string `json:"sequence"`
+	Cache      int64  `json:"cache"`
+	LastValue  int64  `json:"last_value"`
+	HighestSeq int64  `json:"highest_seq"`
+	Problem    string `json:"problem,omitempty"` // what is wrong and what to run
+}
+
+// checkSequences checks the sequence of each outbox among comps whose
+// migrations are all applied.
+func checkSequences(ctx context.Context, pool *pgxpool.Pool, comps []component, pending []migration) ([]sequenceReport, error) {
+	out := []sequenceReport{}
+	for _, c := range comps {
+		if c.name != "outbox" || slices.ContainsFunc(pending, func(m migration) bool { return m.Component == c.name && m.Table == c.table }) {
+			continue
+		}
+		ob, err := outbox.New(pool, outbox.Config{Schema: c.schema, Table: c.table})
+		if err != nil {
+			return nil, usageError("%w", err)
+		}
+		s, err := ob.CheckSequence(ctx)
+		if err != nil {
+			return nil, err
+		}
+		r := sequenceReport{Sequence: s.Sequence, Cache: s.Cache, LastValue: s.LastValue, HighestSeq: s.HighestSeq}
+		if err := s.Err(); err != nil {
+			r.Problem = err.Error()
+		}
+		out = append(out, r)
+	}
+	return out, nil
 }
 
 // migrationPlan returns every migration, applied or not, and the pending
