@@ -344,3 +344,69 @@ func TestTruncateRestartIdentityWhileRunning(t *testing.T) {
 	waitFor(t, "the 100 enqueued after the truncate", func() bool { return distinct(rec) == 300 })
 	checkOrder(t, rec.deliveries())
 }
+
+// TestPreparedTransactionKeepsItsPlace: a two-phase commit's transaction
+// enqueues k:0 and is prepared (PREPARE TRANSACTION; the Outbox sends no
+// NOTIFY, which would make it unpreparable). While it is prepared, no
+// session runs it, but it still holds the outbox's lock, so the horizon
+// waits for it although other rows keep being published. Once COMMIT
+// PREPARED made k:0 visible, k:1, enqueued after that, must not overtake
+// it.
+func TestPreparedTransactionKeepsItsPlace(t *testing.T) {
+	t.Parallel()
+	srv := testenv.PrivatePostgres(t, "max_prepared_transactions=10")
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	ob, err := outbox.New(pool, outbox.Config{DisableNotify: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ob.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b := bundle{ctx, pool, ob}
+	conn, err := pgx.Connect(ctx, srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ob.EnqueueTx(ctx, tx, outbox.Message{Destination: "d", Key: "k", Payload: []byte("k:0")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `PREPARE TRANSACTION 'enqueue-k0'`); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = pool.Exec(ctx, `ROLLBACK PREPARED 'enqueue-k0'`) })
+	conn.Close(ctx) // the prepared transaction outlives its session
+	// The relay starts once the transaction is prepared: it has no session
+	// then, so its locks have no pid.
+	rec := &recorder{}
+	run(t, newRelay(t, b, rec, relay.Config{DisableListen: true, PollInterval: 20 * time.Millisecond, RescanInterval: time.Hour}))
+	for i := range 5 {
+		enqueue(t, b, keyed("d", 20, 5, i*20)...)
+		waitFor(t, "other keys published while k:0 is prepared", func() bool { return distinct(rec) == (i+1)*20 })
+	}
+	if _, err := pool.Exec(ctx, `COMMIT PREPARED 'enqueue-k0'`); err != nil {
+		t.Fatal(err)
+	}
+	enqueue(t, b, outbox.Message{Destination: "d", Key: "k", Payload: []byte("k:1")})
+	waitFor(t, "k:1 published", func() bool {
+		for _, m := range rec.deliveries() {
+			if string(m.Payload) == "k:1" {
+				return true
+			}
+		}
+		return false
+	})
+	checkOrder(t, rec.deliveries())
+	if n := distinct(rec); n != 102 {
+		t.Fatalf("k:1 published, and %d messages in all, want 102: k:0 was overtaken", n)
+	}
+}

@@ -190,11 +190,14 @@ DELETE FROM ` + relays + ` WHERE owner = $1`,
 		// The other transactions that may insert into table $1: those that
 		// hold its RowExclusiveLock (taken before a row's seq is drawn),
 		// by virtual transaction id; and whether none of the transactions
-		// in $2 is still running (NULL: none to check).
+		// in $2 is still running (NULL: none to check). A prepared
+		// transaction (PREPARE TRANSACTION) holds its locks without a
+		// session, with a NULL pid: it counts until COMMIT or ROLLBACK
+		// PREPARED, hence IS DISTINCT FROM.
 		Writers: `SELECT ARRAY(SELECT virtualtransaction FROM pg_locks
               WHERE locktype = 'relation' AND relation = $1::regclass AND mode = 'RowExclusiveLock'
                 AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-                AND pid <> pg_backend_pid()),
+                AND pid IS DISTINCT FROM pg_backend_pid()),
        CASE WHEN $2::text[] IS NULL THEN true
             ELSE NOT EXISTS (SELECT 1 FROM pg_locks WHERE virtualtransaction = ANY($2)) END`,
 		// Up to $1 rows (partition, seq, ctid, key, wait), locked, from partitions $2 (-1: unkeyed rows) in
