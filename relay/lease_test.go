@@ -47,19 +47,8 @@ func TestBusyPoolKeepsLeases(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg.MaxConns = 4
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	ob, err := outbox.New(pool, outbox.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ob.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	b := bundle{ctx: ctx, pool: pool, ob: ob}
+	b := setupOn(t, openPool(t, cfg))
+	pool, ob := b.pool, b.ob
 
 	var batches atomic.Int64
 	sink := relay.SinkFunc(func(ctx context.Context, _ []relay.Message) error {
@@ -159,24 +148,13 @@ func TestStalledOwnerDoesNotPublishAfterItsSuccessor(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	url := testenv.PostgresURL(t)
-	direct, err := pgxpool.New(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(direct.Close)
-	ob, err := outbox.New(direct, outbox.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ob.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-
-	// A reaches the server through the proxy.
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		t.Fatal(err)
 	}
+	direct := setupOn(t, openPool(t, cfg.Copy()))
+
+	// A reaches the server through the proxy.
 	proxy := testenv.NewProxy(t, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))))
 	staller := &claimStaller{proxy: proxy, stalled: make(chan struct{}), ended: make(chan struct{})}
 	host, port, _ := net.SplitHostPort(proxy.Addr())
@@ -186,11 +164,7 @@ func TestStalledOwnerDoesNotPublishAfterItsSuccessor(t *testing.T) {
 	// first batch: the claim that meets the stall then reaches the server
 	// whole and runs there.
 	cfg.MaxConns = 1
-	viaProxy, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(viaProxy.Close)
+	viaProxy := openPool(t, cfg)
 
 	type publish struct {
 		relay string
@@ -210,19 +184,19 @@ func TestStalledOwnerDoesNotPublishAfterItsSuccessor(t *testing.T) {
 		})
 	}
 	cfgRelay := relay.Config{DisableListen: true, PollInterval: 50 * time.Millisecond, LeaseTTL: 2 * time.Second, PublishTimeout: time.Second}
-	stopA := run(t, newRelay(t, bundle{ctx, viaProxy, ob}, sink("A"), cfgRelay))
+	stopA := run(t, newRelay(t, bundle{ctx, viaProxy, direct.ob}, sink("A"), cfgRelay))
 	waitFor(t, "A owning every partition", func() bool {
 		var owned int
-		err := direct.QueryRow(ctx, `SELECT count(*) FROM idemq_outbox_lease WHERE owner IS NOT NULL`).Scan(&owned)
+		err := direct.pool.QueryRow(ctx, `SELECT count(*) FROM idemq_outbox_lease WHERE owner IS NOT NULL`).Scan(&owned)
 		return err == nil && owned == 64
 	})
-	enqueue(t, bundle{ctx, direct, ob}, outbox.Message{Destination: "d", Payload: []byte("first")})
-	waitFor(t, "A's first batch", func() bool { return pending(t, bundle{ctx, direct, ob}) == 0 })
+	enqueue(t, direct, outbox.Message{Destination: "d", Payload: []byte("first")})
+	waitFor(t, "A's first batch", func() bool { return pending(t, direct) == 0 })
 	staller.armed.Store(true)
-	enqueue(t, bundle{ctx, direct, ob}, keyed("d", 5, 1, 0)...)
+	enqueue(t, direct, keyed("d", 5, 1, 0)...)
 	<-staller.stalled
 
-	run(t, newRelay(t, bundle{ctx, direct, ob}, sink("B"), cfgRelay))
+	run(t, newRelay(t, direct, sink("B"), cfgRelay))
 	var first time.Time
 	waitFor(t, "B's first publish of k0", func() bool {
 		mu.Lock()
@@ -242,7 +216,7 @@ func TestStalledOwnerDoesNotPublishAfterItsSuccessor(t *testing.T) {
 		t.Fatal("A's claim never got its answer")
 	}
 	stopA() // A finishes the batch it was in, publishing or not
-	waitFor(t, "B publishing every row", func() bool { return pending(t, bundle{ctx, direct, ob}) == 0 })
+	waitFor(t, "B publishing every row", func() bool { return pending(t, direct) == 0 })
 
 	mu.Lock()
 	defer mu.Unlock()
@@ -272,10 +246,8 @@ func TestReadOnlyDatabaseFailsAtStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.pool.Reset() // new connections are read-only
-	ctx, cancel := context.WithTimeout(b.ctx, 60*time.Second)
-	defer cancel()
-	err := newRelay(t, b, &recorder{}, relay.Config{}).Run(ctx)
-	if err == nil || ctx.Err() != nil || !errors.Is(err, idemq.ErrConfig) || !strings.Contains(err.Error(), "read-only") {
+	err := startErr(t, b)
+	if !errors.Is(err, idemq.ErrConfig) || !strings.Contains(err.Error(), "read-only") {
 		t.Fatalf("Run on a read-only database: %v; want an ErrConfig error at start that says read-only", err)
 	}
 	t.Log(err)
@@ -292,10 +264,8 @@ func TestSequenceCacheRefusedAtStart(t *testing.T) {
 	if _, err := b.pool.Exec(b.ctx, `ALTER TABLE `+b.table()+` ALTER COLUMN seq SET CACHE 20`); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(b.ctx, 30*time.Second)
-	defer cancel()
-	err := newRelay(t, b, &recorder{}, relay.Config{}).Run(ctx)
-	if err == nil || ctx.Err() != nil || !errors.Is(err, outbox.ErrSequence) || !strings.Contains(err.Error(), "SET CACHE 1") {
+	err := startErr(t, b)
+	if !errors.Is(err, outbox.ErrSequence) || !strings.Contains(err.Error(), "SET CACHE 1") {
 		t.Fatalf("Run with a sequence of CACHE 20: %v; want outbox.ErrSequence at start, saying SET CACHE 1", err)
 	}
 }
@@ -316,10 +286,8 @@ SELECT seq, id, created_at, now(), 1, destination, payload, key, headers, 'refus
 	if _, err := b.pool.Exec(b.ctx, `TRUNCATE `+b.table()+` RESTART IDENTITY`); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(b.ctx, 30*time.Second)
-	defer cancel()
-	err := newRelay(t, b, &recorder{}, relay.Config{}).Run(ctx)
-	if err == nil || ctx.Err() != nil || !errors.Is(err, outbox.ErrSequence) || !strings.Contains(err.Error(), "setval") {
+	err := startErr(t, b)
+	if !errors.Is(err, outbox.ErrSequence) || !strings.Contains(err.Error(), "setval") {
 		t.Fatalf("Run with dead letters above a restarted sequence: %v; want outbox.ErrSequence at start, saying setval", err)
 	}
 }
@@ -356,19 +324,17 @@ func TestPreparedTransactionKeepsItsPlace(t *testing.T) {
 	t.Parallel()
 	srv := testenv.PrivatePostgres(t, "max_prepared_transactions=10")
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, srv.URL())
+	cfg, err := pgxpool.ParseConfig(srv.URL())
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(pool.Close)
+	b := setupOn(t, openPool(t, cfg))
+	pool := b.pool
 	ob, err := outbox.New(pool, outbox.Config{DisableNotify: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := ob.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	b := bundle{ctx, pool, ob}
+	b.ob = ob
 	conn, err := pgx.Connect(ctx, srv.URL())
 	if err != nil {
 		t.Fatal(err)
@@ -409,4 +375,28 @@ func TestPreparedTransactionKeepsItsPlace(t *testing.T) {
 	if n := distinct(rec); n != 102 {
 		t.Fatalf("k:1 published, and %d messages in all, want 102: k:0 was overtaken", n)
 	}
+}
+
+// openPool opens a pool by cfg, closed at cleanup.
+func openPool(t testing.TB, cfg *pgxpool.Config) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// startErr runs a relay on b and returns Run's error, which must come
+// before Run has run for 30 seconds: an error at start.
+func startErr(t *testing.T, b bundle) error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(b.ctx, 30*time.Second)
+	defer cancel()
+	err := newRelay(t, b, &recorder{}, relay.Config{}).Run(ctx)
+	if err == nil || ctx.Err() != nil {
+		t.Fatalf("Run returned %v after %v, want an error at start", err, 30*time.Second)
+	}
+	return err
 }
