@@ -456,8 +456,9 @@ func (w *worker) settled(d decision) {
 }
 
 // publish hands copies of the rows to the Sink, in ctx (see fence), and
-// returns the failed indexes and the duration of the call. A row whose stored headers do not
-// decode fails permanently on its own, and its key's followers with it.
+// returns the failed indexes and the duration of the call. A row whose
+// stored headers do not decode fails permanently on its own, and its key's
+// followers with it.
 func (r *Relay) publish(ctx context.Context, rows []row) (map[int]error, time.Duration) {
 	msgs := make([]Message, len(rows))
 	f := NewFailures(msgs)
