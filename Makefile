@@ -5,12 +5,12 @@ SOAK_MESSAGES ?= 100000
 SOAK_INTERVAL ?= 1500ms
 SOAK_BUSY_POOL ?= 60s
 
-.PHONY: demo test soak bench bench-peers lint
+.PHONY: demo test soak bench bench-peers lint pgbouncer
 
 demo: ## run the end-to-end demo on the local Postgres
 	$(GO) run ./examples/orders
 
-test: testenv/node_modules ## run the whole suite against real servers (race detector on)
+test: testenv/node_modules pgbouncer ## run the whole suite against real servers (race detector on)
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 20m ./...
 	cd cmd/idemq && $(GO) vet ./... && $(GO) test -race -count=1 -timeout 10m ./...
@@ -29,6 +29,17 @@ bench-peers: ## run idemq next to the Watermill SQL outbox (module bench/peers);
 testenv/node_modules: testenv/package.json testenv/package-lock.json
 	npm ci --prefix testenv --no-audit --no-fund
 	@touch $@
+
+# pgbouncer, the transaction-mode pooler of the relay's pooler tests
+# (testenv.PgBouncer starts its own): installed from the distribution when
+# missing (Debian/Ubuntu, as root).
+pgbouncer:
+	@command -v pgbouncer >/dev/null 2>&1 || test -x /usr/sbin/pgbouncer || { \
+		echo "make: installing pgbouncer"; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get install -y -qq pgbouncer >/dev/null 2>&1 || \
+		{ apt-get update -qq >/dev/null && apt-get install -y -qq pgbouncer >/dev/null; } || \
+		{ echo "make: could not install pgbouncer; install it (apt-get install -y pgbouncer) and run make test again"; exit 1; }; }
 
 lint: ## gofmt and go vet
 	@test -z "$$(gofmt -l .)" || { gofmt -l .; echo "gofmt: files above need formatting"; exit 1; }

@@ -19,6 +19,7 @@ import (
 	"github.com/idemq/idemq/internal/errtext"
 	"github.com/idemq/idemq/internal/pgtx"
 	"github.com/idemq/idemq/internal/pgutil"
+	"github.com/idemq/idemq/migrate"
 )
 
 //go:embed migrations/*.sql
@@ -160,16 +161,23 @@ func (s *Store) begin(ctx context.Context, b *pgx.Batch) (pgx.Tx, error) {
 // parameter.
 const setConnCheck = `SELECT set_config('client_connection_check_interval', $1, true)`
 
-// Migrate creates or upgrades the inbox tables. It is idempotent and safe
-// to run from several processes at once.
+// Migrate creates or upgrades the inbox tables on the Store's handle:
+// [migrate.New] of this Store alone. It is idempotent and safe to run from
+// several processes at once.
 func (s *Store) Migrate(ctx context.Context) error {
-	return pgutil.Migrate(ctx, s.db, migrations, "migrations", "inbox", s.table)
+	_, err := migrate.New(s.db, s).Migrate(ctx)
+	return err
 }
 
-// PendingMigrations returns the names of the migrations Migrate would
-// apply, in order; none once the tables are up to date.
-func (s *Store) PendingMigrations(ctx context.Context) ([]string, error) {
-	return pgutil.Pending(ctx, s.db, migrations, "migrations", "inbox", s.table)
+// PendingMigrations returns the migrations Migrate would apply, in order;
+// none once the tables are up to date.
+func (s *Store) PendingMigrations(ctx context.Context) ([]migrate.Migration, error) {
+	return migrate.New(s.db, s).Pending(ctx)
+}
+
+// MigrationSource implements [migrate.Store]: the inbox tables' migrations.
+func (s *Store) MigrationSource() migrate.Source {
+	return migrate.Source{Component: "inbox", Schema: s.cfg.Schema, Table: s.cfg.Table, Files: migrations, Dir: "migrations"}
 }
 
 // Config returns the configuration with its defaults filled in.

@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -525,24 +524,5 @@ func TestNilTxIsAnError(t *testing.T) {
 		if err := call(); err == nil {
 			t.Errorf("%s with a nil tx succeeded", name)
 		}
-	}
-}
-
-func TestPendingMigrations(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	store, err := inbox.New(testenv.Postgres(t), inbox.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := []string{"0001_inbox.sql", "0002_failures.sql", "0003_conflicts.sql"}
-	if pending, err := store.PendingMigrations(ctx); err != nil || !slices.Equal(pending, want) {
-		t.Fatalf("before Migrate: %v, %v; want %v", pending, err, want)
-	}
-	if err := store.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if pending, err := store.PendingMigrations(ctx); err != nil || len(pending) != 0 {
-		t.Fatalf("after Migrate: %v, %v", pending, err)
 	}
 }

@@ -21,7 +21,14 @@
 //	                                                       messaging.operation.name=send, messaging.destination.name
 //	messaging.client.operation.duration     histogram s    one Sink call of the relay that delivered
 //	                                                       messages (a batch); messaging.operation.name=send
-//	idemq.relay.failures                    counter        failed publishes of a message
+//	idemq.relay.failures                    counter        failed publishes of a message (attempted;
+//	                                                       held and skipped ones are not)
+//	                                                       messaging.destination.name
+//	idemq.relay.held                        counter        messages held without an attempt
+//	                                                       messaging.destination.name,
+//	                                                       idemq.relay.hold_reason (no_route, sink)
+//	idemq.relay.skipped                     counter        messages put back behind an earlier failed
+//	                                                       message of their key, not attempted
 //	                                                       messaging.destination.name
 //	idemq.relay.retries                     counter        failed messages rescheduled
 //	                                                       messaging.destination.name
@@ -30,6 +37,7 @@
 //	idemq.outbox.pending                    gauge          messages waiting to be published
 //	idemq.outbox.oldest_pending.age         gauge s        age of the oldest of them
 //	idemq.outbox.dead_letters               gauge          dead letters in the outbox
+//	idemq.outbox.unrouted                   gauge          messages held: no route matches them
 //	idemq.request.results                   counter        protected requests by result
 //	                                                       idemq.transport (http, grpc), idemq.result
 //	idemq.webhook.deliveries                counter        webhook deliveries

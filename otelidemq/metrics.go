@@ -48,10 +48,10 @@ func (t *Telemetry) ConsumerHooks(next consumer.Hooks) consumer.Hooks {
 }
 
 type relayInstruments struct {
-	sent, failures, retries, deadLetters metric.Int64Counter
-	duration                             metric.Float64Histogram
-	pending, dead                        metric.Int64Gauge
-	oldest                               metric.Float64Gauge
+	sent, failures, held, skipped, retries, deadLetters metric.Int64Counter
+	duration                                            metric.Float64Histogram
+	pending, dead, unrouted                             metric.Int64Gauge
+	oldest                                              metric.Float64Gauge
 }
 
 var (
@@ -82,6 +82,18 @@ func (t *Telemetry) RelayHooks(next relay.Hooks) relay.Hooks {
 				next.OnFailed(e)
 			}
 		},
+		OnHeld: func(e relay.HeldEvent) {
+			in.held.Add(bg, 1, metric.WithAttributes(semconv.MessagingDestinationName(e.Message.Destination), keyReason.String(relay.HoldReason(e.Err))))
+			if next.OnHeld != nil {
+				next.OnHeld(e)
+			}
+		},
+		OnSkipped: func(e relay.SkippedEvent) {
+			byDestination(in.skipped, e.Message)
+			if next.OnSkipped != nil {
+				next.OnSkipped(e)
+			}
+		},
 		OnRetried: func(e relay.RetriedEvent) {
 			byDestination(in.retries, e.Message)
 			if next.OnRetried != nil {
@@ -98,6 +110,7 @@ func (t *Telemetry) RelayHooks(next relay.Hooks) relay.Hooks {
 			in.pending.Record(bg, e.Stats.Pending)
 			in.oldest.Record(bg, e.Stats.OldestPending.Seconds())
 			in.dead.Record(bg, e.Stats.Dead)
+			in.unrouted.Record(bg, e.Stats.Unrouted)
 			if next.OnBacklog != nil {
 				next.OnBacklog(e)
 			}

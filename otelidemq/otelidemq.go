@@ -58,6 +58,7 @@ const (
 	keyResult    = attribute.Key("idemq.result")
 	keyEndpoint  = attribute.Key("idemq.webhook.endpoint")
 	keyClass     = attribute.Key("idemq.webhook.class")
+	keyReason    = attribute.Key("idemq.relay.hold_reason")
 )
 
 // New creates the instruments. It fails only if the MeterProvider refuses
@@ -78,12 +79,15 @@ func New(cfg Config) (*Telemetry, error) {
 	t.relay = relayInstruments{
 		sent:        b.counter("messaging.client.sent.messages", "{message}", "Messages the relay published."),
 		duration:    b.histogram("messaging.client.operation.duration", "Duration of one publish of a batch by the relay."),
-		failures:    b.counter("idemq.relay.failures", "{message}", "Failed publishes of a message."),
+		failures:    b.counter("idemq.relay.failures", "{message}", "Failed publishes of a message (held and skipped messages not included)."),
+		held:        b.counter("idemq.relay.held", "{message}", "Messages held without an attempt, by reason (no_route, sink)."),
+		skipped:     b.counter("idemq.relay.skipped", "{message}", "Messages put back, not attempted, behind an earlier failed message of their key."),
 		retries:     b.counter("idemq.relay.retries", "{message}", "Failed messages rescheduled for another publish."),
 		deadLetters: b.counter("idemq.relay.dead_letters", "{message}", "Messages moved to the outbox's dead letters."),
 		pending:     b.gauge("idemq.outbox.pending", "{message}", "Messages waiting in the outbox."),
 		oldest:      b.floatGauge("idemq.outbox.oldest_pending.age", "s", "Age of the oldest message waiting in the outbox."),
 		dead:        b.gauge("idemq.outbox.dead_letters", "{message}", "Dead letters in the outbox."),
+		unrouted:    b.gauge("idemq.outbox.unrouted", "{message}", "Messages held in the outbox because no route matches their destination."),
 	}
 	t.request = b.counter("idemq.request.results", "{request}", "Requests protected by an idempotency key, by result.")
 	t.webhook = webhookInstruments{

@@ -44,6 +44,8 @@ func TestPrometheusNames(t *testing.T) {
 	rh.OnPublished(relay.PublishedEvent{Messages: []relay.Message{m}, Took: time.Millisecond})
 	rh.OnFailed(relay.FailedEvent{Message: m})
 	rh.OnRetried(relay.RetriedEvent{Message: m})
+	rh.OnHeld(relay.HeldEvent{Message: m, Err: relay.ErrNoRoute})
+	rh.OnSkipped(relay.SkippedEvent{Message: m})
 	rh.OnDeadLettered(relay.DeadLetteredEvent{Message: m})
 	rh.OnBacklog(relay.BacklogEvent{Stats: outbox.Stats{Pending: 3, OldestPending: time.Second, Dead: 1}})
 	tel.HTTPHooks(idemhttp.Hooks{}).OnResult(idemhttp.ResultEvent{Result: request.ResultReplayed})
@@ -67,9 +69,12 @@ func TestPrometheusNames(t *testing.T) {
 		"idemq_outbox_dead_letters",
 		"idemq_outbox_oldest_pending_age_seconds",
 		"idemq_outbox_pending",
+		"idemq_outbox_unrouted",
 		"idemq_relay_dead_letters_total",
 		"idemq_relay_failures_total",
+		"idemq_relay_held_total",
 		"idemq_relay_retries_total",
+		"idemq_relay_skipped_total",
 		"idemq_request_results_total",
 		"idemq_webhook_deliveries_total",
 		"idemq_webhook_delivery_duration_seconds",

@@ -229,11 +229,26 @@ func inTx(ctx context.Context, db DB, fn func(pgx.Tx) (int64, error)) (int64, er
 // Stats is a snapshot of the outbox.
 type Stats struct {
 	// Pending counts the messages waiting to be published, including
-	// those waiting for a retry or parked behind a dead letter.
+	// those waiting for a retry, held or parked behind a dead letter.
 	Pending int64
 	// OldestPending is the age of the oldest pending message; zero when
 	// nothing is pending.
 	OldestPending time.Duration
+	// Waiting counts the pending messages that are not due yet: waiting
+	// for a retry, or held without an attempt (a webhook endpoint disabled
+	// or behind an open breaker, a destination no route matches).
+	Waiting int64
+	// Parked counts the messages parked behind a dead letter of their key
+	// (relay.Config.ParkFollowers) until it is replayed or purged.
+	Parked int64
+	// Unrouted counts the messages held because no route of the relay
+	// matched their destination (relay.ErrNoRoute). They are among
+	// Waiting.
+	Unrouted int64
+	// OldestDue is how long the longest-waiting message that is free to go
+	// (due, and no message of its key waits for a retry) has been due. A
+	// relay that keeps up keeps it near zero; a large value is a stall.
+	OldestDue time.Duration
 	// Dead counts the dead letters.
 	Dead int64
 }
@@ -242,13 +257,20 @@ type Stats struct {
 // call it every few seconds at most, not per message.
 func (o *Outbox) Stats(ctx context.Context) (Stats, error) {
 	var s Stats
-	var oldest *float64
-	err := o.db.QueryRow(ctx, o.q.Stats).Scan(&s.Pending, &oldest, &s.Dead)
+	var oldest, due *float64
+	err := o.db.QueryRow(ctx, o.q.Stats, outboxsql.NoRoute).Scan(&s.Pending, &oldest, &s.Waiting, &s.Parked, &s.Unrouted, &due, &s.Dead)
 	if err != nil {
 		return Stats{}, fmt.Errorf("outbox: stats: %w", err)
 	}
-	if oldest != nil && *oldest > 0 {
-		s.OldestPending = time.Duration(*oldest * float64(time.Second))
-	}
+	s.OldestPending, s.OldestDue = seconds(oldest), seconds(due)
 	return s, nil
+}
+
+// seconds converts a number of seconds read from the database; NULL and
+// negative values (clock skew between now() and clock_timestamp()) are 0.
+func seconds(v *float64) time.Duration {
+	if v == nil || *v <= 0 {
+		return 0
+	}
+	return time.Duration(*v * float64(time.Second))
 }

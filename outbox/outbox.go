@@ -19,6 +19,7 @@ import (
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/internal/outboxsql"
 	"github.com/idemq/idemq/internal/pgutil"
+	"github.com/idemq/idemq/migrate"
 )
 
 //go:embed migrations/*.sql
@@ -196,17 +197,25 @@ func New(db DB, cfg Config) (*Outbox, error) {
 	return &Outbox{db: db, cfg: cfg, table: t, q: outboxsql.New(t)}, nil
 }
 
-// Migrate creates or upgrades the outbox and dead-letter tables. It is
-// safe to run from several processes, and beside the migrations of other
-// idemq stores, at once.
+// Migrate creates or upgrades the outbox and dead-letter tables on the
+// Outbox's handle: [migrate.New] of this Outbox alone. It is safe to run
+// from several processes, and beside the migrations of other idemq stores,
+// at once.
 func (o *Outbox) Migrate(ctx context.Context) error {
-	return pgutil.Migrate(ctx, o.db, migrations, "migrations", "outbox", o.table)
+	_, err := migrate.New(o.db, o).Migrate(ctx)
+	return err
 }
 
-// PendingMigrations returns the names of the migrations Migrate would
-// apply, in order; none once the tables are up to date.
-func (o *Outbox) PendingMigrations(ctx context.Context) ([]string, error) {
-	return pgutil.Pending(ctx, o.db, migrations, "migrations", "outbox", o.table)
+// PendingMigrations returns the migrations Migrate would apply, in order;
+// none once the tables are up to date.
+func (o *Outbox) PendingMigrations(ctx context.Context) ([]migrate.Migration, error) {
+	return migrate.New(o.db, o).Pending(ctx)
+}
+
+// MigrationSource implements [migrate.Store]: the outbox tables'
+// migrations.
+func (o *Outbox) MigrationSource() migrate.Source {
+	return migrate.Source{Component: "outbox", Schema: o.cfg.Schema, Table: o.cfg.Table, Files: migrations, Dir: "migrations"}
 }
 
 // DB is what the outbox needs from a database handle: a *pgxpool.Pool, a

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -412,26 +411,6 @@ func (b bundle) table() string {
 func (b bundle) deadTable() string {
 	c := b.ob.Config()
 	return pgx.Identifier{c.Schema, c.Table + "_dead"}.Sanitize()
-}
-
-func TestPendingMigrations(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	pool := testenv.Postgres(t)
-	ob, err := outbox.New(pool, outbox.Config{Schema: "fresh"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pending, err := ob.PendingMigrations(ctx)
-	if err != nil || !slices.Equal(pending, []string{"0001_outbox.sql", "0002_partitions.sql"}) {
-		t.Fatalf("before Migrate: %v, %v", pending, err)
-	}
-	if err := ob.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if pending, err := ob.PendingMigrations(ctx); err != nil || len(pending) != 0 {
-		t.Fatalf("after Migrate: %v, %v", pending, err)
-	}
 }
 
 // TestDefaultChannelFitsNotify: a default channel longer than Postgres' 63

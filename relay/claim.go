@@ -506,7 +506,9 @@ type decision struct {
 	back, dead rowSet   // put back, buried
 	parkKeys   []string // keys whose followers wait behind a dead letter
 	delivered  []Message
-	failed     []FailedEvent
+	failed     []FailedEvent // attempted and failed
+	held       []HeldEvent
+	skipped    []SkippedEvent
 	retried    []RetriedEvent
 	buried     []DeadLetteredEvent
 }
@@ -531,10 +533,18 @@ func decide(rows []row, failed map[int]error, p settlePolicy) decision {
 			d.delivered = append(d.delivered, m)
 			continue
 		}
-		d.failed = append(d.failed, FailedEvent{Message: m, Err: err})
 		delay, isBlocked := blocked[m.Key]
 		isBlocked = isBlocked && m.Key != ""
 		permanent := idemq.IsPermanent(err)
+		hold, _ := idemq.RetryAfterHint(err)
+		switch {
+		case permanent || !errors.Is(err, ErrSkipped):
+			d.failed = append(d.failed, FailedEvent{Message: m, Err: err})
+		case !isBlocked && hold > 0:
+			d.held = append(d.held, HeldEvent{Message: m, Err: err, Delay: hold})
+		default:
+			d.skipped = append(d.skipped, SkippedEvent{Message: m, Err: err})
+		}
 		switch {
 		case isBlocked && !permanent:
 			// Held behind an earlier row of its key: not an attempt.
@@ -544,7 +554,6 @@ func decide(rows []row, failed map[int]error, p settlePolicy) decision {
 			// Skipped behind a row that became a dead letter: again now; or
 			// held by the Sink (ErrSkipped with a RetryAfter hint): again
 			// then, its key's followers behind it. Not an attempt.
-			hold, _ := idemq.RetryAfterHint(err)
 			d.back.add(c, m.Attempts, hold, err)
 			if m.Key != "" && hold > 0 {
 				blocked[m.Key] = hold
@@ -593,25 +602,6 @@ func (r *Relay) commit(ctx context.Context, tx *claimTx, d decision) error {
 	}
 	tx.open = false
 	return nil
-}
-
-// report calls the hooks and logs the dead letters of a committed batch.
-func (r *Relay) report(d decision, took time.Duration) {
-	if h := r.cfg.Hooks.OnPublished; h != nil && len(d.delivered) > 0 {
-		h(PublishedEvent{Messages: d.delivered, Took: took})
-	}
-	if h := r.cfg.Hooks.OnRetried; h != nil {
-		for _, e := range d.retried {
-			h(e)
-		}
-	}
-	for _, e := range d.buried {
-		m := e.Message
-		r.log.Warn("relay dead-lettered a message", "id", m.ID, "destination", m.Destination, "key", m.Key, "attempts", m.Attempts, "err", e.Err)
-		if h := r.cfg.Hooks.OnDeadLettered; h != nil {
-			h(e)
-		}
-	}
 }
 
 // rowSet accumulates rows for the array statements.

@@ -37,8 +37,9 @@ func TestDecideDeliversRetriesAndHoldsBackFollowers(t *testing.T) {
 	if d.back.delays[1] != d.back.delays[0] || len(d.retried) != 1 || d.retried[0].Delay.Microseconds() != d.back.delays[0] {
 		t.Fatalf("delays %v, retried %+v", d.back.delays, d.retried)
 	}
-	if len(d.failed) != 2 || len(d.dead.seqs) != 0 {
-		t.Fatalf("failed %d dead %d", len(d.failed), len(d.dead.seqs))
+	// Only the attempted row counts as failed; its follower was skipped.
+	if len(d.failed) != 1 || len(d.skipped) != 1 || len(d.dead.seqs) != 0 {
+		t.Fatalf("failed %d skipped %d dead %d", len(d.failed), len(d.skipped), len(d.dead.seqs))
 	}
 }
 

@@ -104,6 +104,21 @@
 // database and Sink errors are logged and retried. A second concurrent Run
 // returns idemq.ErrRunning; a Run after the previous one returned works.
 //
+// # What the relay tells the operator
+//
+// [Config.Logger] gets one line per change of state, never one per
+// message (see monitor.go): a destination's broker outage begins, with the
+// error, and ends; a destination is held ([ErrNoRoute], a Sink's hold) and
+// released; the database goes away and comes back; a worker acquires,
+// releases, takes over or loses key partitions (with tokens, the previous
+// owner, the new one); dead letters, one line per batch; every
+// [Config.StatsInterval] a backlog line while messages are pending; a
+// stall, when a message free to go has been due longer than
+// [Config.StallThreshold]; and a warning when LISTEN receives nothing (a
+// transaction-mode pooler: set [Config.ListenConnString]). The hooks count
+// rows: [Hooks.OnFailed] attempted publishes that failed, [Hooks.OnHeld]
+// and [Hooks.OnSkipped] rows put back without an attempt.
+//
 // # Workers and timeouts
 //
 // More [Config.Workers] (or more relays) help when there are many keys and

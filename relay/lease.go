@@ -69,20 +69,26 @@ func (w *worker) rebalance(ctx context.Context) error {
 		if _, err := r.pool.Exec(ctx, r.sql.Release, w.id, extra); err != nil {
 			return err
 		}
+		r.mon.released(w.id, extra)
 		held = held[:target]
+		w.leases = slices.DeleteFunc(w.leases, func(l lease) bool { return slices.Contains(extra, l.part) })
 	case len(held) < target:
 		rows, err := r.pool.Query(ctx, r.sql.Take, w.id, target-len(held))
 		if err != nil {
 			return err
 		}
+		var from []*uuid.UUID // previous owners
 		taken, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (lease, error) {
 			var l lease
-			err := row.Scan(&l.part, &l.token, &l.gen)
+			var prev *uuid.UUID
+			err := row.Scan(&l.part, &l.token, &l.gen, &prev)
+			from = append(from, prev)
 			return l, err
 		})
 		if err != nil {
 			return err
 		}
+		r.mon.acquired(w.id, taken, from)
 		held = append(held, taken...)
 	}
 	w.setLeases(held)
@@ -100,6 +106,7 @@ func (w *worker) target() int {
 // anywhere: the worker then forgets what it knew and scans from the start.
 func (w *worker) setLeases(held []lease) {
 	slices.SortFunc(held, func(a, b lease) int { return int(a.part - b.part) })
+	w.r.mon.lost(w.id, w.leases, held)
 	for _, l := range held {
 		if !slices.Contains(w.leases, l) {
 			w.restart()

@@ -32,6 +32,7 @@ const (
 	PublishTimeoutDefault = 30 * time.Second
 	ShutdownGraceDefault  = 10 * time.Second
 	StatsIntervalDefault  = 15 * time.Second
+	StallThresholdDefault = time.Minute
 )
 
 // RetryDefault is the relay's retry policy where [Config.Retry] leaves a
@@ -87,9 +88,17 @@ type Config struct {
 	ListenConnString string
 	// DisableListen makes the relay poll only.
 	DisableListen bool
-	// StatsInterval is how often [Hooks.OnBacklog] is called. Defaults to
-	// 15 seconds; ignored without that hook.
+	// StatsInterval is how often the relay reads the backlog
+	// (outbox.Outbox.Stats, which scans the outbox): for
+	// [Hooks.OnBacklog], the backlog line of the log and stall detection.
+	// A read that takes longer than a tenth of it spaces the reads out
+	// to ten times its duration. Defaults to 15 seconds.
 	StatsInterval time.Duration
+	// StallThreshold is how long a message free to go (due, and no
+	// earlier message of its key waiting for a retry) may have been due
+	// before the relay logs a stall: partitions nobody owns, rows locked
+	// by someone else, a relay that cannot keep up. Defaults to 1 minute.
+	StallThreshold time.Duration
 	// VacuumEvery makes the relay VACUUM the outbox table after it has
 	// claimed this many rows, for servers where autovacuum is off or too
 	// slow (see the package documentation). It needs the table owner's
@@ -97,8 +106,14 @@ type Config struct {
 	VacuumEvery int
 	// Hooks receive metrics. All optional.
 	Hooks Hooks
-	// Logger receives errors and lifecycle events. Defaults to
-	// slog.Default().
+	// Logger receives one line per change of state, never one per
+	// message: start and stop, broker outages (per destination) and
+	// their end, held destinations, database outages, partitions
+	// acquired, released, taken over and lost, the backlog every
+	// StatsInterval while messages are pending, stalls, dead letters per
+	// batch. Defaults to slog.Default(), so that an application's
+	// slog.SetDefault applies; pass a logger with a discarding handler to
+	// silence it.
 	Logger *slog.Logger
 }
 
@@ -112,6 +127,7 @@ func (c Config) withDefaults() Config {
 	c.PublishTimeout = cmp.Or(c.PublishTimeout, PublishTimeoutDefault)
 	c.ShutdownGrace = cmp.Or(c.ShutdownGrace, ShutdownGraceDefault)
 	c.StatsInterval = cmp.Or(c.StatsInterval, StatsIntervalDefault)
+	c.StallThreshold = cmp.Or(c.StallThreshold, StallThresholdDefault)
 	c.Logger = cmp.Or(c.Logger, slog.Default())
 	return c
 }
@@ -129,6 +145,7 @@ func (c Config) validate() error {
 		{"PublishTimeout", int64(c.PublishTimeout)},
 		{"ShutdownGrace", int64(c.ShutdownGrace)},
 		{"StatsInterval", int64(c.StatsInterval)},
+		{"StallThreshold", int64(c.StallThreshold)},
 	} {
 		if f.v < 0 {
 			return idemq.NewConfigError("relay", f.name, "is negative")
@@ -143,8 +160,17 @@ type Hooks struct {
 	// OnPublished is called after a batch committed.
 	OnPublished func(PublishedEvent)
 	// OnFailed is called for every message whose publish failed, before it
-	// is retried or dead-lettered.
+	// is retried or dead-lettered. Messages held or skipped (not
+	// attempted) go to OnHeld and OnSkipped instead.
 	OnFailed func(FailedEvent)
+	// OnHeld is called for every message the Sink held without an
+	// attempt (ErrSkipped with an idemq.RetryAfter hint: no route, a
+	// disabled webhook endpoint, an open breaker), after its batch
+	// committed.
+	OnHeld func(HeldEvent)
+	// OnSkipped is called for every message not attempted because an
+	// earlier message of its key failed, after its batch committed.
+	OnSkipped func(SkippedEvent)
 	// OnRetried is called for a failed message rescheduled.
 	OnRetried func(RetriedEvent)
 	// OnDeadLettered is called for a message moved to the dead letters.
@@ -163,6 +189,21 @@ type PublishedEvent struct {
 
 // FailedEvent reports a failed publish of one message.
 type FailedEvent struct {
+	Message Message
+	Err     error
+}
+
+// HeldEvent reports a message held without an attempt.
+type HeldEvent struct {
+	Message Message
+	Err     error
+	// Delay is the wait before the message comes back.
+	Delay time.Duration
+}
+
+// SkippedEvent reports a message put back behind an earlier failed
+// message of its key, without an attempt.
+type SkippedEvent struct {
 	Message Message
 	Err     error
 }
@@ -201,6 +242,7 @@ type Relay struct {
 	claimed atomic.Int64 // rows claimed since the last VACUUM
 	vacuum  chan struct{}
 	seqOID  uint32 // the outbox's identity sequence
+	mon     *monitor
 	// alive is when the workers' leases may run out, at the earliest (see
 	// beat); nil before the first heartbeat.
 	alive atomic.Pointer[time.Time]
@@ -234,6 +276,7 @@ func New(pool *pgxpool.Pool, ob *outbox.Outbox, sink Sink, cfg Config) (*Relay, 
 		sql:    sql,
 		vacuum: make(chan struct{}, 1),
 	}
+	r.mon = newMonitor(r)
 	if !cfg.DisableListen {
 		if cfg.ListenConnString != "" {
 			lc, err := pgx.ParseConfig(cfg.ListenConnString)
@@ -310,9 +353,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	} else {
 		ready()
 	}
-	if r.cfg.Hooks.OnBacklog != nil {
-		wg.Go(func() { r.statsLoop(ctx) })
-	}
+	wg.Go(func() { r.statsLoop(ctx) })
 	if r.cfg.VacuumEvery > 0 {
 		wg.Go(func() { r.vacuumLoop(ctx) })
 	}
@@ -431,11 +472,12 @@ func (r *Relay) workerLoop(ctx, work context.Context, wake <-chan struct{}, id u
 			}
 			failures++
 			d := errRetry.Delay(failures, 0)
-			r.log.Warn("relay batch failed", "err", err, "retry_in", d)
+			r.mon.dbFailed(err, d)
 			_ = lifecycle.Sleep(ctx, d)
 			continue
 		}
 		failures = 0
+		r.mon.dbOK()
 		if claimed > 0 || more {
 			hotUntil = time.Now().Add(hotFor)
 			continue
@@ -492,13 +534,21 @@ func (r *Relay) vacuumLoop(ctx context.Context) {
 	}
 }
 
+// statsLoop reads the backlog every StatsInterval, or less often when the
+// read is slow: Stats scans the outbox, and a large backlog must not keep
+// a server backend busy more than a tenth of the time.
 func (r *Relay) statsLoop(ctx context.Context) {
-	t := time.NewTicker(r.cfg.StatsInterval)
+	t := time.NewTimer(r.cfg.StatsInterval)
 	defer t.Stop()
 	for {
+		start := time.Now()
 		s, err := r.ob.Stats(ctx)
+		t.Reset(max(r.cfg.StatsInterval, 10*time.Since(start)))
 		if err == nil {
-			r.cfg.Hooks.OnBacklog(BacklogEvent{Stats: s})
+			r.mon.backlog(s)
+			if h := r.cfg.Hooks.OnBacklog; h != nil {
+				h(BacklogEvent{Stats: s})
+			}
 		} else if ctx.Err() == nil {
 			r.log.Warn("relay stats failed", "err", err)
 		}
@@ -529,10 +579,14 @@ func (r *Relay) listenLoop(ctx context.Context, wake, ready func()) {
 			ready()
 			failures = 0
 			wake() // notifications sent while we were away are lost
+			probe := r.startListenProbe(ctx, r.ob.Config().Channel)
+			defer probe.stop()
 			for {
-				if _, err := conn.WaitForNotification(ctx); err != nil {
+				n, err := conn.WaitForNotification(ctx)
+				if err != nil {
 					return err
 				}
+				probe.notified(n.Payload)
 				wake()
 			}
 		}()

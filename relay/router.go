@@ -7,18 +7,38 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/internal/outboxsql"
 )
 
-// ErrNoRoute is matched by the (permanent) error a [Router] reports for a
-// message whose destination has no sink.
-var ErrNoRoute = errors.New("relay: no sink for destination")
+// ErrNoRoute is matched by the error a [Router] reports for a message
+// whose destination has no sink. That error also matches [ErrSkipped] and
+// carries an idemq.RetryAfter hint of [NoRouteHold]: the relay holds the
+// message (and its key's followers) without counting an attempt, reports
+// it ([Hooks.OnHeld], the log, outbox.Stats.Unrouted) and tries it again
+// later. A missing route is a deployment mistake, fixed by deploying the
+// route, not a reason to dead-letter the message.
+var ErrNoRoute = errors.New(outboxsql.NoRoute)
+
+// NoRouteHold is how long a message whose destination no route matches
+// waits before the relay tries it again. After a new route is deployed,
+// outbox.Outbox.RetryNow sends such messages at once.
+const NoRouteHold = 30 * time.Second
+
+// noRouteError is the hold of a message whose destination has no sink.
+type noRouteError struct{ destination string }
+
+func (e *noRouteError) Error() string { return fmt.Sprintf("%s %q", outboxsql.NoRoute, e.destination) }
+
+// Is matches ErrNoRoute and ErrSkipped: the message was not attempted.
+func (e *noRouteError) Is(target error) bool { return target == ErrNoRoute || target == ErrSkipped }
 
 // Router is a [Sink] that hands each message to the sink routed for its
 // destination: an exact route wins, then the longest matching prefix. A
-// destination with no route fails permanently with [ErrNoRoute], so the
-// message becomes a dead letter instead of blocking the relay.
+// message whose destination has no route is held ([ErrNoRoute]): it stays
+// in the outbox, reported, and is tried again every [NoRouteHold].
 //
 // Per-key order holds across sinks: when the messages of one key in a batch
 // go to several destinations, the router publishes them in [Rounds], each
@@ -113,7 +133,7 @@ func (r *Router) Publish(ctx context.Context, batch []Message) error {
 				calls = append(calls, c)
 			}
 			if c.sink == nil {
-				f.Fail(i, idemq.Permanent(fmt.Errorf("%w %q", ErrNoRoute, dest)))
+				f.Fail(i, idemq.RetryAfter(&noRouteError{dest}, NoRouteHold))
 				continue
 			}
 			c.index = append(c.index, i)

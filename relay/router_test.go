@@ -92,7 +92,7 @@ func TestRouterPanickingSinkFailsItsPart(t *testing.T) {
 	err := r.Publish(context.Background(), batch)
 	var pe *relay.PublishError
 	if !errors.As(err, &pe) || len(pe.Failed) != 2 || !errors.Is(pe.Failed[0], relay.ErrSinkPanicked) ||
-		!errors.Is(pe.Failed[2], relay.ErrNoRoute) || !idemq.IsPermanent(pe.Failed[2]) {
+		!errors.Is(pe.Failed[2], relay.ErrNoRoute) || !errors.Is(pe.Failed[2], relay.ErrSkipped) || idemq.IsPermanent(pe.Failed[2]) {
 		t.Fatalf("Publish: %v", err)
 	}
 	if got, _ := ok.received(context.Background(), 1); len(got) != 1 {

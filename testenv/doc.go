@@ -19,6 +19,9 @@
 // Outage tests get servers of their own to stop and start again:
 // [StartRedis] (a redis-server process), [StartDynalite] and [NewProxy] (a
 // TCP forwarder that refuses connections while stopped, for Postgres).
+// [PgBouncer] puts a pgbouncer of the test's own (transaction mode) in
+// front of a test database, for the pooler tests. [Logs] keeps what a
+// component logged, for tests of its log lines.
 //
 // A missing server fails the test with a message that says how to start it;
 // nothing is ever skipped silently.

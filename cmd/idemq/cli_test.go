@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -27,7 +29,7 @@ func TestMigrateValidateExitCodes(t *testing.T) {
 	url := testenv.PostgresURL(t)
 
 	r := wantCode(t, url, exitPending, "migrate", "validate")
-	if !strings.Contains(r.stdout, "0001_outbox.sql") || !strings.Contains(r.stdout, "pending") {
+	if !strings.Contains(r.stdout, "public.idemq_outbox") || !strings.Contains(r.stdout, "partitions") || !strings.Contains(r.stdout, "pending") {
 		t.Errorf("validate lists no pending outbox migration:\n%s", r.stdout)
 	}
 	var report struct {
@@ -73,6 +75,54 @@ func TestMigrateValidateExitCodes(t *testing.T) {
 	wantCode(t, url, exitUsage, "--outbox-table", "Bad-Name", "migrate")
 }
 
+// TestMigrateExport: migrate export writes the numbered files with the
+// flags' names filled in, needs no database to do it, adds nothing the
+// second time, and a database migrated by applying the files with plain
+// Exec is current for migrate validate.
+func TestMigrateExport(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	export := []string{"--schema", "billing", "migrate", "export", "--components", "outbox,inbox,webhook", dir}
+	validate := []string{"--schema", "billing", "migrate", "validate", "--components", "outbox,inbox,webhook"}
+	var files []string
+	mustJSON(t, "postgres://127.0.0.1:1/unreachable", &files, export...)
+	if len(files) != 12 || files[0] != "0001_idemq_outbox_outbox.up.sql" || files[11] != "0006_idemq_webhook_endpoints_endpoints.down.sql" {
+		t.Fatalf("export wrote %v", files)
+	}
+	if out := mustRun(t, "", export...); !strings.Contains(out, "nothing to export") {
+		t.Errorf("a second export: %q, want it to say there is nothing to export", out)
+	}
+	wantCode(t, "", exitUsage, "migrate", "export")
+	wantCode(t, "", exitUsage, "migrate", "export", "--format", "liquibase", t.TempDir())
+	if out := mustRun(t, "", "migrate", "export", "--format", "flyway", t.TempDir()); !strings.Contains(out, "V0005__idemq_inbox_conflicts.sql") {
+		t.Errorf("export --format flyway wrote:\n%s", out)
+	}
+
+	url := testenv.PostgresURL(t)
+	wantCode(t, url, exitPending, validate...)
+	pool, err := pgxpool.New(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	for _, f := range files {
+		if !strings.HasSuffix(f, ".up.sql") {
+			continue
+		}
+		sql, err := os.ReadFile(filepath.Join(dir, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(sql), `"billing".`) {
+			t.Errorf("%s does not name the schema billing", f)
+		}
+		if _, err := pool.Exec(context.Background(), string(sql)); err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+	}
+	wantCode(t, url, exitOK, validate...)
+}
+
 func TestExitCodes(t *testing.T) {
 	t.Parallel()
 	url := testenv.PostgresURL(t)
@@ -90,6 +140,8 @@ func TestExitCodes(t *testing.T) {
 		{"unknown sink", exitUsage, []string{"relay", "--migrate", "--route", "orders=rabbitmq"}},
 		{"route without broker", exitUsage, []string{"relay", "--migrate", "--route", "orders=kafka"}},
 		{"no routes", exitUsage, []string{"relay", "--migrate"}},
+		{"bad log format", exitUsage, []string{"relay", "--log-format", "xml", "--route", "orders=nats"}},
+		{"bad log level", exitUsage, []string{"relay", "--log-level", "loud", "--route", "orders=nats"}},
 		{"bad message id", exitUsage, []string{"dlq", "show", "not-a-uuid"}},
 		{"database unreachable", exitUnreachable, []string{"--database-url", "postgres://postgres@127.0.0.1:1/none", "--connect-timeout", "3s", "stats"}},
 	} {

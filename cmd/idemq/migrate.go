@@ -4,37 +4,24 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/urfave/cli/v3"
 
-	"github.com/idemq/idemq/outbox"
+	"github.com/idemq/idemq/migrate"
 )
 
 // component is a set of idemq tables with its own migrations.
 type component struct {
-	name   string // "outbox", "inbox", "webhook"
-	schema string
-	table  string
+	name string // "outbox", "inbox", "webhook"
 	// open builds the component's store on db, a pool or a transaction.
-	open func(db outbox.DB) (migrator, error)
+	open func(db migrate.DB) (migrate.Store, error)
 }
 
-// migrator is what every component's store offers for its tables.
-type migrator interface {
-	Migrate(context.Context) error
-	PendingMigrations(context.Context) ([]string, error)
-}
-
-// owner is the key under which the library's migrator records the
-// component's versions in <schema>.idemq_migrations.
-func (c component) owner() string { return c.name + ":" + c.schema + "." + c.table }
-
-// migration is one row of the migration log, applied or pending.
+// migration is one migration as the migrate commands print it, applied or
+// pending.
 type migration struct {
 	Component string     `json:"component"`
 	Schema    string     `json:"schema"`
@@ -42,6 +29,19 @@ type migration struct {
 	Version   int        `json:"version"`
 	Name      string     `json:"name"`
 	AppliedAt *time.Time `json:"applied_at"` // nil while pending
+}
+
+// migrationViews returns ms as the commands print them.
+func migrationViews(ms []migrate.Migration) []migration {
+	out := []migration{} // JSON [] rather than null
+	for _, m := range ms {
+		v := migration{Component: m.Component, Schema: m.Schema, Table: m.Table, Version: m.Version, Name: m.Name}
+		if !m.AppliedAt.IsZero() {
+			v.AppliedAt = &m.AppliedAt
+		}
+		out = append(out, v)
+	}
+	return out
 }
 
 const flagComponents = "components"
@@ -53,22 +53,18 @@ func componentsFlag(defaults ...string) cli.Flag {
 
 // allComponents returns every component, by name.
 func allComponents(cmd *cli.Command) map[string]component {
-	schema := cmd.String(flagSchema)
 	return map[string]component{
-		"outbox": {name: "outbox", schema: schema, table: cmd.String(flagOutboxTable),
-			open: func(db outbox.DB) (migrator, error) {
-				ob, _, err := stores(cmd, db)
-				return ob, err
-			}},
-		"inbox": {name: "inbox", schema: schema, table: cmd.String(flagInboxTable),
-			open: func(db outbox.DB) (migrator, error) {
-				_, ib, err := stores(cmd, db)
-				return ib, err
-			}},
-		"webhook": {name: "webhook", schema: schema, table: cmd.String(flagWebhookTable),
-			open: func(db outbox.DB) (migrator, error) {
-				return registry(cmd, db)
-			}},
+		"outbox": {name: "outbox", open: func(db migrate.DB) (migrate.Store, error) {
+			ob, _, err := stores(cmd, db)
+			return ob, err
+		}},
+		"inbox": {name: "inbox", open: func(db migrate.DB) (migrate.Store, error) {
+			_, ib, err := stores(cmd, db)
+			return ib, err
+		}},
+		"webhook": {name: "webhook", open: func(db migrate.DB) (migrate.Store, error) {
+			return registry(cmd, db)
+		}},
 	}
 }
 
@@ -92,45 +88,46 @@ func migrateCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "migrate",
 		Usage: "apply the migrations of the idemq tables",
-		Description: "Applies what is pending, each component in one transaction, safely from several processes at once.\n" +
-			"'migrate list' shows every migration and whether it is applied; 'migrate validate' exits 4 while any is pending, and reports each outbox's seq sequence:\n" +
-			"it exits 1 when its CACHE is above 1 or it is below the seqs in use, which break the relay's order.",
+		Description: "Applies what is pending, in one transaction, safely from several processes at once.\n" +
+			"'migrate list' shows every migration and whether it is applied; 'migrate validate' exits 4 while any is pending,\n" +
+			"and 1 when the outbox's seq sequence (which it reports) has a CACHE above 1 or is below the seqs in use;\n" +
+			"'migrate export DIR' writes them as numbered SQL files for golang-migrate, goose, Atlas or Flyway.",
 		Flags:  []cli.Flag{componentsFlag("outbox", "inbox")},
 		Action: migrateUp,
 		Commands: []*cli.Command{
 			{Name: "list", Usage: "list applied and pending migrations", Flags: []cli.Flag{componentsFlag("outbox", "inbox")}, Action: migrateList},
 			{Name: "validate", Usage: "exit 4 while migrations are pending, 1 if the outbox's sequence breaks the relay's order", Flags: []cli.Flag{componentsFlag("outbox", "inbox")}, Action: migrateValidate},
+			{Name: "export", Usage: "write the migrations as numbered SQL files into DIR", ArgsUsage: "DIR",
+				Description: "The files carry the schema and table names of the flags, and record themselves in idemq_migrations,\n" +
+					"so 'migrate validate' and the relay see a database migrated from them as current. Exporting into the same\n" +
+					"DIR after an upgrade adds only the new migrations, numbered after the files there. No database is needed.",
+				Flags: []cli.Flag{componentsFlag("outbox", "inbox"), &cli.StringFlag{Name: "format", Value: string(migrate.GolangMigrate),
+					Usage: "golang-migrate (NNNN_name.up.sql and .down.sql, also for Atlas), goose (NNNN_name.sql) or flyway (VNNNN__name.sql, UNNNN__name.sql)"}},
+				Action: migrateExport},
 		},
 	}
 }
 
 func migrateUp(ctx context.Context, cmd *cli.Command) error {
 	if cmd.Args().Present() {
-		return usageError("migrate: unknown subcommand %q (want list or validate)", cmd.Args().First())
+		return usageError("migrate: unknown subcommand %q (want list, validate or export)", cmd.Args().First())
 	}
-	pool, comps, err := connectComponents(ctx, cmd)
+	pool, m, err := connectMigrator(ctx, cmd)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	before, err := readMigrationLog(ctx, pool, comps)
+	applied, err := m.Migrate(ctx)
 	if err != nil {
 		return err
 	}
-	if err := applyMigrations(ctx, pool, comps); err != nil {
-		return err
-	}
-	after, err := readMigrationLog(ctx, pool, comps)
-	if err != nil {
-		return err
-	}
-	applied := newMigrations(before, after)
-	return output(cmd, applied, func(t *table) {
-		if len(applied) == 0 {
+	views := migrationViews(applied)
+	return output(cmd, views, func(t *table) {
+		if len(views) == 0 {
 			t.note("nothing to apply: the schema is current")
 			return
 		}
-		migrationRows(t, applied)
+		migrationRows(t, views)
 	})
 }
 
@@ -144,30 +141,60 @@ func connectComponents(ctx context.Context, cmd *cli.Command) (*pgxpool.Pool, []
 	return pool, comps, err
 }
 
-func migrateList(ctx context.Context, cmd *cli.Command) error {
+// connectMigrator connects and returns the Migrator of the components the
+// command names.
+func connectMigrator(ctx context.Context, cmd *cli.Command) (*pgxpool.Pool, *migrate.Migrator, error) {
 	pool, comps, err := connectComponents(ctx, cmd)
+	if err != nil {
+		return nil, nil, err
+	}
+	m, err := migrator(pool, comps)
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	return pool, m, nil
+}
+
+// migrator returns the Migrator of comps' stores on db.
+func migrator(db migrate.DB, comps []component) (*migrate.Migrator, error) {
+	var stores []migrate.Store
+	for _, c := range comps {
+		s, err := c.open(db)
+		if err != nil {
+			return nil, err
+		}
+		stores = append(stores, s)
+	}
+	return migrate.New(db, stores...), nil
+}
+
+func migrateList(ctx context.Context, cmd *cli.Command) error {
+	pool, m, err := connectMigrator(ctx, cmd)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	all, _, err := migrationPlan(ctx, pool, comps)
+	all, err := m.List(ctx)
 	if err != nil {
 		return err
 	}
-	return output(cmd, all, func(t *table) { migrationRows(t, all) })
+	views := migrationViews(all)
+	return output(cmd, views, func(t *table) { migrationRows(t, views) })
 }
 
 func migrateValidate(ctx context.Context, cmd *cli.Command) error {
-	pool, comps, err := connectComponents(ctx, cmd)
+	pool, m, err := connectMigrator(ctx, cmd)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	_, pending, err := migrationPlan(ctx, pool, comps)
+	ms, err := m.Pending(ctx)
 	if err != nil {
 		return err
 	}
-	seqs, err := checkSequences(ctx, pool, comps, pending)
+	pending := migrationViews(ms)
+	seqs, err := checkSequences(ctx, cmd, pool, pending)
 	if err != nil {
 		return err
 	}
@@ -213,126 +240,64 @@ type sequenceReport struct {
 	Problem    string `json:"problem,omitempty"` // what is wrong and what to run
 }
 
-// checkSequences checks the sequence of each outbox among comps whose
-// migrations are all applied.
-func checkSequences(ctx context.Context, pool *pgxpool.Pool, comps []component, pending []migration) ([]sequenceReport, error) {
+// checkSequences checks the outbox's seq sequence when the command names
+// the outbox and its migrations are all applied.
+func checkSequences(ctx context.Context, cmd *cli.Command, pool *pgxpool.Pool, pending []migration) ([]sequenceReport, error) {
 	out := []sequenceReport{}
-	for _, c := range comps {
-		if c.name != "outbox" || slices.ContainsFunc(pending, func(m migration) bool { return m.Component == c.name && m.Table == c.table }) {
-			continue
-		}
-		ob, err := outbox.New(pool, outbox.Config{Schema: c.schema, Table: c.table})
-		if err != nil {
-			return nil, usageError("%w", err)
-		}
-		s, err := ob.CheckSequence(ctx)
-		if err != nil {
-			return nil, err
-		}
-		r := sequenceReport{Sequence: s.Sequence, Cache: s.Cache, LastValue: s.LastValue, HighestSeq: s.HighestSeq}
-		if err := s.Err(); err != nil {
-			r.Problem = err.Error()
-		}
-		out = append(out, r)
-	}
-	return out, nil
-}
-
-// migrationPlan returns every migration, applied or not, and the pending
-// ones.
-func migrationPlan(ctx context.Context, pool *pgxpool.Pool, comps []component) (all, pending []migration, err error) {
-	applied, err := readMigrationLog(ctx, pool, comps)
-	if err != nil {
-		return nil, nil, err
-	}
-	pending = []migration{} // JSON [] rather than null
-	for _, c := range comps {
-		names, err := c.pending(ctx, pool)
-		if err != nil {
-			return nil, nil, err
-		}
-		for _, name := range names {
-			version, _, _ := strings.Cut(name, "_")
-			m := migration{Component: c.name, Schema: c.schema, Table: c.table, Name: name}
-			m.Version, _ = strconv.Atoi(version)
-			pending = append(pending, m)
-		}
-	}
-	return append(applied, pending...), pending, nil
-}
-
-// pending returns the names of c's migrations not applied yet, in order.
-func (c component) pending(ctx context.Context, pool *pgxpool.Pool) ([]string, error) {
-	store, err := c.open(pool)
+	comps, err := components(cmd)
 	if err != nil {
 		return nil, err
 	}
-	return store.PendingMigrations(ctx)
-}
-
-// applyMigrations migrates each component on db.
-func applyMigrations(ctx context.Context, db outbox.DB, comps []component) error {
-	for _, c := range comps {
-		store, err := c.open(db)
-		if err != nil {
-			return err
-		}
-		if err := store.Migrate(ctx); err != nil {
-			return fmt.Errorf("migrate %s: %w", c.name, err)
-		}
+	if !slices.ContainsFunc(comps, func(c component) bool { return c.name == "outbox" }) ||
+		slices.ContainsFunc(pending, func(m migration) bool { return m.Component == "outbox" }) {
+		return out, nil
 	}
-	return nil
-}
-
-// newMigrations returns the migrations in after that are not in before.
-func newMigrations(before, after []migration) []migration {
-	out := []migration{}
-	for _, m := range after {
-		if !slices.ContainsFunc(before, func(b migration) bool {
-			return b.Component == m.Component && b.Schema == m.Schema && b.Table == m.Table && b.Version == m.Version
-		}) {
-			out = append(out, m)
-		}
+	ob, _, err := stores(cmd, pool)
+	if err != nil {
+		return nil, err
 	}
-	return out
-}
-
-// querier is what readMigrationLog needs: a pool or a transaction.
-type querier interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
-// readMigrationLog reads the applied migrations of comps, ordered by
-// component and version; a schema without a log has none.
-func readMigrationLog(ctx context.Context, db querier, comps []component) ([]migration, error) {
-	out := []migration{}
-	for _, c := range comps {
-		log := pgx.Identifier{c.schema, "idemq_migrations"}.Sanitize()
-		var exists bool
-		if err := db.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, log).Scan(&exists); err != nil {
-			return nil, fmt.Errorf("read migration log: %w", err)
-		}
-		if !exists {
-			continue
-		}
-		rows, err := db.Query(ctx, `SELECT version, name, applied_at FROM `+log+` WHERE owner = $1 ORDER BY version`, c.owner())
-		if err != nil {
-			return nil, fmt.Errorf("read migration log: %w", err)
-		}
-		ms, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (migration, error) {
-			m := migration{Component: c.name, Schema: c.schema, Table: c.table}
-			var at time.Time
-			err := row.Scan(&m.Version, &m.Name, &at)
-			m.AppliedAt = &at
-			return m, err
-		})
-		if err != nil {
-			return nil, fmt.Errorf("read migration log: %w", err)
-		}
-		out = append(out, ms...)
+	s, err := ob.CheckSequence(ctx)
+	if err != nil {
+		return nil, err
 	}
-	return out, nil
+	r := sequenceReport{Sequence: s.Sequence, Cache: s.Cache, LastValue: s.LastValue, HighestSeq: s.HighestSeq}
+	if err := s.Err(); err != nil {
+		r.Problem = err.Error()
+	}
+	return append(out, r), nil
+}
+
+func migrateExport(ctx context.Context, cmd *cli.Command) error {
+	if cmd.Args().Len() != 1 {
+		return usageError("migrate export: want one argument, the directory to write into")
+	}
+	comps, err := components(cmd)
+	if err != nil {
+		return err
+	}
+	// The stores want a handle, which Export never uses: a pool connects
+	// only when used, so export works without a database.
+	pool, err := pgxpool.New(ctx, cmd.String(flagDatabaseURL))
+	if err != nil {
+		return usageError("--%s: %v", flagDatabaseURL, err)
+	}
+	defer pool.Close()
+	m, err := migrator(pool, comps)
+	if err != nil {
+		return err
+	}
+	files, err := m.Export(cmd.Args().First(), migrate.Format(cmd.String("format")))
+	if err != nil {
+		return configError(err)
+	}
+	return output(cmd, files, func(t *table) {
+		if len(files) == 0 {
+			t.note("nothing to export: %s holds every migration", cmd.Args().First())
+		}
+		for _, f := range files {
+			t.row(f)
+		}
+	})
 }
 
 func migrationRows(t *table, ms []migration) {

@@ -5,10 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -19,6 +19,7 @@ import (
 	"github.com/urfave/cli/v3"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/migrate"
 	"github.com/idemq/idemq/relay"
 )
 
@@ -60,6 +61,14 @@ func relayCommand() *cli.Command {
 				Sources: cli.EnvVars("IDEMQ_RELAY_STATS_INTERVAL")},
 			&cli.BoolFlag{Name: "park-followers", Usage: "hold a key's later messages while an earlier one is a dead letter",
 				Sources: cli.EnvVars("IDEMQ_RELAY_PARK_FOLLOWERS")},
+			&cli.StringFlag{Name: "listen-url", Usage: "direct Postgres connection for LISTEN when --database-url goes through a transaction-mode pooler such as PgBouncer (empty: the database URL)",
+				Sources: cli.EnvVars("IDEMQ_LISTEN_URL")},
+			&cli.BoolFlag{Name: "poll-only", Usage: "do not LISTEN: find new messages by polling every --poll-interval",
+				Sources: cli.EnvVars("IDEMQ_RELAY_POLL_ONLY")},
+			&cli.DurationFlag{Name: "stall-threshold", Value: relay.StallThresholdDefault, Usage: "log a stall when a message free to go has been due this long",
+				Sources: cli.EnvVars("IDEMQ_RELAY_STALL_THRESHOLD")},
+			&cli.StringFlag{Name: "log-format", Value: "json", Usage: "log format on stderr: json or text", Sources: cli.EnvVars("IDEMQ_LOG_FORMAT")},
+			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "least level logged: debug, info, warn or error", Sources: cli.EnvVars("IDEMQ_LOG_LEVEL")},
 			componentsFlag("outbox"),
 		},
 		Action: runRelay,
@@ -67,6 +76,10 @@ func relayCommand() *cli.Command {
 }
 
 func runRelay(ctx context.Context, cmd *cli.Command) error {
+	logger, err := newLogger(cmd.Root().ErrWriter, cmd.String("log-format"), cmd.String("log-level"))
+	if err != nil {
+		return err
+	}
 	sc := sinkConfig{Routes: cmd.StringSlice("route"), KafkaBrokers: cmd.StringSlice("kafka-brokers"), NATSURL: cmd.String("nats-url"),
 		Webhooks: cmd.Bool("webhooks"), WebhookAllowNetworks: cmd.StringSlice("webhook-allow-network")}
 	if path := cmd.String("config"); path != "" {
@@ -103,18 +116,19 @@ func runRelay(ctx context.Context, cmd *cli.Command) error {
 	if err != nil {
 		return err
 	}
+	m, err := migrator(pool, comps)
+	if err != nil {
+		return err
+	}
 	if cmd.Bool("migrate") {
-		if err := applyMigrations(ctx, pool, comps); err != nil {
+		if _, err := m.Migrate(ctx); err != nil {
 			return err
 		}
 	}
-	if _, pending, err := migrationPlan(ctx, pool, comps); err != nil {
-		return err
-	} else if len(pending) > 0 {
-		return withCode(exitPending, "%d migrations pending: run idemq migrate, or start the relay with --migrate", len(pending))
-	}
-	schema, err := readMigrationLog(ctx, pool, comps)
-	if err != nil {
+	var pending *migrate.PendingError
+	if err := m.Validate(ctx); errors.As(err, &pending) {
+		return withCode(exitPending, "%d migrations pending: run idemq migrate, or start the relay with --migrate", len(pending.Pending))
+	} else if err != nil {
 		return err
 	}
 	reg, err := registry(cmd, pool)
@@ -122,7 +136,6 @@ func runRelay(ctx context.Context, cmd *cli.Command) error {
 		return err
 	}
 
-	logger := slog.New(slog.NewJSONHandler(os.Stderr, nil))
 	tel, err := newTelemetry(ctx)
 	if err != nil {
 		return err
@@ -134,22 +147,25 @@ func runRelay(ctx context.Context, cmd *cli.Command) error {
 	}
 	defer s.close()
 	r, err := relay.New(pool, ob, s.router, relay.Config{
-		Workers:       cmd.Int("workers"),
-		BatchSize:     cmd.Int("batch-size"),
-		PollInterval:  cmd.Duration("poll-interval"),
-		LeaseTTL:      cmd.Duration("lease-ttl"),
-		ShutdownGrace: cmd.Duration("shutdown-grace"),
-		StatsInterval: cmd.Duration("stats-interval"),
-		ParkFollowers: cmd.Bool("park-followers"),
-		Retry:         idemq.Retry{MaxAttempts: cmd.Int("max-attempts")},
-		Hooks:         tel.RelayHooks(relay.Hooks{}),
-		Logger:        logger,
+		Workers:          cmd.Int("workers"),
+		BatchSize:        cmd.Int("batch-size"),
+		PollInterval:     cmd.Duration("poll-interval"),
+		LeaseTTL:         cmd.Duration("lease-ttl"),
+		ShutdownGrace:    cmd.Duration("shutdown-grace"),
+		StatsInterval:    cmd.Duration("stats-interval"),
+		ParkFollowers:    cmd.Bool("park-followers"),
+		StallThreshold:   cmd.Duration("stall-threshold"),
+		ListenConnString: cmd.String("listen-url"),
+		DisableListen:    cmd.Bool("poll-only"),
+		Retry:            idemq.Retry{MaxAttempts: cmd.Int("max-attempts")},
+		Hooks:            tel.RelayHooks(relay.Hooks{}),
+		Logger:           logger,
 	})
 	if err != nil {
 		return configError(err)
 	}
 
-	h := &health{pool: pool, relay: r, comps: comps, schema: schema}
+	h := &health{pool: pool, relay: r, migrator: m}
 	if addr := cmd.String("http-addr"); addr != "" {
 		stop, err := serveHTTP(addr, h.handler(tel.registry), logger)
 		if err != nil {
@@ -167,13 +183,29 @@ func runRelay(ctx context.Context, cmd *cli.Command) error {
 	return nil
 }
 
+// newLogger returns the relay's logger on w: format json or text, at
+// level (debug, info, warn, error) and above.
+func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, usageError("--log-level %q: want debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	}
+	return nil, usageError("--log-format %q: want json or text", format)
+}
+
 // health answers /healthz and /readyz.
 type health struct {
-	pool    *pgxpool.Pool
-	relay   *relay.Relay
-	comps   []component
-	schema  []migration // the migration log as it was at start
-	running atomic.Bool // the relay's Run loop has not returned
+	pool     *pgxpool.Pool
+	relay    *relay.Relay
+	migrator *migrate.Migrator // of the tables the relay uses
+	running  atomic.Bool       // the relay's Run loop has not returned
 }
 
 func (h *health) handler(reg *prometheus.Registry) http.Handler {
@@ -205,19 +237,9 @@ func (h *health) loop() error {
 	return nil
 }
 
-// schemaCurrent reports whether the migration log still holds what it held
-// at start, when no migration was pending: a dropped or downgraded schema
-// makes the relay unready.
-func (h *health) schemaCurrent(ctx context.Context) error {
-	now, err := readMigrationLog(ctx, h.pool, h.comps)
-	if err != nil {
-		return err
-	}
-	if missing := newMigrations(now, h.schema); len(missing) > 0 {
-		return fmt.Errorf("migration %s %s is no longer applied", missing[0].Component, missing[0].Name)
-	}
-	return nil
-}
+// schemaCurrent reports whether the tables are still current, as they were
+// at start: a dropped or downgraded schema makes the relay unready.
+func (h *health) schemaCurrent(ctx context.Context) error { return h.migrator.Validate(ctx) }
 
 // check writes the checks as JSON: 200 when all passed, 503 otherwise.
 func check(w http.ResponseWriter, checks map[string]error) {

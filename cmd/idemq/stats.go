@@ -12,6 +12,10 @@ import (
 type statsReport struct {
 	OutboxPending       int64   `json:"outbox_pending"`
 	OutboxOldestPending float64 `json:"outbox_oldest_pending_seconds"`
+	OutboxWaiting       int64   `json:"outbox_waiting"`
+	OutboxParked        int64   `json:"outbox_parked"`
+	OutboxUnrouted      int64   `json:"outbox_unrouted"`
+	OutboxOldestDue     float64 `json:"outbox_oldest_due_seconds"`
 	OutboxDead          int64   `json:"outbox_dead_letters"`
 	InboxRecords        int64   `json:"inbox_records"`
 	InboxInProgress     int64   `json:"inbox_in_progress"`
@@ -28,9 +32,12 @@ type statsReport struct {
 func statsCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "stats",
-		Usage: "outbox backlog and oldest pending age, dead letters, inbox size, disabled webhook endpoints",
+		Usage: "outbox backlog and oldest pending age, held and unrouted messages, dead letters, inbox size, disabled webhook endpoints",
 		Description: "The counts scan the outbox and the inbox: call it every few seconds at most. The webhook counts appear\n" +
-			"once the webhook tables are migrated.",
+			"once the webhook tables are migrated.\n" +
+			"outbox waiting: not due yet (a retry's backoff, or held: a disabled webhook endpoint, an open breaker, no route).\n" +
+			"outbox unrouted: held because no --route matches their destination; deploy the route: they go out within 30s.\n" +
+			"outbox oldest due: how long the longest-waiting message free to go has been due; large means a stall.",
 		Action: runStats,
 	}
 }
@@ -59,6 +66,7 @@ func runStats(ctx context.Context, cmd *cli.Command) error {
 	}
 	r := statsReport{
 		OutboxPending: obs.Pending, OutboxOldestPending: obs.OldestPending.Seconds(), OutboxDead: obs.Dead,
+		OutboxWaiting: obs.Waiting, OutboxParked: obs.Parked, OutboxUnrouted: obs.Unrouted, OutboxOldestDue: obs.OldestDue.Seconds(),
 		InboxRecords:    ibs.Succeeded + ibs.InProgress + ibs.FailedRetryable + ibs.Dead,
 		InboxInProgress: ibs.InProgress, InboxRetrying: ibs.FailedRetryable, InboxDead: ibs.Dead,
 		InboxOldestDead: ibs.OldestDead.Seconds(), InboxConflicts: ibs.Conflicts,
@@ -85,6 +93,10 @@ func runStats(ctx context.Context, cmd *cli.Command) error {
 	return output(cmd, r, func(t *table) {
 		t.row("outbox pending", itoa(r.OutboxPending))
 		t.row("outbox oldest pending", obs.OldestPending.Round(time.Millisecond).String())
+		t.row("outbox waiting (backoff or held)", itoa(r.OutboxWaiting))
+		t.row("outbox parked", itoa(r.OutboxParked))
+		t.row("outbox unrouted", itoa(r.OutboxUnrouted))
+		t.row("outbox oldest due", obs.OldestDue.Round(time.Millisecond).String())
 		t.row("outbox dead letters", itoa(r.OutboxDead))
 		t.row("inbox records", itoa(r.InboxRecords))
 		t.row("inbox in progress", itoa(r.InboxInProgress))

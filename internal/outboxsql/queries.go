@@ -32,6 +32,11 @@ const (
 	partition = `coalesce(mod(hashtext(key)::int8 + 2147483648, 64)::int4, -1)`
 )
 
+// NoRoute starts the text of relay.ErrNoRoute, which the relay stores as
+// the last error of a message it holds because no route matches its
+// destination; Stats counts such messages by it.
+const NoRoute = "relay: no sink for destination"
+
 // Columns are the columns Enqueue writes, in the order of Insert's arrays
 // and of a COPY.
 var Columns = []string{"id", "destination", "key", "payload", "headers"}
@@ -50,8 +55,14 @@ type Queries struct {
 	Notify string
 	// Exists reports whether the tables named $1, $2 and $3 exist.
 	Exists string
-	// Stats counts pending rows, the age of the oldest, and dead letters.
+	// Stats counts pending rows and the age of the oldest; the rows not
+	// due yet (waiting for a retry or held), parked, and held because no
+	// route matches ($1 = NoRoute); how long the longest-waiting due row
+	// whose key has no row waiting has been due (seconds, NULL: none);
+	// and the dead letters.
 	Stats string
+	// Owners returns the owner and token of partitions $1.
+	Owners string
 	// Vacuum vacuums the outbox table (simple protocol, outside a tx).
 	Vacuum string
 	// Waiting returns the distinct keys of the rows of destination $1
@@ -126,9 +137,17 @@ FROM unnest($1::uuid[], $2::text[], $3::text[], $4::bytea[], $5::text[])
 ORDER BY m.n`,
 		Notify: `SELECT pg_notify($1, '')`,
 		Exists: `SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL AND to_regclass($3) IS NOT NULL`,
-		Stats: `SELECT (SELECT count(*) FROM ` + table + `),
-  (SELECT extract(epoch FROM clock_timestamp() - min(created_at))::float8 FROM ` + table + `),
-  (SELECT count(*) FROM ` + dead + `)`,
+		Stats: `SELECT count(*),
+  extract(epoch FROM clock_timestamp() - min(created_at))::float8,
+  count(*) FILTER (WHERE available_at > now() AND available_at < 'infinity'),
+  count(*) FILTER (WHERE available_at = 'infinity'),
+  count(*) FILTER (WHERE available_at > now() AND strpos(last_error, $1) > 0),
+  (SELECT extract(epoch FROM clock_timestamp() - min(o.available_at))::float8 FROM ` + table + ` AS o
+   WHERE o.available_at <= now()
+     AND NOT EXISTS (SELECT 1 FROM ` + table + ` AS h WHERE h.key = o.key AND h.available_at > now())),
+  (SELECT count(*) FROM ` + dead + `)
+FROM ` + table,
+		Owners: `SELECT part, owner, token FROM ` + lease + ` WHERE part = ANY($1::int4[]) ORDER BY part`,
 		Vacuum: `VACUUM ` + table,
 		SequenceState: `SELECT s.oid::regclass::text, q.seqcache, coalesce(pg_sequence_last_value(s.oid), 0),
        greatest((SELECT max(seq) FROM ` + table + `), (SELECT max(seq) FROM ` + dead + `), 0)
@@ -161,12 +180,13 @@ SELECT (SELECT count(*) FROM ` + relays + ` WHERE expires_at > now())::int,
        coalesce((SELECT array_agg(gen ORDER BY part) FROM ` + lease + ` WHERE owner = $1), '{}')`,
 		// Worker $1 takes up to $2 partitions that nobody owns or whose
 		// owner is dead, skipping those a batch or a dead-letter
-		// operation holds, and bumps their token.
+		// operation holds, and bumps their token. It returns the previous
+		// owner too (NULL: nobody), for the log.
 		Take: `UPDATE ` + lease + ` AS t SET owner = $1, token = t.token + 1
-FROM (SELECT part FROM ` + lease + ` AS l WHERE l.owner IS NULL OR NOT ` + live + `
+FROM (SELECT part, owner FROM ` + lease + ` AS l WHERE l.owner IS NULL OR NOT ` + live + `
       ORDER BY part LIMIT $2 FOR UPDATE SKIP LOCKED) AS f
 WHERE t.part = f.part
-RETURNING t.part, t.token, t.gen`,
+RETURNING t.part, t.token, t.gen, f.owner`,
 		// Worker $1 gives up partitions $2.
 		Release: `UPDATE ` + lease + ` SET owner = NULL WHERE owner = $1 AND part = ANY($2::int4[])`,
 		// Worker $1 gives up all its partitions and leaves.

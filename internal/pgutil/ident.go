@@ -1,6 +1,6 @@
-// Package pgutil holds the small Postgres helpers that inbox and outbox share:
-// validated, quoted identifiers, the embedded-migration runner and the
-// smallest database interface the stores accept.
+// Package pgutil holds the small Postgres helpers that the stores share:
+// validated, quoted identifiers and the smallest database interface the
+// stores accept. The migrations run in package migrate.
 package pgutil
 
 import (
@@ -47,6 +47,10 @@ func NewTable(schema, name string) (Table, error) {
 	}
 	return Table{Schema: schema, Name: name}, nil
 }
+
+// MigrationLog is the name of the table in each schema that records the
+// applied migrations (package migrate owns it); no store may use it.
+const MigrationLog = "idemq_migrations"
 
 // Ident returns the quoted, schema-qualified name with suffix appended to
 // the table part ("" for the table itself).

@@ -27,6 +27,7 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/inbox"
+	"github.com/idemq/idemq/migrate"
 	"github.com/idemq/idemq/request"
 )
 
@@ -93,11 +94,15 @@ func New(db inbox.DB, cfg Config) (*Store, error) {
 // from several processes at once.
 func (s *Store) Migrate(ctx context.Context) error { return s.in.Migrate(ctx) }
 
-// PendingMigrations returns the names of the migrations Migrate would
-// apply, in order; none once the table is up to date.
-func (s *Store) PendingMigrations(ctx context.Context) ([]string, error) {
+// PendingMigrations returns the migrations Migrate would apply, in order;
+// none once the table is up to date.
+func (s *Store) PendingMigrations(ctx context.Context) ([]migrate.Migration, error) {
 	return s.in.PendingMigrations(ctx)
 }
+
+// MigrationSource implements [migrate.Store]: the records table is an
+// inbox table, with the inbox's migrations.
+func (s *Store) MigrationSource() migrate.Source { return s.in.MigrationSource() }
 
 // RecordTTL returns Config.RecordTTL.
 func (s *Store) RecordTTL() time.Duration { return s.ttl }

@@ -58,7 +58,8 @@
 // publish and delete before any consumer sees it. It publishes
 // asynchronously with a bounded number of acknowledgements in flight (one
 // per key, so a failure holds back the rest of its key) and
-// classifies each message's failure for the relay (permanent: no stream for
-// the subject, message too large, invalid subject; the rest retryable).
+// classifies each message's failure for the relay (permanent: message too
+// large, invalid subject; the rest retryable, a subject no stream captures
+// included: an outage that ends when the stream is created).
 // [CoreSink] publishes on core NATS, for subjects without a stream.
 package nats

@@ -88,12 +88,12 @@ func newSinkConfig(component string, cfg SinkConfig) (SinkConfig, error) {
 //
 // Per-message failures come back as a *[relay.PublishError]. Errors that a
 // retry cannot fix are marked with [idemq.Permanent] so the relay
-// dead-letters the row at once: no stream captures the subject (checked
-// with the server before the verdict, since a stream that is electing a
-// leader answers "no responders" too), a message over the server's or the
+// dead-letters the row at once: a message over the server's or the
 // stream's size limit, an invalid subject, a destination mapping to no
 // subject. Timeouts, a lost connection, a stream at its limits with
-// DiscardNew and a cancelled context are retryable.
+// DiscardNew, a cancelled context and a subject no stream captures (a
+// stream not created yet, deleted, or electing a leader: an outage of that
+// destination, which ends when the stream is there) are retryable.
 //
 // Order: a message is published only once the previous message of its
 // key in the batch was acknowledged, so the stream stores a key's messages
@@ -145,14 +145,13 @@ func (s *JetStreamSink) Publish(ctx context.Context, batch []relay.Message) erro
 	}
 	var window []*pending             // in flight, in publish order
 	last := make(map[string]*pending) // key -> its latest message in flight
-	noStream := make(map[string]bool) // subject -> no stream captures it (looked up once)
 	settle := func(p *pending) {
 		if p.done {
 			return
 		}
 		p.done = true
 		if err := s.await(ctx, p.fut); err != nil {
-			f.Fail(p.i, s.classify(ctx, p.fut.Msg().Subject, err, noStream))
+			f.Fail(p.i, s.classify(p.fut.Msg().Subject, err))
 		}
 	}
 	for i := range batch {
@@ -177,7 +176,7 @@ func (s *JetStreamSink) Publish(ctx context.Context, batch []relay.Message) erro
 			}
 			fut, err = s.js.PublishMsgAsync(msg)
 			if err != nil {
-				err = s.classify(ctx, msg.Subject, err, noStream)
+				err = s.classify(msg.Subject, err)
 			}
 		}
 		if err != nil {
@@ -221,7 +220,7 @@ func (s *JetStreamSink) await(ctx context.Context, fut jetstream.PubAckFuture) e
 }
 
 // classify marks err permanent when no retry can help.
-func (s *JetStreamSink) classify(ctx context.Context, subject string, err error, noStream map[string]bool) error {
+func (s *JetStreamSink) classify(subject string, err error) error {
 	switch {
 	case err == nil || idemq.IsPermanent(err):
 		return err
@@ -229,17 +228,9 @@ func (s *JetStreamSink) classify(ctx context.Context, subject string, err error,
 		errors.Is(err, nats.ErrBadSubject), errors.Is(err, nats.ErrHeadersNotSupported):
 		return idemq.Permanent(fmt.Errorf("idemq/nats: publish to %s: %w", subject, err))
 	case errors.Is(err, jetstream.ErrNoStreamResponse), errors.Is(err, nats.ErrNoResponders):
-		none, known := noStream[subject]
-		if !known && ctx.Err() == nil {
-			_, lerr := s.js.StreamNameBySubject(ctx, subject)
-			if lerr == nil || errors.Is(lerr, jetstream.ErrStreamNotFound) {
-				none = errors.Is(lerr, jetstream.ErrStreamNotFound)
-				noStream[subject] = none
-			}
-		}
-		if none {
-			return idemq.Permanent(fmt.Errorf("idemq/nats: no stream captures subject %s: %w", subject, err))
-		}
+		// Retryable: the stream may be created (or finish electing its
+		// leader) any time, and the message must not be lost meanwhile.
+		return fmt.Errorf("idemq/nats: no stream answered for subject %s (create a stream that captures it; retried until then): %w", subject, err)
 	}
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) && apiErr.Code == 400 && apiErr.ErrorCode != jetstream.JSErrCodeStreamWrongLastSequence {

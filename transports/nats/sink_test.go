@@ -156,7 +156,7 @@ func TestJetStreamSinkClassifiesFailures(t *testing.T) {
 		failed, permanent bool
 		is                error
 	}{
-		{}, {true, true, jetstream.ErrNoStreamResponse}, {true, true, jetstream.ErrStreamMessageExceedsMaximum},
+		{}, {true, false, jetstream.ErrNoStreamResponse}, {true, true, jetstream.ErrStreamMessageExceedsMaximum},
 		{true, true, nats.ErrMaxPayload}, {true, false, relay.ErrSkipped}, {true, true, idemqnats.ErrNoSubject}, {},
 	} {
 		got, failed := perr.Failed[i]

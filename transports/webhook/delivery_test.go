@@ -15,6 +15,7 @@ import (
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
+	"github.com/idemq/idemq/testenv"
 	"github.com/idemq/idemq/transports/webhook"
 )
 
@@ -291,8 +292,9 @@ func TestBreakerProbesAndRecovers(t *testing.T) {
 	})
 	addEndpoint(t, b, rc.srv.URL, nil)
 	var held atomic.Int64
-	runRelay(t, b, fastSink(t, b, webhook.Config{BreakerFailures: 2, BreakerCooldown: 100 * time.Millisecond}),
-		relay.Config{Retry: idemq.Retry{MaxAttempts: 1000}, Hooks: relay.Hooks{OnFailed: func(e relay.FailedEvent) {
+	var logs testenv.Logs
+	runRelay(t, b, fastSink(t, b, webhook.Config{BreakerFailures: 2, BreakerCooldown: 100 * time.Millisecond, Logger: logs.Logger()}),
+		relay.Config{Retry: idemq.Retry{MaxAttempts: 1000}, Hooks: relay.Hooks{OnHeld: func(e relay.HeldEvent) {
 			if errors.Is(e.Err, webhook.ErrHeld) {
 				held.Add(1)
 			}
@@ -314,6 +316,17 @@ func TestBreakerProbesAndRecovers(t *testing.T) {
 			t.Fatalf("events in arrival order %v: want 0..9 in key order", ok)
 		}
 	}
+	// The breaker's changes are logged once each, not once per row.
+	if n := len(logs.Records("webhook: breaker open:")); n != 1 {
+		t.Errorf("%d lines for the breaker opening, want 1", n)
+	}
+	if n := len(logs.Records("webhook: breaker closed")); n != 1 {
+		t.Errorf("%d lines for the breaker closing, want 1", n)
+	}
+	probes, reopened := len(logs.Records("webhook: breaker half-open")), len(logs.Records("webhook: breaker open again"))
+	if probes == 0 || reopened != probes-1 {
+		t.Errorf("%d probes logged and %d re-openings, want at least one probe and one re-opening per failed probe", probes, reopened)
+	}
 }
 
 // TestRateLimitHoldsWithoutAttempts: deliveries over an endpoint's rate
@@ -326,7 +339,7 @@ func TestRateLimitHoldsWithoutAttempts(t *testing.T) {
 	addEndpoint(t, b, rc.srv.URL, func(e *webhook.Endpoint) { e.RateLimit = 20 })
 	var held, retried atomic.Int64
 	runRelay(t, b, fastSink(t, b, webhook.Config{}), relay.Config{Hooks: relay.Hooks{
-		OnFailed: func(e relay.FailedEvent) {
+		OnHeld: func(e relay.HeldEvent) {
 			if errors.Is(e.Err, webhook.ErrHeld) {
 				held.Add(1)
 			}

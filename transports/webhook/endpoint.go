@@ -89,6 +89,7 @@ func (s *Sink) admit(st *endpointState, now time.Time) (Endpoint, []Key, error) 
 		return ep, nil, hold(s.cfg.BreakerCooldown, "endpoint %s: breaker probing", ep.ID)
 	case !st.openUntil.IsZero():
 		st.probing = true // half open: this delivery is the probe
+		s.log.Info("webhook: breaker half-open: probing the endpoint with one delivery", "endpoint", ep.ID)
 	}
 	if len(st.keys) == 0 {
 		return ep, nil, idemq.Permanent(fmt.Errorf("webhook: endpoint %s has no valid signing key", ep.ID))
@@ -97,12 +98,13 @@ func (s *Sink) admit(st *endpointState, now time.Time) (Endpoint, []Key, error) 
 }
 
 // settle updates the endpoint's breaker and failure clock after a
-// delivery, and disables the endpoint on a 410 or when it has failed for
-// DisableAfter.
-func (s *Sink) settle(ctx context.Context, st *endpointState, out outcome) {
+// delivery that ended with cause, and disables the endpoint on a 410 or
+// when it has failed for DisableAfter. The breaker's changes are logged.
+func (s *Sink) settle(ctx context.Context, st *endpointState, out outcome, cause error) {
 	st.mu.Lock()
 	ep := st.ep
 	wasProbe := st.probing
+	wasOpen := !st.openUntil.IsZero()
 	st.probing = false
 	var clockRuns bool
 	switch out {
@@ -110,6 +112,9 @@ func (s *Sink) settle(ctx context.Context, st *endpointState, out outcome) {
 		st.mu.Unlock()
 		return
 	case outcomeDelivered:
+		if wasOpen {
+			s.log.Info("webhook: breaker closed: the endpoint delivers again", "endpoint", ep.ID, "trips", st.trips)
+		}
 		st.failures, st.trips, st.openUntil = 0, 0, time.Time{}
 		clockRuns = !st.ep.FailingSince.IsZero()
 		st.ep.FailingSince = time.Time{}
@@ -118,8 +123,15 @@ func (s *Sink) settle(ctx context.Context, st *endpointState, out outcome) {
 		if wasProbe || st.failures >= s.cfg.BreakerFailures {
 			// Every failed probe doubles the cooldown: a dead endpoint
 			// costs the batches one timeout per cooldown.
-			st.openUntil = time.Now().Add(s.cfg.BreakerCooldown << min(st.trips, maxTrips))
+			cooldown := s.cfg.BreakerCooldown << min(st.trips, maxTrips)
+			st.openUntil = time.Now().Add(cooldown)
 			st.trips++
+			switch {
+			case wasProbe:
+				s.log.Warn("webhook: breaker open again: the probe failed", "endpoint", ep.ID, "cooldown", cooldown, "err", cause)
+			case !wasOpen:
+				s.log.Warn("webhook: breaker open: the endpoint's rows are held", "endpoint", ep.ID, "failures", st.failures, "cooldown", cooldown, "err", cause)
+			}
 		}
 	}
 	st.mu.Unlock()

@@ -96,7 +96,9 @@ func fastSink(t testing.TB, b bundle, cfg webhook.Config) *webhook.Sink {
 	if cfg.HoldInterval == 0 {
 		cfg.HoldInterval = 50 * time.Millisecond
 	}
-	cfg.Logger = quiet
+	if cfg.Logger == nil {
+		cfg.Logger = quiet
+	}
 	s, err := webhook.NewSink(b.reg, cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/internal/pgutil"
+	"github.com/idemq/idemq/migrate"
 )
 
 //go:embed migrations/*.sql
@@ -108,16 +109,24 @@ func NewRegistry(db DB, cfg RegistryConfig) (*Registry, error) {
 	return &Registry{db: db, table: t, sql: newRegistrySQL(t)}, nil
 }
 
-// Migrate creates or upgrades the registry tables. It is safe to run from
+// Migrate creates or upgrades the registry tables on the Registry's
+// handle: [migrate.New] of this Registry alone. It is safe to run from
 // several processes at once.
 func (r *Registry) Migrate(ctx context.Context) error {
-	return pgutil.Migrate(ctx, r.db, migrations, "migrations", "webhook", r.table)
+	_, err := migrate.New(r.db, r).Migrate(ctx)
+	return err
 }
 
-// PendingMigrations returns the names of the migrations Migrate would
-// apply, in order; none once the tables are up to date.
-func (r *Registry) PendingMigrations(ctx context.Context) ([]string, error) {
-	return pgutil.Pending(ctx, r.db, migrations, "migrations", "webhook", r.table)
+// PendingMigrations returns the migrations Migrate would apply, in order;
+// none once the tables are up to date.
+func (r *Registry) PendingMigrations(ctx context.Context) ([]migrate.Migration, error) {
+	return migrate.New(r.db, r).Pending(ctx)
+}
+
+// MigrationSource implements [migrate.Store]: the registry tables'
+// migrations.
+func (r *Registry) MigrationSource() migrate.Source {
+	return migrate.Source{Component: "webhook", Schema: r.table.Schema, Table: r.table.Name, Files: migrations, Dir: "migrations"}
 }
 
 type registrySQL struct {

@@ -1,7 +1,6 @@
 package webhook_test
 
 import (
-	"context"
 	"errors"
 	"testing"
 	"time"
@@ -9,7 +8,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemq/idemq"
-	"github.com/idemq/idemq/testenv"
 	"github.com/idemq/idemq/transports/webhook"
 )
 
@@ -141,23 +139,5 @@ func TestFanOutOneRowPerSubscribedEndpoint(t *testing.T) {
 	}
 	if _, err := b.pub.PublishTx(b.ctx, nil, webhook.Event{Type: "bad type!", Data: []byte(`{}`)}); !errors.Is(err, webhook.ErrInvalidEvent) {
 		t.Fatalf("bad type: %v, want ErrInvalidEvent", err)
-	}
-}
-
-func TestPendingMigrations(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	reg, err := webhook.NewRegistry(testenv.Postgres(t), webhook.RegistryConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if pending, err := reg.PendingMigrations(ctx); err != nil || len(pending) != 1 || pending[0] != "0001_endpoints.sql" {
-		t.Fatalf("before Migrate: %v, %v", pending, err)
-	}
-	if err := reg.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if pending, err := reg.PendingMigrations(ctx); err != nil || len(pending) != 0 {
-		t.Fatalf("after Migrate: %v, %v", pending, err)
 	}
 }

@@ -351,11 +351,11 @@ func (s *Sink) deliver(ctx context.Context, st *endpointState, m relay.Message) 
 	r := st.limiter.Reserve()
 	if d := r.Delay(); d > maxRateWait {
 		r.Cancel()
-		s.settle(ctx, st, outcomeHeld)
+		s.settle(ctx, st, outcomeHeld, nil)
 		return hold(d, "endpoint %s: rate limit %v/s", ep.ID, ep.RateLimit)
 	} else if d > 0 {
 		if err := lifecycle.Sleep(ctx, d); err != nil {
-			s.settle(ctx, st, outcomeHeld)
+			s.settle(ctx, st, outcomeHeld, nil)
 			return err
 		}
 	}
@@ -366,10 +366,10 @@ func (s *Sink) deliver(ctx context.Context, st *endpointState, m relay.Message) 
 	if ctx.Err() != nil && status == 0 {
 		// The relay gave up on the batch (shutdown): not the endpoint's
 		// fault and not an attempt.
-		s.settle(ctx, st, outcomeHeld)
+		s.settle(ctx, st, outcomeHeld, nil)
 		return ctx.Err()
 	}
-	s.settle(ctx, st, out)
+	s.settle(ctx, st, out, err)
 	if out == outcomeDelivered {
 		if h := s.cfg.Hooks.OnDelivered; h != nil {
 			h(DeliveredEvent{Endpoint: ep.ID, Message: m, Status: status, Took: took})

@@ -1,17 +1,22 @@
-package pgutil_test
+package migrate_test
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"os/exec"
 	"strings"
 	"sync"
 	"testing"
 
+	"testing/fstest"
+
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemq/idemq"
+
 	"github.com/idemq/idemq/inbox"
-	"github.com/idemq/idemq/internal/pgutil"
+	"github.com/idemq/idemq/migrate"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/testenv"
 )
@@ -71,14 +76,41 @@ func TestConcurrentMigrationsOfEveryPackage(t *testing.T) {
 // name.
 func TestMigrationLogNameIsReserved(t *testing.T) {
 	t.Parallel()
-	if _, err := pgutil.NewTable("public", "idemq_migrations"); err == nil || !strings.Contains(err.Error(), "idemq_migrations") {
-		t.Fatalf("NewTable(idemq_migrations): %v", err)
-	}
 	pool := testenv.Postgres(t)
+	src := migrate.Source{Component: "mine", Schema: "public", Table: migrate.LogTable, Files: fstest.MapFS{}, Dir: "."}
+	if _, err := migrate.New(pool, source(src)).Migrate(context.Background()); !errors.Is(err, idemq.ErrConfig) || !strings.Contains(err.Error(), migrate.LogTable) {
+		t.Fatalf("a Source on the table %s: %v, want an idemq.ErrConfig naming it", migrate.LogTable, err)
+	}
 	if _, err := inbox.New(pool, inbox.Config{Table: "idemq_migrations"}); err == nil {
 		t.Error("inbox.New accepted the table idemq_migrations")
 	}
 	if _, err := outbox.New(pool, outbox.Config{Table: "idemq_migrations"}); err == nil {
 		t.Error("outbox.New accepted the table idemq_migrations")
+	}
+}
+
+// source is a migrate.Store of its own Source.
+type source migrate.Source
+
+func (s source) MigrationSource() migrate.Source { return migrate.Source(s) }
+
+// TestImportsNoHeavyLibrary: migrating the inbox compiles no broker,
+// Redis, AWS or gRPC library: package migrate imports no store, and the
+// inbox imports nothing heavier than package migrate.
+func TestImportsNoHeavyLibrary(t *testing.T) {
+	t.Parallel()
+	out, err := exec.Command("go", "list", "-deps", "github.com/idemq/idemq/migrate", "github.com/idemq/idemq/inbox").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list (the go command must be on PATH): %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "github.com/jackc/pgx/v5\n") {
+		t.Fatalf("go list did not list pgx:\n%s", out)
+	}
+	for _, dep := range strings.Fields(string(out)) {
+		for _, heavy := range []string{"kafka", "nats-io", "franz-go", "redis", "aws", "grpc", "urfave", "/idemq/outbox", "/idemq/transports", "/idemq/request"} {
+			if strings.Contains(dep, heavy) {
+				t.Errorf("migrate or inbox depends on %s", dep)
+			}
+		}
 	}
 }

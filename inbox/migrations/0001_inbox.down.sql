@@ -1,0 +1,2 @@
+DROP TABLE {{table}};
+DROP TABLE {{table_scopes}};

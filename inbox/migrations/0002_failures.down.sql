@@ -1,0 +1,2 @@
+DROP INDEX {{table_scope_id_updated_at_idx}};
+ALTER TABLE {{table}} DROP COLUMN failures;

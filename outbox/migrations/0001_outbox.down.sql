@@ -1,0 +1,2 @@
+DROP TABLE {{table_dead}};
+DROP TABLE {{table}};

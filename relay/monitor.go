@@ -1,0 +1,323 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemq/idemq/internal/outboxsql"
+	"github.com/idemq/idemq/outbox"
+)
+
+// The relay's log speaks once per change of state, never once per row: an
+// operator reads it to learn what changed (a broker went away, a partition
+// changed hands, the backlog stopped draining), and counts rows in the
+// metrics. monitor keeps the states shared by a relay's workers and logs
+// their transitions:
+//
+//   - a destination: ok, failing (every publish to it in a batch failed
+//     and none was delivered: a broker outage), or held (its messages come
+//     back without an attempt: no route, an endpoint disabled or behind an
+//     open breaker); a delivery makes it ok again;
+//   - the database: reachable or not, as the workers' rounds find it;
+//   - the partitions a worker owns: acquired (from whom, with which
+//     token), released, lost to another worker;
+//   - the backlog, read every StatsInterval: a line while messages are
+//     pending, a stall when a message free to go has been due longer than
+//     StallThreshold, and a line when either ends.
+
+// Hold reasons of [HeldEvent].
+const (
+	// HoldNoRoute: no route of the Router matches the destination.
+	HoldNoRoute = "no_route"
+	// HoldSink: the Sink held the message (ErrSkipped with a RetryAfter
+	// hint), such as a disabled webhook endpoint or an open breaker.
+	HoldSink = "sink"
+)
+
+// HoldReason names why err held a message: [HoldNoRoute] or [HoldSink].
+func HoldReason(err error) string {
+	if errors.Is(err, ErrNoRoute) {
+		return HoldNoRoute
+	}
+	return HoldSink
+}
+
+type monitor struct {
+	log   *slog.Logger
+	stall time.Duration
+	pool  *pgxpool.Pool
+	sql   outboxsql.Queries
+
+	mu    sync.Mutex
+	dests map[string]*destState // destinations that are not ok
+	db    outage                // the database, as the workers find it
+	// the backlog as last read
+	pending, stalled bool
+}
+
+// outage is a stretch of failures.
+type outage struct {
+	since    time.Time // zero: none
+	failures int
+}
+
+// destState is a destination that is failing or held.
+type destState struct {
+	held   string // hold reason, "" while failing
+	outage outage
+}
+
+func newMonitor(r *Relay) *monitor {
+	return &monitor{log: r.log, stall: r.cfg.StallThreshold, pool: r.pool, sql: r.sql, dests: map[string]*destState{}}
+}
+
+// settled updates the destinations from a committed batch's outcome.
+func (m *monitor) settled(d decision) {
+	type tally struct {
+		delivered, failed int
+		err               error // the first failure
+		held              *HeldEvent
+	}
+	var order []string
+	by := map[string]*tally{}
+	get := func(dest string) *tally {
+		t := by[dest]
+		if t == nil {
+			t = &tally{}
+			by[dest] = t
+			order = append(order, dest)
+		}
+		return t
+	}
+	for _, msg := range d.delivered {
+		get(msg.Destination).delivered++
+	}
+	for _, e := range d.failed {
+		t := get(e.Message.Destination)
+		t.failed++
+		if t.err == nil {
+			t.err = e.Err
+		}
+	}
+	for i := range d.held {
+		if t := get(d.held[i].Message.Destination); t.held == nil {
+			t.held = &d.held[i]
+		}
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := time.Now()
+	for _, dest := range order {
+		t, st := by[dest], m.dests[dest]
+		switch {
+		case t.delivered > 0:
+			if st == nil {
+				continue
+			}
+			delete(m.dests, dest)
+			if st.held != "" {
+				m.log.Log(context.Background(), holdLevel(st.held), "relay: destination no longer held", "destination", dest, "reason", st.held, "held_for", now.Sub(st.outage.since))
+			} else {
+				m.log.Info("relay: broker outage over", "destination", dest, "lasted", now.Sub(st.outage.since), "failed_publishes", st.outage.failures)
+			}
+		case t.failed > 0:
+			if st != nil && st.held == "" {
+				st.outage.failures += t.failed
+				continue
+			}
+			m.dests[dest] = &destState{outage: outage{since: now, failures: t.failed}}
+			m.log.Warn("relay: broker outage began: publishing to the destination fails; its messages are retried with backoff", "destination", dest, "err", t.err)
+		case t.held != nil:
+			reason := HoldReason(t.held.Err)
+			if st != nil && st.held == reason {
+				continue
+			}
+			m.dests[dest] = &destState{held: reason, outage: outage{since: now}}
+			m.log.Log(context.Background(), holdLevel(reason), "relay: holding the messages of a destination; they stay in the outbox and come back without an attempt",
+				"destination", dest, "reason", reason, "retry_in", t.held.Delay, "err", t.held.Err)
+		}
+	}
+}
+
+// holdLevel is the level of a destination's hold lines: a missing route is
+// the relay's to report; a Sink's holds (a rate limit, a breaker, a
+// disabled endpoint) come and go in normal operation and the Sink logs
+// their causes itself, so the relay reports them at debug level.
+func holdLevel(reason string) slog.Level {
+	if reason == HoldNoRoute {
+		return slog.LevelWarn
+	}
+	return slog.LevelDebug
+}
+
+// dbFailed notes a failed round of a worker; retry is its wait.
+func (m *monitor) dbFailed(err error, retry time.Duration) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.db.failures++
+	if !m.db.since.IsZero() {
+		m.log.Debug("relay: round failed again", "err", err, "retry_in", retry)
+		return
+	}
+	m.db.since = time.Now()
+	m.log.Warn("relay: database unavailable; retrying", "err", err, "retry_in", retry)
+}
+
+// dbOK notes a round that went through.
+func (m *monitor) dbOK() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.db.since.IsZero() {
+		return
+	}
+	m.log.Info("relay: database available again", "lasted", time.Since(m.db.since), "failed_rounds", m.db.failures)
+	m.db = outage{}
+}
+
+// acquired logs the partitions worker took; from holds each one's
+// previous owner (nil: nobody).
+func (m *monitor) acquired(worker uuid.UUID, taken []lease, from []*uuid.UUID) {
+	if len(taken) == 0 {
+		return
+	}
+	parts, tokens := partsOf(taken)
+	var over []any // partition, dead owner, ...
+	for i, f := range from {
+		if f != nil && i < len(taken) {
+			over = append(over, taken[i].part, f.String())
+		}
+	}
+	if len(over) > 0 {
+		m.log.Warn("relay: partitions taken over from workers that stopped heartbeating", "worker", worker, "partitions", parts, "tokens", tokens, "from", over)
+		return
+	}
+	m.log.Info("relay: partitions acquired", "worker", worker, "partitions", parts, "tokens", tokens)
+}
+
+// released logs partitions a worker gave up to let others have their share.
+func (m *monitor) released(worker uuid.UUID, parts []int32) {
+	if len(parts) > 0 {
+		m.log.Info("relay: partitions released for rebalancing", "worker", worker, "partitions", parts)
+	}
+}
+
+// lost logs partitions a worker found it no longer owns, with who owns
+// them now.
+func (m *monitor) lost(worker uuid.UUID, before, after []lease) {
+	var gone []int32
+	for _, l := range before {
+		if !containsPart(after, l.part) {
+			gone = append(gone, l.part)
+		}
+	}
+	if len(gone) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var owners []any // partition, owner, token, ...
+	rows, err := m.pool.Query(ctx, m.sql.Owners, gone)
+	if err == nil {
+		for rows.Next() {
+			var part int32
+			var owner *uuid.UUID
+			var token int64
+			if err = rows.Scan(&part, &owner, &token); err != nil {
+				break
+			}
+			who := "nobody"
+			if owner != nil {
+				who = owner.String()
+			}
+			owners = append(owners, part, who, token)
+		}
+		rows.Close()
+		err = rows.Err()
+	}
+	if err != nil {
+		m.log.Warn("relay: partitions lost to another worker", "worker", worker, "partitions", gone, "owners_err", err)
+		return
+	}
+	m.log.Warn("relay: partitions lost to another worker", "worker", worker, "partitions", gone, "now", owners)
+}
+
+func partsOf(ls []lease) (parts []int32, tokens []int64) {
+	for _, l := range ls {
+		parts = append(parts, l.part)
+		tokens = append(tokens, l.token)
+	}
+	return parts, tokens
+}
+
+func containsPart(ls []lease, part int32) bool {
+	for _, l := range ls {
+		if l.part == part {
+			return true
+		}
+	}
+	return false
+}
+
+// backlog logs the backlog read every StatsInterval: a line while
+// messages are pending, one when it drained, and the start and end of a
+// stall.
+func (m *monitor) backlog(s outbox.Stats) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if s.Pending > 0 {
+		m.log.Info("relay: backlog", "pending", s.Pending, "oldest", s.OldestPending, "waiting", s.Waiting,
+			"parked", s.Parked, "unrouted", s.Unrouted, "oldest_due", s.OldestDue, "dead", s.Dead)
+	} else if m.pending {
+		m.log.Info("relay: backlog drained", "dead", s.Dead)
+	}
+	m.pending = s.Pending > 0
+	switch stalled := s.OldestDue > m.stall; {
+	case stalled && !m.stalled:
+		m.log.Warn("relay: stalled: a message free to go has been due longer than StallThreshold",
+			"oldest_due", s.OldestDue, "threshold", m.stall, "pending", s.Pending)
+	case !stalled && m.stalled:
+		m.log.Info("relay: stall over", "oldest_due", s.OldestDue)
+	}
+	m.stalled = s.OldestDue > m.stall
+}
+
+// report calls the hooks of a committed batch and tells the monitor; dead
+// letters get one line per batch.
+func (r *Relay) report(d decision, took time.Duration) {
+	h := r.cfg.Hooks
+	if h.OnPublished != nil && len(d.delivered) > 0 {
+		h.OnPublished(PublishedEvent{Messages: d.delivered, Took: took})
+	}
+	for _, e := range d.retried {
+		if h.OnRetried != nil {
+			h.OnRetried(e)
+		}
+	}
+	for _, e := range d.held {
+		if h.OnHeld != nil {
+			h.OnHeld(e)
+		}
+	}
+	for _, e := range d.skipped {
+		if h.OnSkipped != nil {
+			h.OnSkipped(e)
+		}
+	}
+	for _, e := range d.buried {
+		if h.OnDeadLettered != nil {
+			h.OnDeadLettered(e)
+		}
+	}
+	if len(d.buried) > 0 {
+		first := d.buried[0].Message
+		r.log.Warn("relay: dead-lettered messages", "count", len(d.buried), "first_id", first.ID, "destination", first.Destination,
+			"key", first.Key, "attempts", first.Attempts, "err", d.buried[0].Err)
+	}
+	r.mon.settled(d)
+}

@@ -1,0 +1,2 @@
+DROP TABLE {{table_keys}};
+DROP TABLE {{table}};
