@@ -3,6 +3,7 @@ GO ?= go
 BENCHTIME ?= 2s
 SOAK_MESSAGES ?= 100000
 SOAK_INTERVAL ?= 1500ms
+SOAK_BUSY_POOL ?= 60s
 
 .PHONY: demo test test-suite soak bench bench-peers lint pgbouncer
 
@@ -22,8 +23,9 @@ test-suite:
 	$(GO) test -race -count=1 -timeout 20m ./...
 	cd cmd/idemq && $(GO) vet ./... && $(GO) test -race -count=1 -timeout 10m ./...
 
-soak: ## the crash soak: 100,000 messages (SOAK_MESSAGES sets it; SOAK_INTERVAL the mean time between faults) through relays and consumers SIGKILLed at random
+soak: ## the crash soak: 100,000 messages (SOAK_MESSAGES sets it; SOAK_INTERVAL the mean time between faults) through relays and consumers SIGKILLed at random; then a minute of 48 relay workers on a busy pool of 4 (SOAK_BUSY_POOL)
 	IDEMQ_SOAK_MESSAGES=$(SOAK_MESSAGES) IDEMQ_SOAK_INTERVAL=$(SOAK_INTERVAL) $(GO) test -count=1 -timeout 60m -v -run '^TestSoak$$' ./soak
+	IDEMQ_RELAY_BUSY_POOL=$(SOAK_BUSY_POOL) $(GO) test -count=1 -timeout 10m -v -run '^TestBusyPoolKeepsLeases$$' ./relay
 
 bench: testenv/node_modules ## run the benchmarks; each reports its ratio against a baseline measured in the same run
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -timeout 60m ./...

@@ -121,7 +121,9 @@ type Config struct {
 	// the public schema, shortened with a hash where that exceeds 63 bytes.
 	Channel string
 	// DisableNotify stops Enqueue from sending NOTIFY; relays then find new
-	// rows by polling only.
+	// rows by polling only. Set it where EnqueueTx runs in transactions
+	// that are prepared for a two-phase commit (PREPARE TRANSACTION): a
+	// transaction that ran NOTIFY cannot be prepared.
 	DisableNotify bool
 	// NotifyInterval is the least time between two NOTIFYs of this Outbox
 	// (see the package documentation). Negative notifies in every
@@ -297,6 +299,13 @@ func (o *Outbox) Enqueue(ctx context.Context, msgs ...Message) error {
 // The trace context of ctx, if any, is stored in each message's headers
 // (traceparent, tracestate) through the global OpenTelemetry propagator,
 // unless the message already carries those headers.
+//
+// Two-phase commit: Postgres refuses PREPARE TRANSACTION in a transaction
+// that ran NOTIFY, so an Outbox whose EnqueueTx runs in transactions that
+// are prepared needs [Config.DisableNotify]. The relay then finds their
+// rows by polling, and keeps a prepared transaction's rows in their place
+// in their keys' order until COMMIT PREPARED (or drops them at ROLLBACK
+// PREPARED).
 func (o *Outbox) EnqueueTx(ctx context.Context, tx pgx.Tx, msgs ...Message) error {
 	if len(msgs) == 0 {
 		return nil

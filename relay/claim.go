@@ -81,6 +81,7 @@ type worker struct {
 	seen       int64    // the highest seq scanned
 	pendingTop int64    // a candidate horizon, once pending have ended
 	pending    []string // virtual transaction ids; nil: no candidate
+	seqs       sequenceWatch
 }
 
 // rewind is the lowest seq of the rows the worker left behind the cursor
@@ -180,6 +181,7 @@ func (w *worker) batch(ctx, work context.Context) (int, bool, error) {
 	}
 	picked := w.pick(win)
 	var rows []row
+	sent := time.Now() // the fence runs from here (see lease.go)
 	if len(picked) > 0 {
 		if rows, err = w.claim(ctx, tx, picked); err != nil {
 			return 0, false, fmt.Errorf("relay: claim: %w", err)
@@ -189,7 +191,14 @@ func (w *worker) batch(ctx, work context.Context) (int, bool, error) {
 	var took time.Duration
 	if len(rows) > 0 {
 		var failed map[int]error
-		failed, took = r.publish(work, rows)
+		pctx, fenced, err := r.fence(work, sent)
+		if err != nil {
+			return 0, false, err
+		}
+		failed, took = r.publish(pctx, rows)
+		if err := fenced(); err != nil {
+			return 0, false, err
+		}
 		if work.Err() != nil {
 			// Shutdown grace is over: release the rows for the next relay
 			// without counting an attempt.
@@ -220,7 +229,7 @@ func (w *worker) batch(ctx, work context.Context) (int, bool, error) {
 // horizon and locks a window of rows. It returns the leases as locked.
 func (w *worker) scan(ctx context.Context, tx *claimTx) ([]lease, []scanned, error) {
 	r := w.r
-	idle := strconv.FormatInt((r.cfg.PublishTimeout + 10*time.Second).Milliseconds(), 10)
+	idle := strconv.FormatInt(r.fenceTimeout().Milliseconds(), 10)
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
 	// Generic plans: the statements are the same every time and custom
@@ -230,11 +239,12 @@ func (w *worker) scan(ctx context.Context, tx *claimTx) ([]lease, []scanned, err
 	b.Queue(`SELECT set_config('idle_in_transaction_session_timeout', $1, true), set_config('plan_cache_mode', 'force_generic_plan', true),
        set_config('enable_seqscan', 'off', true)`, idle)
 	b.Queue(r.sql.Hold, w.id)
-	// The horizon needs moving only while scans reach it.
-	horizon := w.pending != nil || w.horizon <= w.seen
+	// The horizon needs moving only while scans reach it (or the sequence
+	// is due for a check, see sequence.go).
+	horizon := w.pending != nil || w.horizon <= w.seen || w.seqs.due()
 	if horizon {
 		b.Queue(r.sql.Lock)
-		b.Queue(r.sql.Top, r.seqOID)
+		b.Queue(r.sql.Top, r.seqOID, r.sql.Table)
 		b.Queue(r.sql.Writers, r.sql.Table, w.pending)
 	}
 	parts := w.partitions()
@@ -274,8 +284,11 @@ func (w *worker) scan(ctx context.Context, tx *claimTx) ([]lease, []scanned, err
 			if _, err := br.Exec(); err != nil {
 				return err
 			}
-			var top int64
-			if err := br.QueryRow().Scan(&top); err != nil {
+			var top, node, cache int64
+			if err := br.QueryRow().Scan(&top, &node, &cache); err != nil {
+				return err
+			}
+			if err := w.watchSequence(top, node, cache); err != nil {
 				return err
 			}
 			var writers []string
@@ -442,10 +455,11 @@ func (w *worker) settled(d decision) {
 	}
 }
 
-// publish hands copies of the rows to the Sink and returns the failed
-// indexes and the duration of the call. A row whose stored headers do not
-// decode fails permanently on its own, and its key's followers with it.
-func (r *Relay) publish(work context.Context, rows []row) (map[int]error, time.Duration) {
+// publish hands copies of the rows to the Sink, in ctx (see fence), and
+// returns the failed indexes and the duration of the call. A row whose
+// stored headers do not decode fails permanently on its own, and its key's
+// followers with it.
+func (r *Relay) publish(ctx context.Context, rows []row) (map[int]error, time.Duration) {
 	msgs := make([]Message, len(rows))
 	f := NewFailures(msgs)
 	send := make([]int, 0, len(rows))
@@ -472,8 +486,6 @@ func (r *Relay) publish(work context.Context, rows []row) (map[int]error, time.D
 			batch[j] = msgs[i]
 		}
 	}
-	ctx, cancel := context.WithTimeout(work, r.cfg.PublishTimeout)
-	defer cancel()
 	start := time.Now()
 	f.Merge(send, publish(ctx, r.sink, batch))
 	return f.failed, time.Since(start)

@@ -33,26 +33,38 @@
 // # Partitions and leases
 //
 // The outbox's migrations create a table of relay workers and a lease
-// table with one row per partition. A worker keeps its row alive (a
-// heartbeat every [Config.LeaseTTL]/3) and, between batches, at most
-// every LeaseTTL/10, takes or gives up partitions so that each of n live
-// workers owns about ceil(64/n): a relay that joins gets its share within
-// a second or two of starting, a relay that stops gives its partitions
-// up at once. A relay that dies (SIGKILL, lost host) leaves its
-// partitions to the others once its heartbeat is LeaseTTL old (10 seconds
-// by default); until then the messages of its keys wait. Its batch in
-// flight rolls back with its connection, so nothing is lost, and what it
-// had published but not deleted is published again with the same ids.
+// table with one row per partition. A relay registers all its workers
+// when it starts and keeps their rows alive (a heartbeat every
+// [Config.LeaseTTL]/3) on a connection of its own, so a busy pool, whose
+// connections all wait on a slow Sink, never delays a renewal. Between
+// batches, at most every LeaseTTL/10, a worker takes or gives up
+// partitions so that each of n live workers owns about ceil(64/n): a relay
+// that joins gets its share within a second or two of starting, a relay
+// that stops gives its partitions up at once. A relay that dies (SIGKILL,
+// lost host) leaves its partitions to the others once its heartbeat is
+// LeaseTTL old (10 seconds by default); until then the messages of its
+// keys wait. Its batch in flight rolls back with its connection, so
+// nothing is lost, and what it had published but not deleted is published
+// again with the same ids.
 //
 // A takeover increments the partition's fencing token. Every batch locks
 // its worker's lease rows FOR SHARE and checks their tokens before it
 // scans, and holds them until it commits, so a takeover cannot happen
 // while the previous owner's batch is in flight, and a worker that lost a
 // partition (it stalled past LeaseTTL) finds out before it claims
-// anything. The dead-letter operations of package outbox (Replay, Purge
-// and the release of parked followers) lock the lease rows of the keys
-// they touch in the same way, waiting for the owner's batch, and tell the
-// owner to read its partitions again from the start.
+// anything. An owner that stalls in the middle of a batch (a pause, a
+// network that holds its packets) has its transaction ended by the server
+// once it has been idle for PublishTimeout + LeaseTTL/3
+// (idle_in_transaction_session_timeout), counted from the end of the
+// claim; and it starts no publish, and gives its Sink no more time, past
+// PublishTimeout after it sent the claim, or once its last successful
+// heartbeat is LeaseTTL old. So an owner never publishes after the moment
+// its successor may start, however late the answer to its claim arrives;
+// it rolls back instead, without counting an attempt. The dead-letter
+// operations of package outbox (Replay, Purge and the release of parked
+// followers) lock the lease rows of the keys they touch in the same way,
+// waiting for the owner's batch, and tell the owner to read its partitions
+// again from the start.
 //
 // # Writing a Sink
 //
@@ -79,13 +91,16 @@
 //
 // # Lifecycle
 //
-// A [Relay] is an idemq.Service: [Relay.Run] checks that the outbox's
-// tables exist, closes [Relay.Ready] once it listens (or polls, with
+// A [Relay] is an idemq.Service: [Relay.Run] checks that the server takes
+// writes (a standby or a read-only server is an idemq.ErrConfig error),
+// that the outbox's tables exist and that their sequence keeps order (see
+// below), closes [Relay.Ready] once it listens (or polls, with
 // [Config.DisableListen]) and blocks until its context is done, then stops
 // claiming and gives in-flight batches [Config.ShutdownGrace] to finish;
 // rows of batches still in flight after that are released, not lost. Run
-// returns an error, instead of retrying forever, when the tables are
-// missing (the migrations did not run) or the pool was closed; passing
+// returns an error, instead of retrying forever, when the server is
+// read-only, the tables are missing (the migrations did not run), the
+// sequence is set to CACHE > 1 or the pool was closed; passing
 // database and Sink errors are logged and retried. A second concurrent Run
 // returns idemq.ErrRunning; a Run after the previous one returned works.
 //
@@ -110,8 +125,8 @@
 // a slow Sink: each worker owns its share of the partitions. A batch holds
 // its rows in an open transaction while the Sink publishes them, at most
 // [Config.PublishTimeout]; the relay sets idle_in_transaction_session_timeout
-// a little above it, so the server ends the transaction, and releases the
-// rows, if the relay vanishes without closing its connection.
+// to PublishTimeout + LeaseTTL/3, so the server ends the transaction, and
+// releases the rows, if the relay vanishes without closing its connection.
 //
 // # Scanning and dead tuples
 //
@@ -140,9 +155,17 @@
 // transaction that then held the outbox table's RowExclusiveLock (which a
 // writer holds from before it draws a seq until it ends) has ended. A
 // long transaction that wrote to the outbox holds the cursors back until
-// it ends; a long transaction that did not, does not. (The outbox's
-// sequence must keep its default CACHE 1, and the relay's role needs the
-// SELECT privilege on it.)
+// it ends; a long transaction that did not, does not; a prepared
+// transaction (two-phase commit) counts until COMMIT or ROLLBACK PREPARED.
+// The relay's role needs the SELECT privilege on the outbox's sequence,
+// which must keep its default CACHE 1 (with more, sessions hand out seqs
+// out of order) and never go back below the seqs in use: Run refuses both
+// at start, with the statement that fixes them (outbox.Outbox.CheckSequence;
+// `idemq migrate validate` reports the same). A CACHE raised while the
+// relay runs ends Run; TRUNCATE (RESTART IDENTITY or not), VACUUM FULL,
+// CLUSTER or a restarted sequence, noticed within a second by a last value
+// below the one seen or a new file of the table, makes the workers read
+// the outbox from the start.
 //
 // Vacuum is still what removes dead tuples: the migration sets aggressive
 // per-table autovacuum parameters. A server where autovacuum is off or too

@@ -68,17 +68,13 @@ func TestFencing(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := r.preflight(ctx); err != nil {
-			t.Fatal(err)
-		}
-		w := &worker{r: r, id: uuid.New()}
-		w.restart()
-		return w
+		return handWorker(t, r)
 	}
-	a, b := newWorker("A"), newWorker("B")
+	a := newWorker("A")
 	if err := a.rebalance(ctx); err != nil || len(a.leases) != 64 {
 		t.Fatalf("A owns %d partitions (%v), want all 64", len(a.leases), err)
 	}
+	b := newWorker("B")
 
 	done := make(chan error, 1)
 	go func() {
@@ -203,11 +199,7 @@ func TestReplayWaitsForTheOwnersBatch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := r.preflight(ctx); err != nil {
-		t.Fatal(err)
-	}
-	w := &worker{r: r, id: uuid.New()}
-	w.restart()
+	w := handWorker(t, r)
 	if err := w.rebalance(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -269,6 +261,24 @@ WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '
 	if !slices.Equal(delivered, []string{"k:1", "k:2", "k:0"}) {
 		t.Fatalf("delivered %q, want k:1 and k:2, then the replayed k:0", delivered)
 	}
+}
+
+// handWorker checks r's tables and returns a worker of r for a test to
+// drive by hand, registered and alive for LeaseTTL, as Run would.
+func handWorker(t *testing.T, r *Relay) *worker {
+	t.Helper()
+	ctx := context.Background()
+	if err := r.preflight(ctx); err != nil {
+		t.Fatal(err)
+	}
+	w := &worker{r: r, id: uuid.New()}
+	w.restart()
+	beats, err := r.joinAll(ctx, []uuid.UUID{w.id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(beats.Close)
+	return w
 }
 
 func waitUntil(t *testing.T, what string, cond func() bool) {

@@ -2,11 +2,14 @@ package relay
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"slices"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/internal/outboxsql"
 )
@@ -16,8 +19,10 @@ import (
 //
 //   - Every worker of every relay is a member with its own id: it upserts
 //     its row in the relays table when it rebalances, the relay's
-//     heartbeat keeps it alive every LeaseTTL/3, and a worker that stops
-//     deletes it and gives up its partitions.
+//     heartbeat registers every worker at start and keeps them alive
+//     every LeaseTTL/3 on a connection of its own (never behind the
+//     batches), and a worker that stops deletes its row and gives up its
+//     partitions.
 //   - Between batches, at most every LeaseTTL/10 (at once when a batch saw
 //     that it owns too many), a worker rebalances: with n live members it
 //     wants ceil(Partitions/n) partitions, gives up the ones above that
@@ -133,8 +138,30 @@ func (w *worker) leave(ctx context.Context) {
 	}
 }
 
-// heartbeatLoop keeps the workers ids alive until ctx is done.
-func (r *Relay) heartbeatLoop(ctx context.Context, ids []uuid.UUID) {
+// joinAll opens the heartbeat's pool and registers the relay's workers.
+// The heartbeat has a pool of one connection of its own, with the work
+// pool's settings: renewals must never wait behind batches that hold the
+// work pool's connections while a Sink publishes, or a busy relay would
+// lose its live workers' partitions. Registering every worker before any
+// rebalances lets each count all of its relay's workers at once, so that
+// none takes more than its share only to give it up again.
+func (r *Relay) joinAll(ctx context.Context, ids []uuid.UUID) (*pgxpool.Pool, error) {
+	cfg := r.pool.Config()
+	cfg.MaxConns, cfg.MinConns, cfg.MinIdleConns = 1, 0, 0
+	beats, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := r.beat(ctx, beats, r.sql.Join, ids); err != nil {
+		beats.Close()
+		return nil, fmt.Errorf("relay: register the workers: %w", err)
+	}
+	return beats, nil
+}
+
+// heartbeatLoop keeps the workers ids alive every LeaseTTL/3 until ctx is
+// done.
+func (r *Relay) heartbeatLoop(ctx context.Context, beats *pgxpool.Pool, ids []uuid.UUID) {
 	t := time.NewTicker(r.cfg.LeaseTTL / 3)
 	defer t.Stop()
 	for {
@@ -143,8 +170,98 @@ func (r *Relay) heartbeatLoop(ctx context.Context, ids []uuid.UUID) {
 			return
 		case <-t.C:
 		}
-		if _, err := r.pool.Exec(ctx, r.sql.Beat, ids, r.cfg.LeaseTTL.Microseconds()); err != nil && ctx.Err() == nil {
-			r.log.Warn("relay heartbeat failed", "err", err)
+		if err := r.beat(ctx, beats, r.sql.Beat, ids); err != nil && ctx.Err() == nil {
+			r.log.Warn("relay heartbeat failed; the workers stop publishing once their leases may have run out", "err", err, "lease_ttl", r.cfg.LeaseTTL)
 		}
 	}
+}
+
+// beat runs stmt (Join or Beat) for the workers ids on the heartbeat's
+// pool. Once it succeeded, the workers' leases run until LeaseTTL after it
+// was sent, at the earliest: the server set their expiry from a later
+// clock reading. A beat that takes longer than LeaseTTL/3 is given up, so
+// the next one starts on a fresh connection.
+func (r *Relay) beat(ctx context.Context, beats *pgxpool.Pool, stmt string, ids []uuid.UUID) error {
+	sent := time.Now()
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.LeaseTTL/3)
+	defer cancel()
+	if _, err := beats.Exec(ctx, stmt, ids, r.cfg.LeaseTTL.Microseconds()); err != nil {
+		return err
+	}
+	until := sent.Add(r.cfg.LeaseTTL)
+	r.alive.Store(&until)
+	return nil
+}
+
+// Fencing a batch. A successor may take over a partition once the owner's
+// row in the relays table has expired (no heartbeat for LeaseTTL) and the
+// owner's batch transaction, which holds the lease row FOR SHARE, has
+// ended. A batch whose owner stalled (a pause, a network that holds its
+// packets) ends on the server: idle_in_transaction_session_timeout is
+// fenceTimeout, and it runs from the end of the claim, so not before
+// fenceTimeout after the claim was sent. The owner, on its side, starts no
+// publish, and gives its Sink no time, past the earlier of PublishTimeout
+// after it sent the claim and the moment its leases may have run out;
+// the commit has the rest of fenceTimeout. So an owner never publishes
+// after the moment its successor may start, however late the claim's
+// answer arrives.
+
+// errFenced is the error of a batch that did not publish because its
+// owner may have been succeeded.
+var errFenced = errors.New("relay: the batch's claim is fenced off")
+
+// fenceTimeout is the server's bound on a batch transaction left idle:
+// PublishTimeout for the Sink and a heartbeat period (LeaseTTL/3) for the
+// commit's round trip.
+func (r *Relay) fenceTimeout() time.Duration {
+	return r.cfg.PublishTimeout + r.cfg.LeaseTTL/3
+}
+
+// fence returns the context a Sink publishes the rows of a claim sent at
+// sent in: it ends PublishTimeout after sent, or earlier once the
+// workers' leases may have run out. It returns errFenced, and the batch
+// publishes nothing, when either moment has passed already. done releases
+// the context and returns errFenced if the leases ran out meanwhile: the
+// batch must then roll back, without counting an attempt.
+func (r *Relay) fence(work context.Context, sent time.Time) (ctx context.Context, done func() error, err error) {
+	end := sent.Add(r.cfg.PublishTimeout)
+	now := time.Now()
+	switch alive := r.alive.Load(); {
+	case !now.Before(end):
+		return nil, nil, fmt.Errorf("%w: its answer came %v after it was sent, past PublishTimeout; the rows are left to whoever owns their partitions now", errFenced, now.Sub(sent))
+	case alive == nil || !now.Before(*alive):
+		return nil, nil, r.lapsed()
+	}
+	deadline, cancel := context.WithDeadline(work, end)
+	ctx, lapse := context.WithCancelCause(deadline)
+	go func() {
+		t := time.NewTimer(0)
+		defer t.Stop()
+		for {
+			t.Reset(time.Until(*r.alive.Load()))
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			if !time.Now().Before(*r.alive.Load()) {
+				lapse(r.lapsed())
+				return
+			}
+		}
+	}()
+	return ctx, func() error {
+		err := context.Cause(ctx)
+		lapse(nil)
+		cancel()
+		if errors.Is(err, errFenced) {
+			return err
+		}
+		return nil
+	}, nil
+}
+
+// lapsed is the error of a batch whose leases may have run out.
+func (r *Relay) lapsed() error {
+	return fmt.Errorf("%w: no heartbeat for LeaseTTL (%v); the rows are left to whoever owns their partitions now", errFenced, r.cfg.LeaseTTL)
 }

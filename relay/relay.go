@@ -252,6 +252,9 @@ type Relay struct {
 	vacuum  chan struct{}
 	seqOID  uint32 // the outbox's identity sequence
 	mon     *monitor
+	// alive is when the workers' leases may run out, at the earliest (see
+	// beat); nil before the first heartbeat.
+	alive atomic.Pointer[time.Time]
 }
 
 // New validates cfg and returns a relay that publishes the rows of ob
@@ -319,6 +322,15 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 		return err
 	}
+	ids := make([]uuid.UUID, r.cfg.Workers)
+	for i := range ids {
+		ids[i] = uuid.New()
+	}
+	beats, err := r.joinAll(ctx, ids)
+	if err != nil {
+		return err
+	}
+	defer beats.Close()
 	// fatal ends the run for every goroutine when the tables vanish or the
 	// pool is closed; the first such error is Run's.
 	ctx, cancel := context.WithCancel(ctx)
@@ -357,11 +369,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	if r.cfg.VacuumEvery > 0 {
 		wg.Go(func() { r.vacuumLoop(ctx) })
 	}
-	ids := make([]uuid.UUID, r.cfg.Workers)
-	for i := range ids {
-		ids[i] = uuid.New()
-	}
-	wg.Go(func() { r.heartbeatLoop(ctx, ids) })
+	wg.Go(func() { r.heartbeatLoop(ctx, beats, ids) })
 	var workers sync.WaitGroup
 	for i := range r.cfg.Workers {
 		workers.Go(func() { r.workerLoop(ctx, work, wakes[i], ids[i], fatal) })
@@ -377,13 +385,32 @@ func (r *Relay) Run(ctx context.Context) error {
 	return nil
 }
 
-// preflight checks that the pool is open and the outbox's tables exist,
-// and finds the outbox's sequence.
+// preflight checks that the pool is open, reaches a server that takes
+// writes, and that the outbox's tables exist, and finds the outbox's
+// sequence. A standby or a read-only server is a configuration mistake
+// that retrying cannot mend: Run returns it at once.
 func (r *Relay) preflight(ctx context.Context) error {
-	var ok bool
-	err := r.pool.QueryRow(ctx, r.sql.Exists, r.sql.Table, r.sql.Dead, r.sql.Lease).Scan(&ok)
+	var standby, readOnly, ok bool
+	err := r.pool.QueryRow(ctx, r.sql.Writable).Scan(&standby, &readOnly)
+	switch {
+	case err != nil:
+	case standby:
+		return idemq.NewConfigError("relay", "pool", "reaches a standby (pg_is_in_recovery() is true), where nothing can be written: give the relay the primary (target_session_attrs=read-write in the connection string picks it)")
+	case readOnly:
+		return idemq.NewConfigError("relay", "pool", "reaches a read-only server (transaction_read_only is on, see default_transaction_read_only of the server, database or role): give the relay one where it can write")
+	default:
+		err = r.pool.QueryRow(ctx, r.sql.Exists, r.sql.Table, r.sql.Dead, r.sql.Lease).Scan(&ok)
+	}
 	if err == nil && ok {
 		err = r.pool.QueryRow(ctx, r.sql.Sequence, r.sql.Table).Scan(&r.seqOID)
+	}
+	if err == nil && ok {
+		var seq outbox.SequenceCheck
+		if seq, err = r.ob.CheckSequence(ctx); err == nil {
+			if err := seq.Err(); err != nil {
+				return fmt.Errorf("relay: %w", err)
+			}
+		}
 	}
 	switch {
 	case err != nil:
@@ -402,8 +429,8 @@ func (r *Relay) notMigrated() error {
 }
 
 // fatal returns the error that ends Run for err, nil when err is worth
-// retrying: a closed pool, or a missing table or schema (the migrations
-// did not run, or someone dropped them).
+// retrying: a closed pool, a missing table or schema (the migrations did
+// not run, or someone dropped them), or a sequence set to CACHE > 1.
 func (r *Relay) fatal(err error) error {
 	var pgErr *pgconn.PgError
 	switch {
@@ -411,6 +438,8 @@ func (r *Relay) fatal(err error) error {
 		return fmt.Errorf("relay: the pool is closed: %w", err)
 	case errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000"): // undefined_table, invalid_schema_name
 		return fmt.Errorf("%w: %w", r.notMigrated(), err)
+	case errors.Is(err, outbox.ErrSequence):
+		return err
 	}
 	return nil
 }

@@ -10,16 +10,18 @@ import (
 
 // Proxy is a TCP forwarder in front of a server, for outage tests: Stop
 // cuts every connection and refuses new ones (connection refused), Start
-// listens again on the same address.
+// listens again on the same address; Stall holds back the server's
+// answers until Resume, as a network that stops delivering would.
 type Proxy struct {
 	tb     testing.TB
 	target string
 	addr   string
 
-	mu    sync.Mutex
-	ln    net.Listener
-	conns map[net.Conn]struct{}
-	wg    sync.WaitGroup
+	mu     sync.Mutex
+	ln     net.Listener
+	conns  map[net.Conn]struct{}
+	resume chan struct{} // non-nil while stalled; closed by Resume
+	wg     sync.WaitGroup
 }
 
 // NewProxy starts a Proxy to target (host:port) on a free loopback port;
@@ -68,7 +70,40 @@ func (p *Proxy) Stop() {
 		_ = c.Close()
 	}
 	p.mu.Unlock()
+	p.Resume()
 	p.wg.Wait()
+}
+
+// Stall holds back everything the server sends from now on, on every
+// connection, new ones included, until Resume: requests still reach the
+// server and run, but their answers wait in the proxy, as behind a network
+// that stopped delivering. The server notices nothing.
+func (p *Proxy) Stall() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.resume == nil {
+		p.resume = make(chan struct{})
+	}
+}
+
+// Resume delivers what Stall held back, in order, and forwards again.
+func (p *Proxy) Resume() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.resume != nil {
+		close(p.resume)
+		p.resume = nil
+	}
+}
+
+// wait blocks while the proxy is stalled.
+func (p *Proxy) wait() {
+	p.mu.Lock()
+	resume := p.resume
+	p.mu.Unlock()
+	if resume != nil {
+		<-resume
+	}
 }
 
 func (p *Proxy) accept(ln net.Listener) {
@@ -90,8 +125,8 @@ func (p *Proxy) accept(ln net.Listener) {
 			return
 		}
 		p.wg.Add(2)
-		go p.pipe(client, server)
-		go p.pipe(server, client)
+		go p.pipe(client, server, true)
+		go p.pipe(server, client, false)
 	}
 }
 
@@ -111,13 +146,30 @@ func (p *Proxy) track(conns ...net.Conn) bool {
 	return true
 }
 
-func (p *Proxy) pipe(dst, src net.Conn) {
+// pipe copies src to dst; stallable is the server-to-client direction.
+func (p *Proxy) pipe(dst, src net.Conn, stallable bool) {
 	defer p.wg.Done()
-	_, _ = io.Copy(dst, src)
+	if stallable {
+		_, _ = io.Copy(dst, stallReader{src, p})
+	} else {
+		_, _ = io.Copy(dst, src)
+	}
 	_ = dst.Close()
 	_ = src.Close()
 	p.mu.Lock()
 	delete(p.conns, dst)
 	delete(p.conns, src)
 	p.mu.Unlock()
+}
+
+// stallReader hands on what it read once the proxy is not stalled.
+type stallReader struct {
+	r io.Reader
+	p *Proxy
+}
+
+func (s stallReader) Read(b []byte) (int, error) {
+	n, err := s.r.Read(b)
+	s.p.wait()
+	return n, err
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -88,13 +89,14 @@ func migrateCommand() *cli.Command {
 		Name:  "migrate",
 		Usage: "apply the migrations of the idemq tables",
 		Description: "Applies what is pending, in one transaction, safely from several processes at once.\n" +
-			"'migrate list' shows every migration and whether it is applied; 'migrate validate' exits 4 while any is pending;\n" +
+			"'migrate list' shows every migration and whether it is applied; 'migrate validate' exits 4 while any is pending,\n" +
+			"and 1 when the outbox's seq sequence (which it reports) has a CACHE above 1 or is below the seqs in use;\n" +
 			"'migrate export DIR' writes them as numbered SQL files for golang-migrate, goose, Atlas or Flyway.",
 		Flags:  []cli.Flag{componentsFlag("outbox", "inbox")},
 		Action: migrateUp,
 		Commands: []*cli.Command{
 			{Name: "list", Usage: "list applied and pending migrations", Flags: []cli.Flag{componentsFlag("outbox", "inbox")}, Action: migrateList},
-			{Name: "validate", Usage: "exit 4 while migrations are pending", Flags: []cli.Flag{componentsFlag("outbox", "inbox")}, Action: migrateValidate},
+			{Name: "validate", Usage: "exit 4 while migrations are pending, 1 if the outbox's sequence breaks the relay's order", Flags: []cli.Flag{componentsFlag("outbox", "inbox")}, Action: migrateValidate},
 			{Name: "export", Usage: "write the migrations as numbered SQL files into DIR", ArgsUsage: "DIR",
 				Description: "The files carry the schema and table names of the flags, and record themselves in idemq_migrations,\n" +
 					"so 'migrate validate' and the relay see a database migrated from them as current. Exporting into the same\n" +
@@ -192,23 +194,77 @@ func migrateValidate(ctx context.Context, cmd *cli.Command) error {
 		return err
 	}
 	pending := migrationViews(ms)
+	seqs, err := checkSequences(ctx, cmd, pool, pending)
+	if err != nil {
+		return err
+	}
 	report := struct {
-		Current bool        `json:"current"`
-		Pending []migration `json:"pending"`
-	}{len(pending) == 0, pending}
+		Current   bool             `json:"current"`
+		Pending   []migration      `json:"pending"`
+		Sequences []sequenceReport `json:"sequences"`
+	}{len(pending) == 0, pending, seqs}
 	if err := output(cmd, report, func(t *table) {
 		if len(pending) == 0 {
 			t.note("schema current")
-			return
+		} else {
+			migrationRows(t, pending)
 		}
-		migrationRows(t, pending)
+		for _, s := range seqs {
+			state := "ok"
+			if s.Problem != "" {
+				state = "breaks the relay's order"
+			}
+			t.note("outbox sequence %s: CACHE %d, last value %d, highest seq %d: %s", s.Sequence, s.Cache, s.LastValue, s.HighestSeq, state)
+		}
 	}); err != nil {
 		return err
 	}
 	if len(pending) > 0 {
 		return withCode(exitPending, "%d migrations pending: run idemq migrate", len(pending))
 	}
+	for _, s := range seqs {
+		if s.Problem != "" {
+			return withCode(exitFailure, "%s", s.Problem)
+		}
+	}
 	return nil
+}
+
+// sequenceReport is the state of an outbox's seq sequence, which the
+// relay needs at CACHE 1 and never below the seqs in use.
+type sequenceReport struct {
+	Sequence   string `json:"sequence"`
+	Cache      int64  `json:"cache"`
+	LastValue  int64  `json:"last_value"`
+	HighestSeq int64  `json:"highest_seq"`
+	Problem    string `json:"problem,omitempty"` // what is wrong and what to run
+}
+
+// checkSequences checks the outbox's seq sequence when the command names
+// the outbox and its migrations are all applied.
+func checkSequences(ctx context.Context, cmd *cli.Command, pool *pgxpool.Pool, pending []migration) ([]sequenceReport, error) {
+	out := []sequenceReport{}
+	comps, err := components(cmd)
+	if err != nil {
+		return nil, err
+	}
+	if !slices.ContainsFunc(comps, func(c component) bool { return c.name == "outbox" }) ||
+		slices.ContainsFunc(pending, func(m migration) bool { return m.Component == "outbox" }) {
+		return out, nil
+	}
+	ob, _, err := stores(cmd, pool)
+	if err != nil {
+		return nil, err
+	}
+	s, err := ob.CheckSequence(ctx)
+	if err != nil {
+		return nil, err
+	}
+	r := sequenceReport{Sequence: s.Sequence, Cache: s.Cache, LastValue: s.LastValue, HighestSeq: s.HighestSeq}
+	if err := s.Err(); err != nil {
+		r.Problem = err.Error()
+	}
+	return append(out, r), nil
 }
 
 func migrateExport(ctx context.Context, cmd *cli.Command) error {

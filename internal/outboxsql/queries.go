@@ -74,6 +74,15 @@ type Queries struct {
 	// again (see the relay's claim.go).
 	Waiting, RetryNow string
 
+	// SequenceState returns, for the outbox table named $1, its seq
+	// sequence's name, CACHE and last value (0 for none), and the highest
+	// seq of the outbox and its dead letters (0 for none).
+	SequenceState string
+	// Writable reports whether the server is a standby (in recovery) and
+	// whether the session's transactions are read-only: a relay refuses
+	// both at start.
+	Writable string
+
 	// Join, Beat, Live, Take, Release, Leave, Hold, Lock, Sequence, Top, Writers,
 	// Scan, ScanAll, Claim, PutBack, Bury and Park are the relay's; see their
 	// comments below and the relay package's claim.go and lease.go.
@@ -140,6 +149,11 @@ ORDER BY m.n`,
 FROM ` + table,
 		Owners: `SELECT part, owner, token FROM ` + lease + ` WHERE part = ANY($1::int4[]) ORDER BY part`,
 		Vacuum: `VACUUM ` + table,
+		SequenceState: `SELECT s.oid::regclass::text, q.seqcache, coalesce(pg_sequence_last_value(s.oid), 0),
+       greatest((SELECT max(seq) FROM ` + table + `), (SELECT max(seq) FROM ` + dead + `), 0)
+FROM (SELECT pg_get_serial_sequence($1, 'seq')::regclass::oid AS oid) AS s
+JOIN pg_sequence AS q ON q.seqrelid = s.oid`,
+		Writable: `SELECT pg_is_in_recovery(), current_setting('transaction_read_only') = 'on'`,
 		Waiting: `SELECT coalesce(array_agg(DISTINCT key) FILTER (WHERE key IS NOT NULL), '{}'), coalesce(bool_or(key IS NULL), false)
 FROM ` + table + ` WHERE destination = $1 AND available_at > now() AND available_at < 'infinity'`,
 		RetryNow: `WITH due AS (
@@ -188,16 +202,22 @@ DELETE FROM ` + relays + ` WHERE owner = $1`,
 		Lock: `LOCK TABLE ` + table + ` IN ROW SHARE MODE`,
 		// The outbox's identity sequence, as an oid.
 		Sequence: `SELECT pg_get_serial_sequence($1, 'seq')::regclass::oid`,
-		// The last seq handed out by sequence $1 (0 for none).
-		Top: `SELECT coalesce(pg_sequence_last_value($1::oid::regclass), 0)`,
+		// The last seq handed out by sequence $1 (0 for none), the file
+		// node of table $2 (TRUNCATE, VACUUM FULL and CLUSTER give it a new
+		// one) and the sequence's CACHE.
+		Top: `SELECT coalesce(pg_sequence_last_value($1::oid::regclass), 0), pg_relation_filenode($2::regclass)::int8,
+       (SELECT seqcache FROM pg_sequence WHERE seqrelid = $1::oid)`,
 		// The other transactions that may insert into table $1: those that
 		// hold its RowExclusiveLock (taken before a row's seq is drawn),
 		// by virtual transaction id; and whether none of the transactions
-		// in $2 is still running (NULL: none to check).
+		// in $2 is still running (NULL: none to check). A prepared
+		// transaction (PREPARE TRANSACTION) holds its locks without a
+		// session, with a NULL pid: it counts until COMMIT or ROLLBACK
+		// PREPARED, hence IS DISTINCT FROM.
 		Writers: `SELECT ARRAY(SELECT virtualtransaction FROM pg_locks
               WHERE locktype = 'relation' AND relation = $1::regclass AND mode = 'RowExclusiveLock'
                 AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-                AND pid <> pg_backend_pid()),
+                AND pid IS DISTINCT FROM pg_backend_pid()),
        CASE WHEN $2::text[] IS NULL THEN true
             ELSE NOT EXISTS (SELECT 1 FROM pg_locks WHERE virtualtransaction = ANY($2)) END`,
 		// Up to $1 rows (partition, seq, ctid, key, wait), locked, from partitions $2 (-1: unkeyed rows) in
