@@ -582,10 +582,10 @@ type decision struct {
 	parkKeys  []string
 	parkDests []*string
 	parkSeqs  []int64
-	delivered  []Message
-	failed     []FailedEvent
-	retried    []RetriedEvent
-	buried     []DeadLetteredEvent
+	delivered []Message
+	failed    []FailedEvent
+	retried   []RetriedEvent
+	buried    []DeadLetteredEvent
 }
 
 // parkDelay marks rows put back with available_at = infinity (a negative

@@ -262,4 +262,3 @@ func TestKeyOrderIsPerDestination(t *testing.T) {
 		})
 	}
 }
-
