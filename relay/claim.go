@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -272,16 +273,26 @@ func (w *worker) scan(ctx context.Context, tx *claimTx) ([]lease, []scanned, err
 		b.Queue(r.sql.Top, r.seqOID)
 		b.Queue(r.sql.Writers, r.sql.Table, w.pending)
 	}
+	// Behind the cursors that passed the horizon, the scan looks for rows
+	// that committed since, of keys that are not blocked.
 	parts := w.partitions()
-	cursors := make([]int64, len(parts))
+	starts, cursors := make([]int64, len(parts)), make([]int64, len(parts))
 	for i, p := range parts {
 		cursors[i] = w.cursors[p]
+		starts[i] = cursors[i]
+		if w.late != 0 {
+			starts[i] = min(starts[i], w.late)
+		}
+	}
+	blocked := []int64{}
+	if w.late != 0 {
+		blocked = slices.AppendSeq(make([]int64, 0, len(w.blocked)), maps.Keys(w.blocked))
 	}
 	if w.ownsAll() {
 		// The cursors are all the same (see move).
-		b.Queue(r.sql.ScanAll, r.cfg.BatchSize, slices.Min(cursors), r.cfg.GlobalKeyOrder)
+		b.Queue(r.sql.ScanAll, r.cfg.BatchSize, slices.Min(starts), slices.Min(cursors), r.cfg.GlobalKeyOrder, blocked)
 	} else {
-		b.Queue(r.sql.Scan, r.cfg.BatchSize, parts, cursors, r.cfg.GlobalKeyOrder)
+		b.Queue(r.sql.Scan, r.cfg.BatchSize, parts, starts, cursors, r.cfg.GlobalKeyOrder, blocked)
 	}
 	tx.open = true
 	br := tx.conn.SendBatch(ctx, b)

@@ -56,6 +56,13 @@ const (
 	scanned = `(o.key IS NOT NULL OR o.available_at > now() OR h.ok)`
 )
 
+// behind keeps, of the rows before cursor, only the due ones whose order
+// id (global is orderOf's parameter) is not in blocked: rows that committed
+// after the cursor passed their seqs, unless their key is blocked anyway.
+func behind(cursor, global, blocked string) string {
+	return `(o.seq >= ` + cursor + ` OR (o.available_at <= now() AND ` + fmt.Sprintf(orderOf, global) + ` <> ALL(` + blocked + `)))`
+}
+
 // Columns are the columns Enqueue writes, in the order of Insert's arrays
 // and of a COPY.
 var Columns = []string{"id", "destination", "key", "payload", "headers"}
@@ -207,30 +214,34 @@ DELETE FROM ` + relays + ` WHERE owner = $1`,
        CASE WHEN $2::text[] IS NULL THEN true
             ELSE NOT EXISTS (SELECT 1 FROM pg_locks WHERE virtualtransaction = ANY($2)) END`,
 		// Up to $1 rows (partition, seq, ctid, order id, wait, held) from
-		// partitions $2 (-1: unkeyed rows) in that order, each from seq
-		// $3[i] on in seq order, with the microseconds until they are due
-		// (0: due, -1: parked); order ids per key and destination unless
-		// $4 (see orderOf, held and scanned). The nested loop stops reading
-		// partitions once it has $1 rows. The conditions and the order are
-		// those of the (partition, seq) index and of no other: a plan
-		// cached while the table was empty would otherwise scan the
-		// primary key and filter (the relay also turns off sequential
-		// scans).
+		// partitions $2 (-1: unkeyed rows) in that order, each in seq order
+		// from seq $4[i] on and, behind it from $3[i] on, the due rows whose
+		// order id is not in $6 (the rows of transactions that committed
+		// after the worker's cursor passed their seqs); with the
+		// microseconds until they are due (0: due, -1: parked); order ids
+		// per key and destination unless $5 (see orderOf, held and
+		// scanned). The nested loop stops reading partitions once it has
+		// $1 rows. The conditions and the order are those of the
+		// (partition, seq) index and of no other: a plan cached while the
+		// table was empty would otherwise scan the primary key and filter
+		// (the relay also turns off sequential scans).
 		Scan: `SELECT r.part, r.seq, r.ctid, r.oid, r.wait, r.held
-FROM unnest($2::int4[], $3::int8[]) WITH ORDINALITY AS p(part, cursor, n)
+FROM unnest($2::int4[], $3::int8[], $4::int8[]) WITH ORDINALITY AS p(part, start, cursor, n)
 CROSS JOIN LATERAL (
-  SELECT p.part, o.seq, o.ctid, ` + fmt.Sprintf(orderOf, "$4::bool") + ` AS oid, ` + due + ` AS wait, h.ok IS NOT NULL AS held
+  SELECT p.part, o.seq, o.ctid, ` + fmt.Sprintf(orderOf, "$5::bool") + ` AS oid, ` + due + ` AS wait, h.ok IS NOT NULL AS held
   FROM ` + table + ` AS o ` + fmt.Sprintf(held, table) + `
-  WHERE ` + oPartition + ` <= p.part AND (` + oPartition + `, o.seq) >= (p.part, p.cursor) AND ` + scanned + `
+  WHERE ` + oPartition + ` <= p.part AND (` + oPartition + `, o.seq) >= (p.part, p.start) AND ` + scanned + `
+    AND ` + behind("p.cursor", "$5::bool", "$6::int8[]") + `
   ORDER BY ` + oPartition + `, o.seq LIMIT $1) AS r
 LIMIT $1`,
-		// Scan for a worker that owns every partition: up to $1 rows from
-		// seq $2 on in seq order, through the primary key, so that a batch
+		// Scan for a worker that owns every partition: up to $1 rows in seq
+		// order from seq $3 on and, behind it from $2 on, the due rows whose
+		// order id is not in $5, through the primary key, so that a batch
 		// takes neighbouring rows (a partition's rows lie far apart). Same
-		// columns as Scan; $3 is Scan's $4.
-		ScanAll: `SELECT ` + oPartition + `, o.seq, o.ctid, ` + fmt.Sprintf(orderOf, "$3::bool") + `, ` + due + `, h.ok IS NOT NULL
+		// columns as Scan; $4 is Scan's $5.
+		ScanAll: `SELECT ` + oPartition + `, o.seq, o.ctid, ` + fmt.Sprintf(orderOf, "$4::bool") + `, ` + due + `, h.ok IS NOT NULL
 FROM ` + table + ` AS o ` + fmt.Sprintf(held, table) + `
-WHERE o.seq >= $2 AND ` + scanned + `
+WHERE o.seq >= $2 AND ` + scanned + ` AND ` + behind("$3::int8", "$4::bool", "$5::int8[]") + `
 ORDER BY o.seq LIMIT $1`,
 		// Failed rows go back with their seq (their place in their key's
 		// order), due after a delay in microseconds (negative: parked
