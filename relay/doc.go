@@ -16,16 +16,22 @@
 //
 // # Order
 //
-// Messages with the same key are published in enqueue order, also across
-// relays, failures and retries. The keys are hashed into 64 partitions,
-// and every partition is leased to one worker at a time (each of a
-// relay's [Config.Workers] is a member of its own): only the owner claims
-// or moves the rows of its keys, so it keeps their order in memory. It
-// reads the outbox in seq order; a row that is not due, or that it put
-// back after a failure (same seq, so the same place in its key's order,
-// with a later available_at), blocks its key, whose later rows wait. A
-// failing row holds back only the later rows of its own key. Messages
-// without a key are unordered, never wait and are shared by all workers.
+// Messages with the same key to the same destination are published in
+// enqueue order, also across relays, failures and retries: a key failing
+// on one destination does not hold back its messages to another
+// ([Config.GlobalKeyOrder] keeps one order per key across all
+// destinations instead). The keys are hashed into 64 partitions, and every
+// partition is leased to one worker at a time (each of a relay's
+// [Config.Workers] is a member of its own): only the owner claims or moves
+// the rows of its keys, so it keeps their order in memory. It reads the
+// outbox in seq order; a row that is not due, that it put back after a
+// failure (same seq, so the same place in its key's order, with a later
+// available_at), or that another session holds locked (an operator's
+// SELECT ... FOR UPDATE or UPDATE, a stale owner) blocks its key, whose
+// later rows wait; the owner looks at a locked row again every
+// [Config.PollInterval]. A failing row holds back only the later rows of
+// its own key. Messages without a key are unordered, never wait and are
+// shared by all workers (one that another session holds is left to it).
 // When a key's head becomes a dead letter its followers proceed, unless
 // [Config.ParkFollowers] keeps them until the dead letter is replayed or
 // purged. Within a batch a Sink must keep order too (see [Sink]).
@@ -45,14 +51,18 @@
 // had published but not deleted is published again with the same ids.
 //
 // A takeover increments the partition's fencing token. Every batch locks
-// its worker's lease rows FOR SHARE and checks their tokens before it
-// scans, and holds them until it commits, so a takeover cannot happen
-// while the previous owner's batch is in flight, and a worker that lost a
-// partition (it stalled past LeaseTTL) finds out before it claims
-// anything. The dead-letter operations of package outbox (Replay, Purge
-// and the release of parked followers) lock the lease rows of the keys
-// they touch in the same way, waiting for the owner's batch, and tell the
-// owner to read its partitions again from the start.
+// its worker's lease rows FOR KEY SHARE and checks their tokens before it
+// claims, and holds them until it commits, so a takeover (FOR UPDATE)
+// cannot happen while the previous owner's batch is in flight, and a
+// worker that lost a partition (it stalled past LeaseTTL) finds out before
+// it claims anything. The dead-letter operations of package outbox
+// (Replay, Purge, RetryNow and the release of parked followers) bump the
+// generation of the lease rows of the keys they touch, which does not
+// conflict with that lock: they do not wait for the owner's batch, and an
+// operator's transaction left open does not stop the owner. The owner's
+// claim takes nothing once the generations it read moved, and its next
+// batch reads its partitions again from the start, so a replayed message
+// still goes before the later messages of its key.
 //
 // # Writing a Sink
 //
@@ -120,12 +130,18 @@
 // [Config.RescanInterval] (a safety net, 1 minute by default).
 //
 // A transaction that draws seqs and commits after later seqs were
-// published must not be overtaken, so the cursors never pass the
-// horizon: the sequence's value as of a moment after which every
-// transaction that then held the outbox table's RowExclusiveLock (which a
-// writer holds from before it draws a seq until it ends) has ended. A
-// long transaction that wrote to the outbox holds the cursors back until
-// it ends; a long transaction that did not, does not. (The outbox's
+// published must not be lost, nor overtaken by a row of its key enqueued
+// after it committed. The horizon is the sequence's value as of a moment
+// after which every transaction that then held the outbox table's
+// RowExclusiveLock (which a writer holds from before it draws a seq until
+// it ends) has ended. The cursors go past it, so that rows that are not
+// due or wait behind a failing row of their key never stop the rows after
+// them, however long a writer stays open; every scan then also reads,
+// from the seq where a cursor first passed the horizon, the due rows of
+// keys that are not blocked (the rows that committed late), and once the
+// horizon gets there the cursors go back to it. A long transaction that
+// wrote to the outbox costs each scan a read through the rows since the
+// horizon; a long transaction that did not, costs nothing. (The outbox's
 // sequence must keep its default CACHE 1, and the relay's role needs the
 // SELECT privilege on it.)
 //
