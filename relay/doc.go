@@ -125,9 +125,11 @@
 // cursor: a partition's rows lie far apart in the table, and a batch of
 // neighbouring rows costs less. The
 // cursors go back only to rows the worker itself left behind once they
-// are due (retries), to the beginning after it took over a partition or a
-// dead-letter operation moved rows of its partitions, and every
-// [Config.RescanInterval] (a safety net, 1 minute by default).
+// are due (retries) or to a row another session held locked, to the
+// beginning after it took over a partition or a dead-letter operation
+// moved rows of its partitions, to where they passed the horizon once the
+// horizon gets there (below), and every [Config.RescanInterval] (a safety
+// net, 1 minute by default).
 //
 // A transaction that draws seqs and commits after later seqs were
 // published must not be lost, nor overtaken by a row of its key enqueued
