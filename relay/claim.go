@@ -32,23 +32,26 @@ import (
 //     worker's partitions, taking the partitions in turn, each in seq
 //     order from its cursor, through the outbox's (partition, seq) index
 //     (a worker that owns every partition reads the primary key in seq
-//     order instead: neighbouring rows are cheaper to read). The scan is a
-//     plain read that tries to lock each due row, SKIP LOCKED: a keyed row
-//     that another session holds (an operator's SELECT ... FOR UPDATE or
-//     UPDATE, a stale owner) is in the window but not held, an unkeyed one
-//     is left out. If the leases are not the ones the worker believed it
-//     owned, it rolls back and starts over.
+//     order instead: neighbouring rows are cheaper to read). Keyed rows
+//     are read without a lock, so a row that another session holds (an
+//     operator's SELECT ... FOR UPDATE or UPDATE, a stale owner) is in the
+//     window; due unkeyed rows are locked, SKIP LOCKED, as they are read
+//     (shared by all workers, they are left to whoever holds them). If the
+//     leases are not the ones the worker believed it owned, it rolls back
+//     and starts over.
 //  3. pick, without the database: walking the window, a due unkeyed row
 //     is taken; a keyed row is taken unless its key is blocked; a row that
-//     is not due, or not held, blocks its key (its followers wait behind
-//     it) and is remembered as a place to come back to. A key is a key on
+//     is not due blocks its key (its followers wait behind it) and is
+//     remembered as a place to come back to. A key is a key on
 //     one destination, unless Config.GlobalKeyOrder. The owner is the only
 //     one who claims or moves the rows of its keys (whoever else moves
 //     them bumps the lease's gen first), so what it saw, claimed and put
 //     back is the truth about its keys.
-//  4. claim: delete the picked rows, RETURNING them, unless the gens moved
-//     since step 2 (then nothing: the next round reads the partitions
-//     again).
+//  4. claim: lock the picked rows, SKIP LOCKED, delete them, RETURNING
+//     them, unless the gens moved since step 2 (then nothing: the next
+//     round reads the partitions again). A keyed row another session holds
+//     does not come back: it blocks its key like a row that is not due,
+//     and the rows of its key after it go back unpublished.
 //  5. publish the claimed rows through the Sink, as copies.
 //  6. decide, without the database, what becomes of each row: delivered,
 //     put back (same seq, so the same place in its key's order, and its
@@ -132,7 +135,6 @@ type scanned struct {
 	ctid  pgtype.TID
 	order int64 // the order id of its key (0: unkeyed)
 	wait  int64 // microseconds until due; 0: due, -1: parked
-	held  bool  // locked by this batch (a due row another session holds is not)
 }
 
 // row is a claimed outbox row: the message as stored, for putting it back
@@ -192,7 +194,7 @@ func (w *worker) round(ctx, work context.Context) (int, bool, error) {
 
 	// 3. Pick; 4. claim.
 	picked := w.pick(win)
-	rows, err := w.claim(ctx, tx, picked)
+	rows, behind, err := w.claim(ctx, tx, picked)
 	if err != nil {
 		return 0, false, fmt.Errorf("relay: claim: %w", err)
 	}
@@ -202,7 +204,7 @@ func (w *worker) round(ctx, work context.Context) (int, bool, error) {
 	var took time.Duration
 	if len(rows) > 0 {
 		var failed map[int]error
-		failed, took = r.publish(work, rows)
+		failed, took = r.publish(work, rows, behind)
 		if work.Err() != nil {
 			// Shutdown grace is over: release the rows for the next relay
 			// without counting an attempt.
@@ -337,7 +339,7 @@ func (w *worker) scan(ctx context.Context, tx *claimTx) ([]lease, []scanned, err
 		}
 		win = make([]scanned, 0, r.cfg.BatchSize)
 		var s scanned
-		_, err = pgx.ForEachRow(rows, []any{&s.part, &s.seq, &s.ctid, &s.order, &s.wait, &s.held}, func() error {
+		_, err = pgx.ForEachRow(rows, []any{&s.part, &s.seq, &s.ctid, &s.order, &s.wait}, func() error {
 			win = append(win, s)
 			return nil
 		})
@@ -434,31 +436,30 @@ func (w *worker) pick(win []scanned) (picked []scanned) {
 			w.blocked[s.order] = true
 			w.back.add(s.seq, s.wait)
 			continue
-		case !s.held:
-			// Another session holds it: it stays its key's head, and the
-			// worker looks again after a poll interval.
-			w.blocked[s.order] = true
-			w.back.add(s.seq, w.r.cfg.PollInterval.Microseconds())
-			continue
 		}
 		picked = append(picked, s)
 	}
 	return picked
 }
 
-// claim deletes and returns the picked rows, in seq order: none if the
-// gens of the worker's partitions moved since the scan. With
-// ParkFollowers, the rows of keys that have a dead letter stay, and their
-// keys are blocked: they are parked.
-func (w *worker) claim(ctx context.Context, tx *claimTx, picked []scanned) ([]row, error) {
+// claim locks, deletes and returns the picked rows, in seq order, and the
+// rows among them that must not be published. A keyed row that does not
+// come back is held by another session (an operator, a stale owner), or,
+// with ParkFollowers, its key has a dead letter, or the gens moved since
+// the scan (then none comes back, and the next round reads the partitions
+// again): it stays its key's head, the worker looks at it again after a
+// poll interval, and the rows of its key after it that came back go back
+// unpublished.
+func (w *worker) claim(ctx context.Context, tx *claimTx, picked []scanned) ([]row, map[int]error, error) {
 	if len(picked) == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
 	r := w.r
 	ctids := make([]pgtype.TID, len(picked))
+	seqs := make([]int64, len(picked))
 	keyed := false
 	for i, s := range picked {
-		ctids[i] = s.ctid
+		ctids[i], seqs[i] = s.ctid, s.seq
 		keyed = keyed || s.order != 0
 	}
 	parts := make([]int32, len(w.leases))
@@ -466,16 +467,15 @@ func (w *worker) claim(ctx context.Context, tx *claimTx, picked []scanned) ([]ro
 	for i, l := range w.leases {
 		parts[i], gens[i] = l.part, l.gen
 	}
-	park := r.cfg.ParkFollowers && keyed
-	args := []any{ctids, parts, gens}
+	args := []any{ctids, parts, gens, seqs}
 	stmt := r.sql.Claim
-	if park {
+	if r.cfg.ParkFollowers && keyed {
 		stmt = r.sql.ClaimParked
 		args = append(args, r.cfg.GlobalKeyOrder)
 	}
 	rs, err := tx.conn.Query(ctx, stmt, args...)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	rows := make([]row, 0, len(picked))
 	var c row
@@ -489,22 +489,37 @@ func (w *worker) claim(ctx context.Context, tx *claimTx, picked []scanned) ([]ro
 		return nil
 	})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	slices.SortFunc(rows, func(a, b row) int { return cmp.Compare(a.seq, b.seq) })
-	if park && len(rows) < len(picked) {
-		got := make(map[int64]bool, len(rows))
-		for _, c := range rows {
-			got[c.seq] = true
+	if len(rows) == len(picked) {
+		return rows, nil, nil
+	}
+	got := make(map[int64]bool, len(rows))
+	for _, c := range rows {
+		got[c.seq] = true
+	}
+	poll := r.cfg.PollInterval
+	order := make(map[int64]int64, len(picked)) // seq -> order id
+	head := map[int64]int64{}                   // order id -> lowest seq missing
+	for _, s := range picked {
+		order[s.seq] = s.order
+		if got[s.seq] || s.order == 0 {
+			continue
 		}
-		for _, s := range picked {
-			if !got[s.seq] && s.order != 0 && !w.blocked[s.order] {
-				w.blocked[s.order] = true
-				w.back.add(s.seq, -1)
-			}
+		if h, ok := head[s.order]; !ok || s.seq < h {
+			head[s.order] = s.seq
+		}
+		w.blocked[s.order] = true
+		w.back.add(s.seq, poll.Microseconds())
+	}
+	behind := map[int]error{}
+	for i, c := range rows {
+		if h, ok := head[order[c.seq]]; ok && c.seq > h {
+			behind[i] = idemq.RetryAfter(fmt.Errorf("%w (it is locked by another session)", ErrSkipped), poll)
 		}
 	}
-	return rows, nil
+	return rows, behind, nil
 }
 
 // settled blocks the keys of the rows a committed batch put back or buried
@@ -528,15 +543,21 @@ func (w *worker) settled(d decision, picked []scanned) {
 	}
 }
 
-// publish hands copies of the rows to the Sink and returns the failed
-// indexes and the duration of the call. A row whose stored headers do not
-// decode fails permanently on its own, and its key's followers with it.
-func (r *Relay) publish(work context.Context, rows []row) (map[int]error, time.Duration) {
+// publish hands copies of the rows to the Sink, except those failed
+// beforehand (behind, by index) and their key's followers, and returns the
+// failed indexes and the duration of the call. A row whose stored headers
+// do not decode fails permanently on its own, and its key's followers with
+// it.
+func (r *Relay) publish(work context.Context, rows []row, behind map[int]error) (map[int]error, time.Duration) {
 	msgs := make([]Message, len(rows))
 	f := NewFailures(msgs)
 	send := make([]int, 0, len(rows))
 	for i, c := range rows {
 		msgs[i] = c.msg
+		if err := behind[i]; err != nil {
+			f.Fail(i, err)
+			continue
+		}
 		msgs[i].Payload = slices.Clone(c.msg.Payload)
 		h, err := outboxsql.DecodeHeaders(c.headers)
 		if err != nil {

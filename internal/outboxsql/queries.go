@@ -44,15 +44,16 @@ const (
 	due = `CASE WHEN o.available_at <= now() THEN 0
      WHEN o.available_at = 'infinity' THEN -1
      ELSE ceil(extract(epoch FROM o.available_at - now()) * 1000000)::int8 END`
-	// held tries to lock scanned row o if it is due, skipping it when
-	// another session holds it: a plain read sees the row, held tells
-	// whether this batch has it.
-	held = `LEFT JOIN LATERAL (SELECT true AS ok FROM %s AS x WHERE x.ctid = o.ctid AND o.available_at <= now()
+	// held locks scanned row o if it is due and unkeyed, skipping it when
+	// another session holds it. Keyed rows are read without a lock: the
+	// claim locks them (one that another session holds then blocks its
+	// key instead of vanishing from the window).
+	held = `LEFT JOIN LATERAL (SELECT true AS ok FROM %s AS x WHERE x.ctid = o.ctid AND o.key IS NULL AND o.available_at <= now()
                    FOR UPDATE SKIP LOCKED) AS h ON true`
-	// scanned keeps the rows a batch must see: every keyed row (one that
-	// another session holds blocks its key), unkeyed rows that are not
-	// due (to come back to) or that this batch holds. An unkeyed row that
-	// another session holds is left to it, as SKIP LOCKED does.
+	// scanned keeps the rows a batch must see: every keyed row, unkeyed
+	// rows that are not due (to come back to) or that this batch holds. An
+	// unkeyed row that another session holds is left to it, as SKIP
+	// LOCKED does.
 	scanned = `(o.key IS NOT NULL OR o.available_at > now() OR h.ok)`
 )
 
@@ -133,6 +134,11 @@ func New(t pgutil.Table) Queries {
 	table, dead, lease, relays := t.String(), t.Ident("_dead"), t.Ident("_lease"), t.Ident("_relays")
 	// live is true for a lease row whose owner is a live worker.
 	live := `EXISTS (SELECT 1 FROM ` + relays + ` AS w WHERE w.owner = l.owner AND w.expires_at > now())`
+	// claimable is true for the rows at ctids $1 with seqs $4 that this
+	// transaction can lock. The seqs make sure that a ctid still holds the
+	// row the scan read there.
+	claimable := `ctid IN (SELECT x.ctid FROM unnest($1::tid[], $4::int8[]) AS p(ctid, seq)
+  JOIN ` + table + ` AS x ON x.ctid = p.ctid AND x.seq = p.seq FOR UPDATE OF x SKIP LOCKED)`
 	// gens is true while partitions $2 have gens $3.
 	gens := `NOT EXISTS (SELECT 1 FROM unnest($2::int4[], $3::int8[]) AS g(part, gen) JOIN ` + lease + ` AS l ON l.part = g.part WHERE l.gen <> g.gen)`
 	q := Queries{
@@ -213,7 +219,7 @@ DELETE FROM ` + relays + ` WHERE owner = $1`,
                 AND pid <> pg_backend_pid()),
        CASE WHEN $2::text[] IS NULL THEN true
             ELSE NOT EXISTS (SELECT 1 FROM pg_locks WHERE virtualtransaction = ANY($2)) END`,
-		// Up to $1 rows (partition, seq, ctid, order id, wait, held) from
+		// Up to $1 rows (partition, seq, ctid, order id, wait) from
 		// partitions $2 (-1: unkeyed rows) in that order, each in seq order
 		// from seq $4[i] on and, behind it from $3[i] on, the due rows whose
 		// order id is not in $6 (the rows of transactions that committed
@@ -225,10 +231,10 @@ DELETE FROM ` + relays + ` WHERE owner = $1`,
 		// (partition, seq) index and of no other: a plan cached while the
 		// table was empty would otherwise scan the primary key and filter
 		// (the relay also turns off sequential scans).
-		Scan: `SELECT r.part, r.seq, r.ctid, r.oid, r.wait, r.held
+		Scan: `SELECT r.part, r.seq, r.ctid, r.oid, r.wait
 FROM unnest($2::int4[], $3::int8[], $4::int8[]) WITH ORDINALITY AS p(part, start, cursor, n)
 CROSS JOIN LATERAL (
-  SELECT p.part, o.seq, o.ctid, ` + fmt.Sprintf(orderOf, "$5::bool") + ` AS oid, ` + due + ` AS wait, h.ok IS NOT NULL AS held
+  SELECT p.part, o.seq, o.ctid, ` + fmt.Sprintf(orderOf, "$5::bool") + ` AS oid, ` + due + ` AS wait
   FROM ` + table + ` AS o ` + fmt.Sprintf(held, table) + `
   WHERE ` + oPartition + ` <= p.part AND (` + oPartition + `, o.seq) >= (p.part, p.start) AND ` + scanned + `
     AND ` + behind("p.cursor", "$5::bool", "$6::int8[]") + `
@@ -239,7 +245,7 @@ LIMIT $1`,
 		// order id is not in $5, through the primary key, so that a batch
 		// takes neighbouring rows (a partition's rows lie far apart). Same
 		// columns as Scan; $4 is Scan's $5.
-		ScanAll: `SELECT ` + oPartition + `, o.seq, o.ctid, ` + fmt.Sprintf(orderOf, "$4::bool") + `, ` + due + `, h.ok IS NOT NULL
+		ScanAll: `SELECT ` + oPartition + `, o.seq, o.ctid, ` + fmt.Sprintf(orderOf, "$4::bool") + `, ` + due + `
 FROM ` + table + ` AS o ` + fmt.Sprintf(held, table) + `
 WHERE o.seq >= $2 AND ` + scanned + ` AND ` + behind("$3::int8", "$4::bool", "$5::int8[]") + `
 ORDER BY o.seq LIMIT $1`,
@@ -262,16 +268,17 @@ FROM unnest($1::int8[], $2::uuid[], $3::timestamptz[], $4::int4[], $5::text[], $
 WHERE ` + partition + ` IN (SELECT ` + fmt.Sprintf(partOf, "k") + ` FROM unnest($1::text[]) AS k)
   AND o.available_at <> 'infinity'
   AND EXISTS (SELECT 1 FROM unnest($1::text[], $2::text[]) AS u(k, d) WHERE u.k = o.key AND (u.d IS NULL OR u.d = o.destination))`,
-		// Rows $1 (ctids from Scan, stable while Scan's lock holds) are
-		// deleted and returned, unless the gens of partitions $2 are no
-		// longer $3 (a dead-letter operation moved rows of theirs since
-		// the batch's fence read them): then none is.
-		Claim: `DELETE FROM ` + table + ` WHERE ctid = ANY($1::tid[]) AND ` + gens + `
+		// Rows at ctids $1 with seqs $4 (from Scan) are locked, skipping
+		// those another session holds, deleted and returned, unless the
+		// gens of partitions $2 are no longer $3 (a dead-letter operation
+		// moved rows of theirs since the batch's fence read them): then
+		// none is.
+		Claim: `DELETE FROM ` + table + ` WHERE ` + claimable + ` AND ` + gens + `
 RETURNING seq, id, destination, key, payload, headers, attempts, created_at`,
 		// ClaimParked is Claim that also leaves out the rows of keys with
-		// a dead letter, on the same destination unless $4.
-		ClaimParked: `DELETE FROM ` + table + ` AS o WHERE ctid = ANY($1::tid[]) AND ` + gens + `
-  AND (o.key IS NULL OR NOT EXISTS (SELECT 1 FROM ` + dead + ` AS d WHERE d.key = o.key AND ($4 OR d.destination = o.destination)))
+		// a dead letter, on the same destination unless $5.
+		ClaimParked: `DELETE FROM ` + table + ` AS o WHERE ` + claimable + ` AND ` + gens + `
+  AND (o.key IS NULL OR NOT EXISTS (SELECT 1 FROM ` + dead + ` AS d WHERE d.key = o.key AND ($5 OR d.destination = o.destination)))
 RETURNING seq, id, destination, key, payload, headers, attempts, created_at`,
 
 		ListDead: `SELECT id, destination, coalesce(key, ''), payload, headers, attempts, last_error, created_at, failed_at
