@@ -456,10 +456,11 @@ func (w *worker) claim(ctx context.Context, tx *claimTx, picked []scanned) ([]ro
 	}
 	r := w.r
 	ctids := make([]pgtype.TID, len(picked))
-	seqs := make([]int64, len(picked))
+	order := make(map[int64]int64, len(picked)) // seq -> order id
 	keyed := false
 	for i, s := range picked {
-		ctids[i], seqs[i] = s.ctid, s.seq
+		ctids[i] = s.ctid
+		order[s.seq] = s.order
 		keyed = keyed || s.order != 0
 	}
 	parts := make([]int32, len(w.leases))
@@ -467,7 +468,7 @@ func (w *worker) claim(ctx context.Context, tx *claimTx, picked []scanned) ([]ro
 	for i, l := range w.leases {
 		parts[i], gens[i] = l.part, l.gen
 	}
-	args := []any{ctids, parts, gens, seqs}
+	args := []any{ctids, parts, gens}
 	stmt := r.sql.Claim
 	if r.cfg.ParkFollowers && keyed {
 		stmt = r.sql.ClaimParked
@@ -492,18 +493,22 @@ func (w *worker) claim(ctx context.Context, tx *claimTx, picked []scanned) ([]ro
 		return nil, nil, err
 	}
 	slices.SortFunc(rows, func(a, b row) int { return cmp.Compare(a.seq, b.seq) })
-	if len(rows) == len(picked) {
-		return rows, nil, nil
-	}
+	behind := map[int]error{}
 	got := make(map[int64]bool, len(rows))
-	for _, c := range rows {
+	for i, c := range rows {
+		if _, ok := order[c.seq]; !ok {
+			// The row the scan read at this ctid was deleted since, and
+			// another took its place: it goes back as it was.
+			behind[i] = fmt.Errorf("%w (claimed by mistake)", ErrSkipped)
+		}
 		got[c.seq] = true
 	}
+	if len(got) == len(picked) && len(behind) == 0 {
+		return rows, nil, nil
+	}
 	poll := r.cfg.PollInterval
-	order := make(map[int64]int64, len(picked)) // seq -> order id
-	head := map[int64]int64{}                   // order id -> lowest seq missing
+	head := map[int64]int64{} // order id -> lowest seq missing
 	for _, s := range picked {
-		order[s.seq] = s.order
 		if got[s.seq] || s.order == 0 {
 			continue
 		}
@@ -513,7 +518,6 @@ func (w *worker) claim(ctx context.Context, tx *claimTx, picked []scanned) ([]ro
 		w.blocked[s.order] = true
 		w.back.add(s.seq, poll.Microseconds())
 	}
-	behind := map[int]error{}
 	for i, c := range rows {
 		if h, ok := head[order[c.seq]]; ok && c.seq > h {
 			behind[i] = idemq.RetryAfter(fmt.Errorf("%w (it is locked by another session)", ErrSkipped), poll)

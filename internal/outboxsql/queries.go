@@ -134,11 +134,10 @@ func New(t pgutil.Table) Queries {
 	table, dead, lease, relays := t.String(), t.Ident("_dead"), t.Ident("_lease"), t.Ident("_relays")
 	// live is true for a lease row whose owner is a live worker.
 	live := `EXISTS (SELECT 1 FROM ` + relays + ` AS w WHERE w.owner = l.owner AND w.expires_at > now())`
-	// claimable is true for the rows at ctids $1 with seqs $4 that this
-	// transaction can lock. The seqs make sure that a ctid still holds the
-	// row the scan read there.
-	claimable := `ctid IN (SELECT x.ctid FROM unnest($1::tid[], $4::int8[]) AS p(ctid, seq)
-  JOIN ` + table + ` AS x ON x.ctid = p.ctid AND x.seq = p.seq FOR UPDATE OF x SKIP LOCKED)`
+	// claimable is true for the rows at ctids $1 that this transaction
+	// can lock. (A join on the seqs as well lets the planner pick a full
+	// index scan when its statistics say the table is small.)
+	claimable := `ctid IN (SELECT x.ctid FROM ` + table + ` AS x WHERE x.ctid = ANY($1::tid[]) FOR UPDATE SKIP LOCKED)`
 	// gens is true while partitions $2 have gens $3.
 	gens := `NOT EXISTS (SELECT 1 FROM unnest($2::int4[], $3::int8[]) AS g(part, gen) JOIN ` + lease + ` AS l ON l.part = g.part WHERE l.gen <> g.gen)`
 	q := Queries{
@@ -268,17 +267,18 @@ FROM unnest($1::int8[], $2::uuid[], $3::timestamptz[], $4::int4[], $5::text[], $
 WHERE ` + partition + ` IN (SELECT ` + fmt.Sprintf(partOf, "k") + ` FROM unnest($1::text[]) AS k)
   AND o.available_at <> 'infinity'
   AND EXISTS (SELECT 1 FROM unnest($1::text[], $2::text[]) AS u(k, d) WHERE u.k = o.key AND (u.d IS NULL OR u.d = o.destination))`,
-		// Rows at ctids $1 with seqs $4 (from Scan) are locked, skipping
-		// those another session holds, deleted and returned, unless the
-		// gens of partitions $2 are no longer $3 (a dead-letter operation
-		// moved rows of theirs since the batch's fence read them): then
-		// none is.
+		// Rows at ctids $1 (from Scan) are locked, skipping those another
+		// session holds, deleted and returned, unless the gens of
+		// partitions $2 are no longer $3 (a dead-letter operation moved
+		// rows of theirs since the batch's fence read them): then none is.
+		// The relay checks the seqs: a ctid whose row was deleted since
+		// the scan may hold another row.
 		Claim: `DELETE FROM ` + table + ` WHERE ` + claimable + ` AND ` + gens + `
 RETURNING seq, id, destination, key, payload, headers, attempts, created_at`,
 		// ClaimParked is Claim that also leaves out the rows of keys with
-		// a dead letter, on the same destination unless $5.
+		// a dead letter, on the same destination unless $4.
 		ClaimParked: `DELETE FROM ` + table + ` AS o WHERE ` + claimable + ` AND ` + gens + `
-  AND (o.key IS NULL OR NOT EXISTS (SELECT 1 FROM ` + dead + ` AS d WHERE d.key = o.key AND ($5 OR d.destination = o.destination)))
+  AND (o.key IS NULL OR NOT EXISTS (SELECT 1 FROM ` + dead + ` AS d WHERE d.key = o.key AND ($4 OR d.destination = o.destination)))
 RETURNING seq, id, destination, key, payload, headers, attempts, created_at`,
 
 		ListDead: `SELECT id, destination, coalesce(key, ''), payload, headers, attempts, last_error, created_at, failed_at
