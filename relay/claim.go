@@ -36,7 +36,8 @@ import (
 //     are read without a lock, so a row that another session holds (an
 //     operator's SELECT ... FOR UPDATE or UPDATE, a stale owner) is in the
 //     window; due unkeyed rows are locked, SKIP LOCKED, as they are read
-//     (shared by all workers, they are left to whoever holds them). If the
+//     (shared by all workers, they are left to whoever holds them), except
+//     by a worker that owns every partition, whose claim locks them. If the
 //     leases are not the ones the worker believed it owned, it rolls back
 //     and starts over.
 //  3. pick, without the database: walking the window, a due unkeyed row
@@ -509,7 +510,13 @@ func (w *worker) claim(ctx context.Context, tx *claimTx, picked []scanned) ([]ro
 	poll := r.cfg.PollInterval
 	head := map[int64]int64{} // order id -> lowest seq missing
 	for _, s := range picked {
-		if got[s.seq] || s.order == 0 {
+		switch {
+		case got[s.seq]:
+			continue
+		case s.order == 0:
+			// Held by another session (only a worker that owns every
+			// partition reads unkeyed rows without locking them).
+			w.back.add(s.seq, poll.Microseconds())
 			continue
 		}
 		if h, ok := head[s.order]; !ok || s.seq < h {

@@ -243,10 +243,12 @@ LIMIT $1`,
 		// order from seq $3 on and, behind it from $2 on, the due rows whose
 		// order id is not in $5, through the primary key, so that a batch
 		// takes neighbouring rows (a partition's rows lie far apart). Same
-		// columns as Scan; $4 is Scan's $5.
+		// columns as Scan; $4 is Scan's $5. No row is locked: the worker
+		// shares no partition, not even the unkeyed rows' (-1), so the
+		// claim locks them all.
 		ScanAll: `SELECT ` + oPartition + `, o.seq, o.ctid, ` + fmt.Sprintf(orderOf, "$4::bool") + `, ` + due + `
-FROM ` + table + ` AS o ` + fmt.Sprintf(held, table) + `
-WHERE o.seq >= $2 AND ` + scanned + ` AND ` + behind("$3::int8", "$4::bool", "$5::int8[]") + `
+FROM ` + table + ` AS o
+WHERE o.seq >= $2 AND ` + behind("$3::int8", "$4::bool", "$5::int8[]") + `
 ORDER BY o.seq LIMIT $1`,
 		// Failed rows go back with their seq (their place in their key's
 		// order), due after a delay in microseconds (negative: parked
