@@ -140,8 +140,8 @@ func (o *Outbox) PurgeTx(ctx context.Context, tx pgx.Tx, f DeadFilter) (int64, e
 }
 
 // settleDead runs stmt (Replay or Purge) on the dead letters that match f,
-// after locking the partitions of their keys, then releases the followers
-// parked behind them.
+// after bumping the gens of their keys' partitions, then releases the
+// followers parked behind them.
 func (o *Outbox) settleDead(ctx context.Context, tx pgx.Tx, f DeadFilter, stmt string) (int64, error) {
 	if tx == nil {
 		return 0, errors.New("nil tx")
@@ -157,13 +157,13 @@ func (o *Outbox) settleDead(ctx context.Context, tx pgx.Tx, f DeadFilter, stmt s
 	return tag.RowsAffected(), o.unpark(ctx, tx, keys)
 }
 
-// lockDead locks the dead letters that match f, then the lease rows of the
+// lockDead locks the dead letters that match f, then bumps the gens of the
 // partitions of their keys (all partitions if replay moves unkeyed rows
-// back), and returns their seqs and distinct keys. Locking a lease row
-// waits for the batch in flight of the relay that owns the partition and
-// tells that relay, by bumping the row's gen, to scan the partition again
-// from its start, where the moved rows are (see outboxsql). What follows
-// runs under a fresh snapshot, after those locks.
+// back), and returns their seqs and distinct keys. The gen tells the relay
+// that owns a partition to scan it again from its start, where the moved
+// rows are; its batch in flight claims nothing once it sees the gen move
+// (see outboxsql). Neither waits for the other: a transaction left open
+// here stops no relay.
 func (o *Outbox) lockDead(ctx context.Context, tx pgx.Tx, f DeadFilter, replay bool) (seqs []int64, keys []string, err error) {
 	if f.Limit < 0 {
 		return nil, nil, fmt.Errorf("negative limit %d", f.Limit)

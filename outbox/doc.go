@@ -46,13 +46,15 @@
 // The relay moves a message it gives up on to the dead-letter table beside
 // the outbox ([Config.Table]+"_dead"), with its error. [Outbox.DeadLetters]
 // lists them, [Outbox.Replay] puts them back (attempts reset, same id, same
-// place in their key's order) and [Outbox.Purge] deletes them. Both lock
-// the relays' lease rows of the partitions of the keys they touch (the
-// tables [Config.Table]+"_lease" and +"_relays"; see the relay package),
-// so they wait for a batch in flight on those keys, and the relay that owns
-// them reads them again from the start. [Outbox.RetryNow] sends the pending
-// messages of a destination that works again without waiting out their
-// retry delays, under the same locks.
+// place in their key's order) and [Outbox.Purge] deletes them. Both bump
+// the generation of the relays' lease rows of the partitions of the keys
+// they touch (the tables [Config.Table]+"_lease" and +"_relays"; see the
+// relay package): the relay that owns them reads them again from the
+// start, and its batch in flight claims nothing more. They do not wait for
+// the relay, and a ReplayTx or PurgeTx left open does not stop it: until
+// it commits the relay sees the dead letters where they were.
+// [Outbox.RetryNow] sends the pending messages of a destination that works
+// again without waiting out their retry delays, the same way.
 //
 // # Storage and vacuum
 //

@@ -235,8 +235,8 @@ func (o *Outbox) Config() Config { return o.cfg }
 // parked behind a dead letter wait for Replay or Purge, and those in a
 // batch being published are left to that batch. Order per key is kept: the
 // relay still publishes a key's messages in order. Like Replay, RetryNow
-// waits for the batches in flight on the partitions of the keys it touches,
-// whose relays then read those partitions again.
+// has the relays that own the partitions of the keys it touches read those
+// partitions again, without waiting for their batches in flight.
 func (o *Outbox) RetryNow(ctx context.Context, destination string) (int64, error) {
 	n, err := inTx(ctx, o.db, func(tx pgx.Tx) (int64, error) {
 		var keys []string

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -20,46 +21,60 @@ import (
 	"github.com/idemq/idemq/internal/outboxsql"
 )
 
-// How a batch is claimed (one transaction per batch, one round trip per
-// step; the statements are in internal/outboxsql):
+// A worker's round, in [worker.round] from top to bottom (one transaction
+// per round, one round trip per step; the statements are in
+// internal/outboxsql):
 //
-//  1. fence and scan, pipelined: lock the worker's lease rows FOR SHARE
-//     and read their tokens and gens (see lease.go); read the horizon
-//     (below); then up to BatchSize rows, FOR UPDATE SKIP LOCKED, from the
-//     unkeyed rows (partition -1) and the worker's partitions, taking the
-//     partitions in turn, each in seq order from its cursor, through the
-//     outbox's (partition, seq) index (a worker that owns every
-//     partition reads the primary key in seq order instead: neighbouring
-//     rows are cheaper to read). Only unkeyed rows are ever locked
-//     by another worker: a partition is scanned by its owner alone. If
-//     the leases are not the ones the worker believed it owned, it rolls
-//     back and starts over.
-//  2. pick, without the database: walking the window in seq order, a due
-//     unkeyed row is taken; a keyed row is taken unless its key is
-//     blocked; a row that is not due blocks its key (its followers wait
-//     behind it) and is remembered as a place to come back to when it is
-//     due. The owner is the only one who claims or moves the rows of its
-//     keys (whoever else moves them bumps the lease's gen first), so what
-//     it saw, claimed and put back is the truth about its keys.
-//  3. claim: delete the picked rows, RETURNING them.
-//  4. publish the claimed rows through the Sink, as copies.
-//  5. decide, without the database, what becomes of each row: delivered,
+//  1. lease: every LeaseTTL/10, take or give up partitions (lease.go).
+//  2. fence and scan, pipelined: lock the worker's lease rows FOR KEY
+//     SHARE and read their tokens and gens; read the horizon (below); then
+//     up to BatchSize rows from the unkeyed rows (partition -1) and the
+//     worker's partitions, taking the partitions in turn, each in seq
+//     order from its cursor, through the outbox's (partition, seq) index
+//     (a worker that owns every partition reads the primary key in seq
+//     order instead: neighbouring rows are cheaper to read). Keyed rows
+//     are read without a lock, so a row that another session holds (an
+//     operator's SELECT ... FOR UPDATE or UPDATE, a stale owner) is in the
+//     window; due unkeyed rows are locked, SKIP LOCKED, as they are read
+//     (shared by all workers, they are left to whoever holds them), except
+//     by a worker that owns every partition, whose claim locks them. If the
+//     leases are not the ones the worker believed it owned, it rolls back
+//     and starts over.
+//  3. pick, without the database: walking the window, a due unkeyed row
+//     is taken; a keyed row is taken unless its key is blocked; a row that
+//     is not due blocks its key (its followers wait behind it) and is
+//     remembered as a place to come back to. A key is a key on
+//     one destination, unless Config.GlobalKeyOrder. The owner is the only
+//     one who claims or moves the rows of its keys (whoever else moves
+//     them bumps the lease's gen first), so what it saw, claimed and put
+//     back is the truth about its keys.
+//  4. claim: lock the picked rows, SKIP LOCKED, delete them, RETURNING
+//     them, unless the gens moved since step 2 (then nothing: the next
+//     round reads the partitions again). A keyed row another session holds
+//     does not come back: it blocks its key like a row that is not due,
+//     and the rows of its key after it go back unpublished.
+//  5. publish the claimed rows through the Sink, as copies.
+//  6. decide, without the database, what becomes of each row: delivered,
 //     put back (same seq, so the same place in its key's order, and its
 //     key blocked until it is due) or buried in the dead letters.
-//  6. commit: apply the decision and commit in one round trip.
+//  7. settle: apply the decision and commit in one round trip.
+//  8. move the cursors past the window.
 //
 // The cursors: the next scan of a partition starts after the last row this
 // one read from it, so no scan reads again through what was deleted (dead
 // index entries that a long-running transaction elsewhere keeps visible).
 // They move back to a row the worker left behind once that row is due, to
-// the start after a lease change and every RescanInterval. And they never
-// pass the horizon:
-// a transaction that drew a seq may commit after later seqs did. The
-// horizon is the highest seq such that every transaction that could have
-// drawn a seq up to it has ended: the sequence's last value, once every
-// transaction that held the outbox's RowExclusiveLock when it was read
-// (taken before any seq is drawn) is gone. Transactions that never wrote
-// to the outbox do not hold it back.
+// the start after a lease change and every RescanInterval, and to the
+// horizon when it moves past where they were. The horizon is the highest
+// seq such that every transaction that could have drawn a seq up to it has
+// ended: the sequence's last value, once every transaction that held the
+// outbox's RowExclusiveLock when it was read (taken before any seq is
+// drawn) is gone. A transaction that drew a seq may commit after later
+// seqs did: the cursors go past the horizon (so that rows that are not due
+// or blocked never stop the rows after them, however long a writer stays
+// open), and once the horizon moves the worker reads again from where the
+// first cursor passed it, finding the rows that committed late.
+// Transactions that never wrote to the outbox do not hold it back.
 //
 // A relay that dies rolls back: its rows and lease rows are free at once,
 // its partitions are taken once its workers' rows expire.
@@ -74,10 +89,11 @@ type worker struct {
 	cursors     map[int32]int64 // per partition (-1: unkeyed), the seq to scan from
 	next        int32           // the partition the next scan starts with
 	lastFull    time.Time
-	blocked     map[string]bool // keys whose head is behind the cursor, not due
-	back        rewind          // where the rows left behind are
+	blocked     map[int64]bool // order ids whose head is behind the cursor, not taken
+	back        rewind         // where the rows left behind are
 
 	horizon    int64    // every seq up to this one is settled
+	late       int64    // the horizon+1 a cursor passed; 0: none did
 	seen       int64    // the highest seq scanned
 	pendingTop int64    // a candidate horizon, once pending have ended
 	pending    []string // virtual transaction ids; nil: no candidate
@@ -85,8 +101,8 @@ type worker struct {
 }
 
 // rewind is the lowest seq of the rows the worker left behind the cursor
-// (not due, put back, parked) and when the first of them is due (zero:
-// never, they are parked).
+// (not due, put back, parked, held by another session) and when the first
+// of them is due (zero: never, they are parked).
 type rewind struct {
 	seq int64 // 0: none
 	at  time.Time
@@ -109,17 +125,18 @@ func (b *rewind) add(seq, wait int64) {
 // the worker knew about its keys.
 func (w *worker) restart() {
 	w.cursors = map[int32]int64{}
-	w.blocked = map[string]bool{}
+	w.blocked = map[int64]bool{}
 	w.back = rewind{}
+	w.late = 0
 }
 
 // scanned is one row of a scan window.
 type scanned struct {
-	part int32
-	seq  int64
-	ctid pgtype.TID
-	key  *string
-	wait int64 // microseconds until due; 0: due, -1: parked
+	part  int32
+	seq   int64
+	ctid  pgtype.TID
+	order int64 // the order id of its key (0: unkeyed)
+	wait  int64 // microseconds until due; 0: due, -1: parked
 }
 
 // row is a claimed outbox row: the message as stored, for putting it back
@@ -130,7 +147,7 @@ type row struct {
 	headers []byte // the stored JSON, nil for none
 }
 
-// claimTx is the batch's transaction on its own connection: BEGIN is
+// claimTx is the round's transaction on its own connection: BEGIN is
 // pipelined with the scan, so pgx's Tx is not used.
 type claimTx struct {
 	conn *pgxpool.Conn
@@ -146,22 +163,20 @@ func (t *claimTx) rollback(ctx context.Context) {
 	}
 }
 
-// batch claims, publishes and settles one batch. It returns the number of
-// rows claimed and whether to go on at once: the window was full and the
-// cursor moved, or the leases changed.
-func (w *worker) batch(ctx, work context.Context) (int, bool, error) {
+// round goes once through the steps above. It returns the number of rows
+// claimed and whether to go on at once: the window was full and the cursor
+// moved, or the leases changed.
+func (w *worker) round(ctx, work context.Context) (int, bool, error) {
 	r := w.r
-	switch now := time.Now(); {
-	case now.Sub(w.lastFull) >= r.cfg.RescanInterval:
-		w.restart()
-		w.lastFull = now
-	case !w.back.at.IsZero() && !now.Before(w.back.at):
-		for p, c := range w.cursors {
-			w.cursors[p] = min(c, w.back.seq)
+	// 1. Lease.
+	if !time.Now().Before(w.rebalanceAt) {
+		if err := w.rebalance(ctx); err != nil {
+			return 0, false, err
 		}
-		w.blocked = map[string]bool{}
-		w.back = rewind{}
 	}
+	w.rewindDue()
+
+	// 2. Fence and scan.
 	conn, err := r.pool.Acquire(ctx)
 	if err != nil {
 		return 0, false, err
@@ -169,7 +184,6 @@ func (w *worker) batch(ctx, work context.Context) (int, bool, error) {
 	defer conn.Release()
 	tx := &claimTx{conn: conn}
 	defer tx.rollback(ctx)
-
 	held, win, err := w.scan(ctx, tx)
 	if err != nil {
 		return 0, false, fmt.Errorf("relay: scan: %w", err)
@@ -179,14 +193,16 @@ func (w *worker) batch(ctx, work context.Context) (int, bool, error) {
 		w.setLeases(held)
 		return 0, true, nil
 	}
+
+	// 3. Pick; 4. claim.
 	picked := w.pick(win)
-	var rows []row
 	sent := time.Now() // the fence runs from here (see lease.go)
-	if len(picked) > 0 {
-		if rows, err = w.claim(ctx, tx, picked); err != nil {
-			return 0, false, fmt.Errorf("relay: claim: %w", err)
-		}
+	rows, behind, err := w.claim(ctx, tx, picked)
+	if err != nil {
+		return 0, false, fmt.Errorf("relay: claim: %w", err)
 	}
+
+	// 5. Publish; 6. decide.
 	var d decision
 	var took time.Duration
 	if len(rows) > 0 {
@@ -195,7 +211,7 @@ func (w *worker) batch(ctx, work context.Context) (int, bool, error) {
 		if err != nil {
 			return 0, false, err
 		}
-		failed, took = r.publish(pctx, rows)
+		failed, took = r.publish(pctx, rows, behind)
 		if err := fenced(); err != nil {
 			return 0, false, err
 		}
@@ -211,13 +227,17 @@ func (w *worker) batch(ctx, work context.Context) (int, bool, error) {
 			}
 		}
 	}
+
+	// 7. Settle.
 	if err := r.commit(work, tx, d); err != nil {
 		return 0, false, fmt.Errorf("relay: settle and commit: %w", err)
 	}
-	w.settled(d)
-	moved := w.move(win)
+	w.settled(d, picked)
 	r.claimedRows(len(rows))
 	r.report(d, took)
+
+	// 8. Move on.
+	moved := w.move(win)
 	more := len(win) >= r.cfg.BatchSize && moved
 	if len(w.leases) > w.target() && time.Now().Before(w.rebalanceAt) {
 		w.rebalanceAt = time.Time{} // give up the extra partitions now
@@ -225,8 +245,25 @@ func (w *worker) batch(ctx, work context.Context) (int, bool, error) {
 	return len(rows), more, nil
 }
 
+// rewindDue starts from the beginning every RescanInterval, and moves the
+// cursors back to the rows left behind once the first of them is due.
+func (w *worker) rewindDue() {
+	switch now := time.Now(); {
+	case now.Sub(w.lastFull) >= w.r.cfg.RescanInterval:
+		w.restart()
+		w.lastFull = now
+	case !w.back.at.IsZero() && !now.Before(w.back.at):
+		for p, c := range w.cursors {
+			w.cursors[p] = min(c, w.back.seq)
+		}
+		w.blocked = map[int64]bool{}
+		w.back = rewind{}
+	}
+}
+
 // scan begins the transaction, locks the worker's lease rows, moves the
-// horizon and locks a window of rows. It returns the leases as locked.
+// horizon and reads a window of rows, locking those it can take. It
+// returns the leases as locked.
 func (w *worker) scan(ctx context.Context, tx *claimTx) ([]lease, []scanned, error) {
 	r := w.r
 	idle := strconv.FormatInt(r.fenceTimeout().Milliseconds(), 10)
@@ -235,9 +272,11 @@ func (w *worker) scan(ctx context.Context, tx *claimTx) ([]lease, []scanned, err
 	// Generic plans: the statements are the same every time and custom
 	// planning costs as much as executing them. No sequential scans: a
 	// generic plan made while the outbox was empty would keep scanning
-	// it whole once it is not.
+	// it whole once it is not. No JIT: the penalty that keeps sequential
+	// scans out (and a small lease table has no other path) would set it
+	// off, for statements that take microseconds.
 	b.Queue(`SELECT set_config('idle_in_transaction_session_timeout', $1, true), set_config('plan_cache_mode', 'force_generic_plan', true),
-       set_config('enable_seqscan', 'off', true)`, idle)
+       set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)`, idle)
 	b.Queue(r.sql.Hold, w.id)
 	// The horizon needs moving only while scans reach it (or the sequence
 	// is due for a check, see sequence.go).
@@ -247,16 +286,26 @@ func (w *worker) scan(ctx context.Context, tx *claimTx) ([]lease, []scanned, err
 		b.Queue(r.sql.Top, r.seqOID, r.sql.Table)
 		b.Queue(r.sql.Writers, r.sql.Table, w.pending)
 	}
+	// Behind the cursors that passed the horizon, the scan looks for rows
+	// that committed since, of keys that are not blocked.
 	parts := w.partitions()
-	cursors := make([]int64, len(parts))
+	starts, cursors := make([]int64, len(parts)), make([]int64, len(parts))
 	for i, p := range parts {
 		cursors[i] = w.cursors[p]
+		starts[i] = cursors[i]
+		if w.late != 0 {
+			starts[i] = min(starts[i], w.late)
+		}
+	}
+	blocked := []int64{}
+	if w.late != 0 {
+		blocked = slices.AppendSeq(make([]int64, 0, len(w.blocked)), maps.Keys(w.blocked))
 	}
 	if w.ownsAll() {
 		// The cursors are all the same (see move).
-		b.Queue(r.sql.ScanAll, r.cfg.BatchSize, slices.Min(cursors))
+		b.Queue(r.sql.ScanAll, r.cfg.BatchSize, slices.Min(starts), slices.Min(cursors), r.cfg.GlobalKeyOrder, blocked)
 	} else {
-		b.Queue(r.sql.Scan, r.cfg.BatchSize, parts, cursors)
+		b.Queue(r.sql.Scan, r.cfg.BatchSize, parts, starts, cursors, r.cfg.GlobalKeyOrder, blocked)
 	}
 	tx.open = true
 	br := tx.conn.SendBatch(ctx, b)
@@ -302,10 +351,11 @@ func (w *worker) scan(ctx context.Context, tx *claimTx) ([]lease, []scanned, err
 		if err != nil {
 			return err
 		}
-		win, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (scanned, error) {
-			var s scanned
-			err := row.Scan(&s.part, &s.seq, &s.ctid, &s.key, &s.wait)
-			return s, err
+		win = make([]scanned, 0, r.cfg.BatchSize)
+		var s scanned
+		_, err = pgx.ForEachRow(rows, []any{&s.part, &s.seq, &s.ctid, &s.order, &s.wait}, func() error {
+			win = append(win, s)
+			return nil
 		})
 		return err
 	}()
@@ -316,21 +366,20 @@ func (w *worker) scan(ctx context.Context, tx *claimTx) ([]lease, []scanned, err
 }
 
 // move moves the cursors of the partitions in the window past their last
-// row, but not past the horizon, and makes the next scan start after the
-// window's last partition, so that every partition gets its turn. It
-// reports whether a cursor moved.
+// row, and makes the next scan start after the window's last partition, so
+// that every partition gets its turn. Once the horizon has reached the
+// seq where a cursor first passed it, every cursor goes back there, to
+// find the rows of transactions that committed late; a cursor that passes
+// the horizon again marks the new place. It reports whether a cursor
+// moved forward.
 func (w *worker) move(win []scanned) bool {
-	last := map[int32]int64{}
-	for _, s := range win {
-		last[s.part] = max(last[s.part], s.seq)
-		w.seen = max(w.seen, s.seq)
-	}
 	moved := false
-	for p, seq := range last {
-		if c := min(seq+1, w.horizon+1); c > w.cursors[p] {
-			w.cursors[p] = c
+	for _, s := range win {
+		if s.seq >= w.cursors[s.part] {
+			w.cursors[s.part] = s.seq + 1
 			moved = true
 		}
+		w.seen = max(w.seen, s.seq)
 	}
 	if len(win) > 0 {
 		w.next = win[len(win)-1].part + 1
@@ -338,12 +387,25 @@ func (w *worker) move(win []scanned) bool {
 	if w.ownsAll() {
 		// The scan read every partition up to its last row.
 		c := w.cursors[-1]
-		for _, seq := range last {
-			c = max(c, min(seq+1, w.horizon+1))
+		for _, s := range win {
+			c = max(c, s.seq+1)
 		}
 		for _, p := range w.partitions() {
-			moved = moved || c > w.cursors[p]
 			w.cursors[p] = max(w.cursors[p], c)
+		}
+	}
+	if w.late != 0 && w.horizon >= w.late {
+		for p, c := range w.cursors {
+			w.cursors[p] = min(c, w.late)
+		}
+		w.late = 0
+	}
+	if w.late == 0 {
+		for _, c := range w.cursors {
+			if c > w.horizon+1 {
+				w.late = w.horizon + 1
+				break
+			}
 		}
 	}
 	return moved
@@ -370,19 +432,22 @@ func (w *worker) advance(top int64, writers []string, ended bool) {
 	}
 }
 
-// pick walks the window in seq order and returns the rows to claim.
+// pick walks the window and returns the rows to claim.
 func (w *worker) pick(win []scanned) (picked []scanned) {
 	for _, s := range win {
 		switch {
-		case s.key == nil:
+		case s.order == 0:
 			if s.wait != 0 {
 				w.back.add(s.seq, s.wait)
 				continue
 			}
-		case w.blocked[*s.key]:
+		case w.blocked[s.order]:
+			// It comes back with its key's head (a scan after the horizon
+			// moved may read it before the head).
+			w.back.add(s.seq, -1)
 			continue
 		case s.wait != 0:
-			w.blocked[*s.key] = true
+			w.blocked[s.order] = true
 			w.back.add(s.seq, s.wait)
 			continue
 		}
@@ -391,80 +456,132 @@ func (w *worker) pick(win []scanned) (picked []scanned) {
 	return picked
 }
 
-// claim deletes and returns the picked rows, in seq order. With
-// ParkFollowers, the rows of keys that have a dead letter stay, and their
-// keys are blocked: they are parked.
-func (w *worker) claim(ctx context.Context, tx *claimTx, picked []scanned) ([]row, error) {
+// claim locks, deletes and returns the picked rows, in seq order, and the
+// rows among them that must not be published. A keyed row that does not
+// come back is held by another session (an operator, a stale owner), or,
+// with ParkFollowers, its key has a dead letter, or the gens moved since
+// the scan (then none comes back, and the next round reads the partitions
+// again): it stays its key's head, the worker looks at it again after a
+// poll interval, and the rows of its key after it that came back go back
+// unpublished.
+func (w *worker) claim(ctx context.Context, tx *claimTx, picked []scanned) ([]row, map[int]error, error) {
+	if len(picked) == 0 {
+		return nil, nil, nil
+	}
 	r := w.r
 	ctids := make([]pgtype.TID, len(picked))
+	order := make(map[int64]int64, len(picked)) // seq -> order id
 	keyed := false
 	for i, s := range picked {
 		ctids[i] = s.ctid
-		keyed = keyed || s.key != nil
+		order[s.seq] = s.order
+		keyed = keyed || s.order != 0
 	}
-	park := r.cfg.ParkFollowers && keyed
+	parts := make([]int32, len(w.leases))
+	gens := make([]int64, len(w.leases))
+	for i, l := range w.leases {
+		parts[i], gens[i] = l.part, l.gen
+	}
+	args := []any{ctids, parts, gens}
 	stmt := r.sql.Claim
-	if park {
+	if r.cfg.ParkFollowers && keyed {
 		stmt = r.sql.ClaimParked
+		args = append(args, r.cfg.GlobalKeyOrder)
 	}
-	rs, err := tx.conn.Query(ctx, stmt, ctids)
+	rs, err := tx.conn.Query(ctx, stmt, args...)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	rows, err := pgx.CollectRows(rs, func(cr pgx.CollectableRow) (row, error) {
-		var c row
-		var key *string
-		if err := cr.Scan(&c.seq, &c.msg.ID, &c.msg.Destination, &key, &c.msg.Payload, &c.headers, &c.msg.Attempts, &c.msg.CreatedAt); err != nil {
-			return c, err
-		}
+	rows := make([]row, 0, len(picked))
+	var c row
+	var key *string
+	_, err = pgx.ForEachRow(rs, []any{&c.seq, &c.msg.ID, &c.msg.Destination, &key, &c.msg.Payload, &c.headers, &c.msg.Attempts, &c.msg.CreatedAt}, func() error {
+		c.msg.Key = ""
 		if key != nil {
 			c.msg.Key = *key
 		}
-		return c, nil
+		rows = append(rows, c)
+		return nil
 	})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	slices.SortFunc(rows, func(a, b row) int { return cmp.Compare(a.seq, b.seq) })
-	if park && len(rows) < len(picked) {
-		got := make(map[int64]bool, len(rows))
-		for _, c := range rows {
-			got[c.seq] = true
+	behind := map[int]error{}
+	got := make(map[int64]bool, len(rows))
+	for i, c := range rows {
+		if _, ok := order[c.seq]; !ok {
+			// The row the scan read at this ctid was deleted since, and
+			// another took its place: it goes back as it was.
+			behind[i] = fmt.Errorf("%w (claimed by mistake)", ErrSkipped)
 		}
-		for _, s := range picked {
-			if !got[s.seq] && s.key != nil && !w.blocked[*s.key] {
-				w.blocked[*s.key] = true
-				w.back.add(s.seq, -1)
-			}
+		got[c.seq] = true
+	}
+	if len(got) == len(picked) && len(behind) == 0 {
+		return rows, nil, nil
+	}
+	poll := r.cfg.PollInterval
+	head := map[int64]int64{} // order id -> lowest seq missing
+	for _, s := range picked {
+		switch {
+		case got[s.seq]:
+			continue
+		case s.order == 0:
+			// Held by another session (only a worker that owns every
+			// partition reads unkeyed rows without locking them).
+			w.back.add(s.seq, poll.Microseconds())
+			continue
+		}
+		if h, ok := head[s.order]; !ok || s.seq < h {
+			head[s.order] = s.seq
+		}
+		w.blocked[s.order] = true
+		w.back.add(s.seq, poll.Microseconds())
+	}
+	for i, c := range rows {
+		if h, ok := head[order[c.seq]]; ok && c.seq > h {
+			behind[i] = idemq.RetryAfter(fmt.Errorf("%w (it is locked by another session)", ErrSkipped), poll)
 		}
 	}
-	return rows, nil
+	return rows, behind, nil
 }
 
 // settled blocks the keys of the rows a committed batch put back or buried
 // (behind a parked dead letter) and notes where the rows are.
-func (w *worker) settled(d decision) {
+func (w *worker) settled(d decision, picked []scanned) {
+	if len(d.back.seqs) == 0 && len(d.parkKeys) == 0 {
+		return
+	}
+	order := make(map[int64]int64, len(picked))
+	for _, s := range picked {
+		order[s.seq] = s.order
+	}
 	for i, seq := range d.back.seqs {
-		if k := d.back.keys[i]; k != nil {
-			w.blocked[*k] = true
+		if o := order[seq]; o != 0 {
+			w.blocked[o] = true
 		}
 		w.back.add(seq, max(d.back.delays[i], -1))
 	}
-	for _, k := range d.parkKeys {
-		w.blocked[k] = true
+	for _, seq := range d.parkSeqs {
+		w.blocked[order[seq]] = true
 	}
 }
 
-// publish hands copies of the rows to the Sink, in ctx (see fence), and
-// returns the failed indexes and the duration of the call. A row whose
+// publish hands copies of the rows to the Sink, in ctx (see fence), except
+// those failed beforehand (behind, by index) and their key's followers,
+// and returns the failed indexes and the duration of the call. A row whose
 // stored headers do not decode fails permanently on its own, and its key's
 // followers with it.
-func (r *Relay) publish(ctx context.Context, rows []row) (map[int]error, time.Duration) {
+func (r *Relay) publish(ctx context.Context, rows []row, behind map[int]error) (map[int]error, time.Duration) {
 	msgs := make([]Message, len(rows))
 	f := NewFailures(msgs)
 	send := make([]int, 0, len(rows))
 	for i, c := range rows {
 		msgs[i] = c.msg
+		if err := behind[i]; err != nil {
+			f.Fail(i, err)
+			continue
+		}
 		msgs[i].Payload = slices.Clone(c.msg.Payload)
 		h, err := outboxsql.DecodeHeaders(c.headers)
 		if err != nil {
@@ -493,24 +610,38 @@ func (r *Relay) publish(ctx context.Context, rows []row) (map[int]error, time.Du
 
 // settlePolicy is what decide needs from the configuration.
 type settlePolicy struct {
-	retry idemq.Retry
-	park  bool
+	retry  idemq.Retry
+	park   bool
+	global bool // Config.GlobalKeyOrder
 }
 
 func (r *Relay) policy() settlePolicy {
-	return settlePolicy{retry: r.cfg.Retry, park: r.cfg.ParkFollowers}
+	return settlePolicy{retry: r.cfg.Retry, park: r.cfg.ParkFollowers, global: r.cfg.GlobalKeyOrder}
+}
+
+// orderKey is what a message's order is kept by: its key on its
+// destination, or its key alone with Config.GlobalKeyOrder; "" for none.
+func (p settlePolicy) orderKey(m Message) string {
+	if m.Key == "" || p.global {
+		return m.Key
+	}
+	return m.Destination + "\x00" + m.Key
 }
 
 // decision is what becomes of a claimed batch.
 type decision struct {
-	back, dead rowSet   // put back, buried
-	parkKeys   []string // keys whose followers wait behind a dead letter
-	delivered  []Message
-	failed     []FailedEvent // attempted and failed
-	held       []HeldEvent
-	skipped    []SkippedEvent
-	retried    []RetriedEvent
-	buried     []DeadLetteredEvent
+	back, dead rowSet // put back, buried
+	// parkKeys and parkDests (nil: every destination) are the keys whose
+	// followers wait behind a dead letter, parkSeqs the dead letters.
+	parkKeys  []string
+	parkDests []*string
+	parkSeqs  []int64
+	delivered []Message
+	failed    []FailedEvent // attempted and failed
+	held      []HeldEvent
+	skipped   []SkippedEvent
+	retried   []RetriedEvent
+	buried    []DeadLetteredEvent
 }
 
 // parkDelay marks rows put back with available_at = infinity (a negative
@@ -525,7 +656,7 @@ const parkDelay = -time.Microsecond
 // without an attempt, due at once or after the Sink's RetryAfter hint.
 func decide(rows []row, failed map[int]error, p settlePolicy) decision {
 	var d decision
-	blocked := map[string]time.Duration{} // key -> delay of its failed head
+	blocked := map[string]time.Duration{} // order key -> delay of its failed head
 	for i, c := range rows {
 		m := c.msg
 		err := failed[i]
@@ -533,8 +664,9 @@ func decide(rows []row, failed map[int]error, p settlePolicy) decision {
 			d.delivered = append(d.delivered, m)
 			continue
 		}
-		delay, isBlocked := blocked[m.Key]
-		isBlocked = isBlocked && m.Key != ""
+		k := p.orderKey(m)
+		delay, isBlocked := blocked[k]
+		isBlocked = isBlocked && k != ""
 		permanent := idemq.IsPermanent(err)
 		hold, _ := idemq.RetryAfterHint(err)
 		switch {
@@ -555,8 +687,8 @@ func decide(rows []row, failed map[int]error, p settlePolicy) decision {
 			// held by the Sink (ErrSkipped with a RetryAfter hint): again
 			// then, its key's followers behind it. Not an attempt.
 			d.back.add(c, m.Attempts, hold, err)
-			if m.Key != "" && hold > 0 {
-				blocked[m.Key] = hold
+			if k != "" && hold > 0 {
+				blocked[k] = hold
 			}
 			continue
 		}
@@ -565,9 +697,15 @@ func decide(rows []row, failed map[int]error, p settlePolicy) decision {
 			d.dead.add(c, attempts, 0, err)
 			m.Attempts = attempts
 			d.buried = append(d.buried, DeadLetteredEvent{Message: m, Err: err})
-			if p.park && m.Key != "" {
-				blocked[m.Key] = parkDelay
+			if p.park && k != "" {
+				blocked[k] = parkDelay
+				var dest *string
+				if !p.global {
+					dest = &m.Destination
+				}
 				d.parkKeys = append(d.parkKeys, m.Key)
+				d.parkDests = append(d.parkDests, dest)
+				d.parkSeqs = append(d.parkSeqs, c.seq)
 			}
 			continue
 		}
@@ -575,8 +713,8 @@ func decide(rows []row, failed map[int]error, p settlePolicy) decision {
 		delay = p.retry.Delay(attempts, hint)
 		d.back.add(c, attempts, delay, err)
 		d.retried = append(d.retried, RetriedEvent{Message: m, Err: err, Delay: delay})
-		if m.Key != "" {
-			blocked[m.Key] = delay
+		if k != "" {
+			blocked[k] = delay
 		}
 	}
 	return d
@@ -594,7 +732,7 @@ func (r *Relay) commit(ctx context.Context, tx *claimTx, d decision) error {
 		b.Queue(r.sql.Bury, s.seqs, s.ids, s.created, s.attempts, s.dests, s.payloads, s.keys, s.headers, s.errs)
 	}
 	if len(d.parkKeys) > 0 {
-		b.Queue(r.sql.Park, d.parkKeys)
+		b.Queue(r.sql.Park, d.parkKeys, d.parkDests)
 	}
 	b.Queue("COMMIT")
 	if err := tx.conn.SendBatch(ctx, b).Close(); err != nil {

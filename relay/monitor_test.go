@@ -20,8 +20,8 @@ import (
 	"github.com/idemq/idemq/testenv"
 )
 
-// count asserts that exactly want records of out match.
-func count(t testing.TB, out *testenv.Logs, want int, msg string, attrs ...string) {
+// wantLines asserts that exactly want records of out match.
+func wantLines(t testing.TB, out *testenv.Logs, want int, msg string, attrs ...string) {
 	t.Helper()
 	if got := out.Records(msg, attrs...); len(got) != want {
 		t.Errorf("%d log lines %q %v, want %d:\n%v", len(got), msg, attrs, want, got)
@@ -94,10 +94,10 @@ func TestRelayLogsStateChanges(t *testing.T) {
 	waitFor(t, "the outage's end", func() bool { return pending(t, bd) == 5 })
 	waitFor(t, "the outage's end logged", func() bool { return len(out.Records("relay: broker outage over")) > 0 })
 
-	count(t, &out, 1, "relay: broker outage began", "destination", "d", "err", "broker unreachable")
-	count(t, &out, 1, "relay: broker outage over", "destination", "d")
-	count(t, &out, 1, "relay: holding the messages of a destination", "destination", "nowhere", "reason", relay.HoldNoRoute)
-	count(t, &out, 1, "relay: partitions acquired")
+	wantLines(t, &out, 1, "relay: broker outage began", "destination", "d", "err", "broker unreachable")
+	wantLines(t, &out, 1, "relay: broker outage over", "destination", "d")
+	wantLines(t, &out, 1, "relay: holding the messages of a destination", "destination", "nowhere", "reason", relay.HoldNoRoute)
+	wantLines(t, &out, 1, "relay: partitions acquired")
 	if got := out.Records("relay: partitions acquired"); len(got) == 1 {
 		if parts := got[0].Attrs["partitions"]; len(strings.Fields(parts)) != 64 {
 			t.Errorf("acquired partitions %s, want 64", parts)
@@ -111,10 +111,10 @@ func TestRelayLogsStateChanges(t *testing.T) {
 	enqueue(t, bd, keyed("d", 1, 1, 0)...)
 	waitFor(t, "the database back", func() bool { return len(out.Records("relay: database available again")) > 0 })
 	waitFor(t, "the new message published", func() bool { return pending(t, bd) == 5 })
-	count(t, &out, 1, "relay: database unavailable")
-	count(t, &out, 1, "relay: database available again")
-	count(t, &out, 1, "relay: broker outage began")
-	count(t, &out, 0, "relay: partitions lost")
+	wantLines(t, &out, 1, "relay: database unavailable")
+	wantLines(t, &out, 1, "relay: database available again")
+	wantLines(t, &out, 1, "relay: broker outage began")
+	wantLines(t, &out, 0, "relay: partitions lost")
 }
 
 // A due message that the relay cannot take (an outside session holds its
@@ -144,7 +144,7 @@ func TestRelayLogsStall(t *testing.T) {
 	}
 	waitFor(t, "the message published", func() bool { return len(rec.deliveries()) == 1 })
 	waitFor(t, "the stall's end logged", func() bool { return len(out.Records("relay: stall over")) > 0 })
-	count(t, &out, 1, "relay: stalled")
-	count(t, &out, 1, "relay: stall over")
-	count(t, &out, 1, "relay: backlog drained")
+	wantLines(t, &out, 1, "relay: stalled")
+	wantLines(t, &out, 1, "relay: stall over")
+	wantLines(t, &out, 1, "relay: backlog drained")
 }

@@ -76,6 +76,13 @@ type Config struct {
 	// earlier message of that key is a dead letter, until it is replayed or
 	// purged. By default they proceed.
 	ParkFollowers bool
+	// GlobalKeyOrder keeps a key's messages in enqueue order across all
+	// their destinations: a message failing on one destination then holds
+	// back the key's later messages to every destination (and a dead letter
+	// parks them all, with ParkFollowers). By default the order of a key is
+	// kept per destination, and a destination that fails holds back only
+	// its own messages.
+	GlobalKeyOrder bool
 	// PublishTimeout bounds one Sink call; the claimed rows stay locked in
 	// an open transaction meanwhile. Defaults to 30 seconds.
 	PublishTimeout time.Duration
@@ -465,15 +472,7 @@ func (r *Relay) workerLoop(ctx, work context.Context, wake <-chan struct{}, id u
 	hotFor := 50 * hotPoll
 	var hotUntil time.Time
 	for ctx.Err() == nil {
-		var claimed int
-		var more bool
-		err := error(nil)
-		if !time.Now().Before(w.rebalanceAt) {
-			err = w.rebalance(ctx)
-		}
-		if err == nil {
-			claimed, more, err = w.batch(ctx, work)
-		}
+		claimed, more, err := w.round(ctx, work)
 		if err != nil {
 			if ctx.Err() != nil {
 				return

@@ -15,11 +15,13 @@ import (
 
 // Partitions. The relays lease hash partitions of the ordering keys (the
 // tables of migration 0002): a worker claims the rows of a key only while it
-// owns the key's partition, and holds the partition's lease row FOR SHARE
-// in every batch, after checking the lease's token. Whoever else moves rows
-// of a key (Replay, Purge, Unpark) first locks the lease rows of the keys'
-// partitions FOR UPDATE, which waits for the owner's batch in flight, and
-// bumps their gen, which tells the owner to scan them again from the start.
+// owns the key's partition, and holds the partition's lease row FOR KEY
+// SHARE in every batch, after checking the lease's token (a takeover, FOR
+// UPDATE, waits for it). Whoever else moves rows of a key (Replay, Purge,
+// Unpark, RetryNow) bumps the gen of the keys' partitions, which neither
+// waits for the owner's batch nor makes the owner wait: the owner's claim
+// takes nothing once the gens it saw moved, and its next batch reads the
+// partitions again from the start.
 const (
 	// Partitions is the number of key partitions (the rows of the lease
 	// table that migration 0002 creates).
@@ -30,12 +32,42 @@ const (
 	// of the outbox's (partition, seq) index, which only this exact text
 	// uses.
 	partition = `coalesce(mod(hashtext(key)::int8 + 2147483648, 64)::int4, -1)`
+	// oPartition is partition for the table aliased o.
+	oPartition = `coalesce(mod(hashtext(o.key)::int8 + 2147483648, 64)::int4, -1)`
+	// orderOf is the scan's order id of row o: 0 for unkeyed rows, an odd
+	// 64-bit hash of the key, per destination unless parameter %s is true
+	// (Config.GlobalKeyOrder). Two keys that collide only wait for each
+	// other.
+	orderOf = `CASE WHEN o.key IS NULL THEN 0
+     ELSE hashtextextended(o.key, CASE WHEN %[1]s THEN 0 ELSE hashtext(o.destination) END) | 1 END`
+	// due is a scanned row's wait in microseconds: 0 due, -1 parked.
+	due = `CASE WHEN o.available_at <= now() THEN 0
+     WHEN o.available_at = 'infinity' THEN -1
+     ELSE ceil(extract(epoch FROM o.available_at - now()) * 1000000)::int8 END`
+	// held locks scanned row o if it is due and unkeyed, skipping it when
+	// another session holds it. Keyed rows are read without a lock: the
+	// claim locks them (one that another session holds then blocks its
+	// key instead of vanishing from the window).
+	held = `LEFT JOIN LATERAL (SELECT true AS ok FROM %s AS x WHERE x.ctid = o.ctid AND o.key IS NULL AND o.available_at <= now()
+                   FOR UPDATE SKIP LOCKED) AS h ON true`
+	// scanned keeps the rows a batch must see: every keyed row, unkeyed
+	// rows that are not due (to come back to) or that this batch holds. An
+	// unkeyed row that another session holds is left to it, as SKIP
+	// LOCKED does.
+	scanned = `(o.key IS NOT NULL OR o.available_at > now() OR h.ok)`
 )
 
 // NoRoute starts the text of relay.ErrNoRoute, which the relay stores as
 // the last error of a message it holds because no route matches its
 // destination; Stats counts such messages by it.
 const NoRoute = "relay: no sink for destination"
+
+// behind keeps, of the rows before cursor, only the due ones whose order
+// id (global is orderOf's parameter) is not in blocked: rows that committed
+// after the cursor passed their seqs, unless their key is blocked anyway.
+func behind(cursor, global, blocked string) string {
+	return `(o.seq >= ` + cursor + ` OR (o.available_at <= now() AND ` + fmt.Sprintf(orderOf, global) + ` <> ALL(` + blocked + `)))`
+}
 
 // Columns are the columns Enqueue writes, in the order of Insert's arrays
 // and of a COPY.
@@ -70,8 +102,7 @@ type Queries struct {
 	// whether some have no key. RetryNow makes those of keys $2 (and the
 	// unkeyed ones if $3) due now and counts them, leaving rows of a batch
 	// in flight (locked) to that batch. Between the two, LockPartitions
-	// waits for the owners' batches and has them read the partitions
-	// again (see the relay's claim.go).
+	// has the owners read the partitions again (see the relay's claim.go).
 	Waiting, RetryNow string
 
 	// SequenceState returns, for the outbox table named $1, its seq
@@ -86,17 +117,16 @@ type Queries struct {
 	// Join, Beat, Live, Take, Release, Leave, Hold, Lock, Sequence, Top, Writers,
 	// Scan, ScanAll, Claim, PutBack, Bury and Park are the relay's; see their
 	// comments below and the relay package's claim.go and lease.go.
-	// ClaimParked is Claim for ParkFollowers: it also leaves out keys with
-	// a dead letter.
 	Join, Beat, Live, Take, Release, Leave, Hold, Lock, Sequence, Top, Writers string
 	Scan, ScanAll, Claim, ClaimParked, PutBack, Bury, Park                     string
 
 	// ListDead lists dead letters by the DeadFilter parameters ($1-$6) up
 	// to $7. LockDead locks them (seq, key) for Replay and Purge,
-	// LockPartitions locks the lease rows of the partitions of the keys in
-	// $1 (all of them if $2) and bumps their gen, Replay moves the dead
-	// letters with seq in $1 back, Purge deletes them, and Unpark releases
-	// the rows parked behind keys in $1 that have no dead letter left.
+	// LockPartitions bumps the gen of the partitions of the keys in $1
+	// (all of them if $2), in partition order, without waiting for their
+	// owners' batches; Replay moves the dead letters with seq in $1 back,
+	// Purge deletes them, and Unpark releases the rows parked behind keys
+	// in $1 that have no dead letter left on their destination.
 	ListDead, LockDead, LockPartitions, Replay, Purge, Unpark string
 }
 
@@ -124,6 +154,12 @@ func New(t pgutil.Table) Queries {
 	table, dead, lease, relays := t.String(), t.Ident("_dead"), t.Ident("_lease"), t.Ident("_relays")
 	// live is true for a lease row whose owner is a live worker.
 	live := `EXISTS (SELECT 1 FROM ` + relays + ` AS w WHERE w.owner = l.owner AND w.expires_at > now())`
+	// claimable is true for the rows at ctids $1 that this transaction
+	// can lock. (A join on the seqs as well lets the planner pick a full
+	// index scan when its statistics say the table is small.)
+	claimable := `ctid IN (SELECT x.ctid FROM ` + table + ` AS x WHERE x.ctid = ANY($1::tid[]) FOR UPDATE SKIP LOCKED)`
+	// gens is true while partitions $2 have gens $3.
+	gens := `NOT EXISTS (SELECT 1 FROM unnest($2::int4[], $3::int8[]) AS g(part, gen) JOIN ` + lease + ` AS l ON l.part = g.part WHERE l.gen <> g.gen)`
 	q := Queries{
 		Table:  table,
 		Dead:   dead,
@@ -193,10 +229,12 @@ RETURNING t.part, t.token, t.gen, f.owner`,
 		Leave: `WITH r AS (UPDATE ` + lease + ` SET owner = NULL WHERE owner = $1)
 DELETE FROM ` + relays + ` WHERE owner = $1`,
 		// A batch's fence: the partitions worker $1 owns (part, token,
-		// gen), locked until the batch ends. A takeover (Take) or a
-		// dead-letter operation (LockPartitions) cannot change them
-		// meanwhile.
-		Hold: `SELECT part, token, gen FROM ` + lease + ` WHERE owner = $1 ORDER BY part FOR SHARE`,
+		// gen), locked until the batch ends, so that a takeover (Take, FOR
+		// UPDATE) cannot change them meanwhile. FOR KEY SHARE does not
+		// conflict with the gen bump of a dead-letter operation
+		// (LockPartitions), which an operator may keep open: the claim
+		// checks the gens instead.
+		Hold: `SELECT part, token, gen FROM ` + lease + ` WHERE owner = $1 ORDER BY part FOR KEY SHARE`,
 		// The batch locks the outbox before its sequence (Top), in the
 		// order DROP TABLE takes them, so that the two never deadlock.
 		Lock: `LOCK TABLE ` + table + ` IN ROW SHARE MODE`,
@@ -220,36 +258,38 @@ DELETE FROM ` + relays + ` WHERE owner = $1`,
                 AND pid IS DISTINCT FROM pg_backend_pid()),
        CASE WHEN $2::text[] IS NULL THEN true
             ELSE NOT EXISTS (SELECT 1 FROM pg_locks WHERE virtualtransaction = ANY($2)) END`,
-		// Up to $1 rows (partition, seq, ctid, key, wait), locked, from partitions $2 (-1: unkeyed rows) in
-		// that order, each from seq $3[i] on in seq order, with the
-		// microseconds until they are due (0: due, -1: parked). The nested
-		// loop stops reading partitions once it has $1 rows. The
-		// conditions and the order are those of the (partition, seq) index
-		// and of no other: a plan cached while the table was empty would
-		// otherwise scan the primary key and filter (the relay also turns
-		// off sequential scans).
-		Scan: `SELECT r.part, r.seq, r.ctid, r.key, r.wait
-FROM unnest($2::int4[], $3::int8[]) WITH ORDINALITY AS p(part, cursor, n)
+		// Up to $1 rows (partition, seq, ctid, order id, wait) from
+		// partitions $2 (-1: unkeyed rows) in that order, each in seq order
+		// from seq $4[i] on and, behind it from $3[i] on, the due rows whose
+		// order id is not in $6 (the rows of transactions that committed
+		// after the worker's cursor passed their seqs); with the
+		// microseconds until they are due (0: due, -1: parked); order ids
+		// per key and destination unless $5 (see orderOf, held and
+		// scanned). The nested loop stops reading partitions once it has
+		// $1 rows. The conditions and the order are those of the
+		// (partition, seq) index and of no other: a plan cached while the
+		// table was empty would otherwise scan the primary key and filter
+		// (the relay also turns off sequential scans).
+		Scan: `SELECT r.part, r.seq, r.ctid, r.oid, r.wait
+FROM unnest($2::int4[], $3::int8[], $4::int8[]) WITH ORDINALITY AS p(part, start, cursor, n)
 CROSS JOIN LATERAL (
-  SELECT p.part, seq, ctid, key, CASE WHEN available_at <= now() THEN 0
-                                     WHEN available_at = 'infinity' THEN -1
-                                     ELSE ceil(extract(epoch FROM available_at - now()) * 1000000)::int8 END AS wait
-  FROM ` + table + `
-  WHERE ` + partition + ` <= p.part AND (` + partition + `, seq) >= (p.part, p.cursor)
-  ORDER BY ` + partition + `, seq LIMIT $1
-  FOR UPDATE SKIP LOCKED) AS r
+  SELECT p.part, o.seq, o.ctid, ` + fmt.Sprintf(orderOf, "$5::bool") + ` AS oid, ` + due + ` AS wait
+  FROM ` + table + ` AS o ` + fmt.Sprintf(held, table) + `
+  WHERE ` + oPartition + ` <= p.part AND (` + oPartition + `, o.seq) >= (p.part, p.start) AND ` + scanned + `
+    AND ` + behind("p.cursor", "$5::bool", "$6::int8[]") + `
+  ORDER BY ` + oPartition + `, o.seq LIMIT $1) AS r
 LIMIT $1`,
-		// Scan for a worker that owns every partition: up to $1 rows from
-		// seq $2 on in seq order, through the primary key, so that a batch
+		// Scan for a worker that owns every partition: up to $1 rows in seq
+		// order from seq $3 on and, behind it from $2 on, the due rows whose
+		// order id is not in $5, through the primary key, so that a batch
 		// takes neighbouring rows (a partition's rows lie far apart). Same
-		// columns as Scan.
-		ScanAll: `SELECT ` + partition + `, seq, ctid, key, CASE WHEN available_at <= now() THEN 0
-                                        WHEN available_at = 'infinity' THEN -1
-                                        ELSE ceil(extract(epoch FROM available_at - now()) * 1000000)::int8 END
-FROM ` + table + `
-WHERE seq >= $2
-ORDER BY seq LIMIT $1
-FOR UPDATE SKIP LOCKED`,
+		// columns as Scan; $4 is Scan's $5. No row is locked: the worker
+		// shares no partition, not even the unkeyed rows' (-1), so the
+		// claim locks them all.
+		ScanAll: `SELECT ` + oPartition + `, o.seq, o.ctid, ` + fmt.Sprintf(orderOf, "$4::bool") + `, ` + due + `
+FROM ` + table + ` AS o
+WHERE o.seq >= $2 AND ` + behind("$3::int8", "$4::bool", "$5::int8[]") + `
+ORDER BY o.seq LIMIT $1`,
 		// Failed rows go back with their seq (their place in their key's
 		// order), due after a delay in microseconds (negative: parked
 		// until a replay or purge releases them).
@@ -262,17 +302,25 @@ FROM unnest($1::int8[], $2::uuid[], $3::timestamptz[], $4::int8[], $5::int4[], $
 SELECT s, i, c, clock_timestamp(), a, dst, p, k, h::jsonb, e
 FROM unnest($1::int8[], $2::uuid[], $3::timestamptz[], $4::int4[], $5::text[], $6::bytea[], $7::text[], $8::text[], $9::text[])
      AS u(s, i, c, a, dst, p, k, h, e)`,
-		// The followers of keys $1 whose head became a dead letter wait
+		// The followers of keys $1 on destinations $2 (NULL: every
+		// destination) whose head became a dead letter wait
 		// (ParkFollowers).
-		Park: `UPDATE ` + table + ` SET available_at = 'infinity'
+		Park: `UPDATE ` + table + ` AS o SET available_at = 'infinity'
 WHERE ` + partition + ` IN (SELECT ` + fmt.Sprintf(partOf, "k") + ` FROM unnest($1::text[]) AS k)
-  AND key = ANY($1) AND available_at <> 'infinity'`,
-		// Rows $1 (ctids from Scan, stable while Scan's lock holds) are
-		// deleted and returned.
-		Claim: `DELETE FROM ` + table + ` WHERE ctid = ANY($1::tid[])
+  AND o.available_at <> 'infinity'
+  AND EXISTS (SELECT 1 FROM unnest($1::text[], $2::text[]) AS u(k, d) WHERE u.k = o.key AND (u.d IS NULL OR u.d = o.destination))`,
+		// Rows at ctids $1 (from Scan) are locked, skipping those another
+		// session holds, deleted and returned, unless the gens of
+		// partitions $2 are no longer $3 (a dead-letter operation moved
+		// rows of theirs since the batch's fence read them): then none is.
+		// The relay checks the seqs: a ctid whose row was deleted since
+		// the scan may hold another row.
+		Claim: `DELETE FROM ` + table + ` WHERE ` + claimable + ` AND ` + gens + `
 RETURNING seq, id, destination, key, payload, headers, attempts, created_at`,
-		ClaimParked: `DELETE FROM ` + table + ` AS o WHERE ctid = ANY($1::tid[])
-  AND (o.key IS NULL OR NOT EXISTS (SELECT 1 FROM ` + dead + ` AS d WHERE d.key = o.key))
+		// ClaimParked is Claim that also leaves out the rows of keys with
+		// a dead letter, on the same destination unless $4.
+		ClaimParked: `DELETE FROM ` + table + ` AS o WHERE ` + claimable + ` AND ` + gens + `
+  AND (o.key IS NULL OR NOT EXISTS (SELECT 1 FROM ` + dead + ` AS d WHERE d.key = o.key AND ($4 OR d.destination = o.destination)))
 RETURNING seq, id, destination, key, payload, headers, attempts, created_at`,
 
 		ListDead: `SELECT id, destination, coalesce(key, ''), payload, headers, attempts, last_error, created_at, failed_at
@@ -282,7 +330,7 @@ ORDER BY seq LIMIT $7 FOR UPDATE`,
 		LockPartitions: `UPDATE ` + lease + ` AS t SET gen = t.gen + 1
 FROM (SELECT part FROM ` + lease + `
       WHERE $2 OR part IN (SELECT ` + fmt.Sprintf(partOf, "k") + ` FROM unnest($1::text[]) AS k)
-      ORDER BY part FOR UPDATE) AS l
+      ORDER BY part FOR NO KEY UPDATE) AS l
 WHERE t.part = l.part`,
 		Replay: `WITH moved AS (
   DELETE FROM ` + dead + ` WHERE seq = ANY($1)
@@ -293,7 +341,7 @@ SELECT seq, id, created_at, now(), 0, destination, payload, key, headers, last_e
 		Unpark: `UPDATE ` + table + ` AS o SET available_at = now()
 WHERE ` + partition + ` IN (SELECT ` + fmt.Sprintf(partOf, "k") + ` FROM unnest($1::text[]) AS k)
   AND o.key = ANY($1) AND o.available_at = 'infinity'
-  AND NOT EXISTS (SELECT 1 FROM ` + dead + ` AS d WHERE d.key = o.key)`,
+  AND NOT EXISTS (SELECT 1 FROM ` + dead + ` AS d WHERE d.key = o.key AND d.destination = o.destination)`,
 	}
 	return q
 }
