@@ -384,9 +384,11 @@ func (w *worker) pick(win []scanned) (picked []scanned) {
 func (w *worker) claim(ctx context.Context, tx *claimTx, picked []scanned) ([]row, error) {
 	r := w.r
 	ctids := make([]pgtype.TID, len(picked))
+	parts := make(map[int64]int32, len(picked)) // seq -> partition
 	keyed := false
 	for i, s := range picked {
 		ctids[i] = s.ctid
+		parts[s.seq] = s.part
 		keyed = keyed || s.key != nil
 	}
 	park := r.cfg.ParkFollowers && keyed
@@ -407,6 +409,7 @@ func (w *worker) claim(ctx context.Context, tx *claimTx, picked []scanned) ([]ro
 		if key != nil {
 			c.msg.Key = *key
 		}
+		c.msg.Seq, c.msg.Partition, c.msg.LeaseToken = c.seq, int(parts[c.seq]), w.token(parts[c.seq])
 		return c, nil
 	})
 	if err != nil {
