@@ -30,6 +30,6 @@ func ExampleCheck() {
 	fmt.Println(report)
 	// Output:
 	// history: 2 rows enqueued, 2 published (2 publishes, 0 duplicates), 0 rejections, 0 purged; 2 violations (reordered 1, stale owner 1)
-	//   reordered: key "order-1": seq 2 (id 01900000-0000-7000-8000-000000000002) first published at 12:00:00.010000 by relay-b (partition 7, token 3) while seq 1 (id 01900000-0000-7000-8000-000000000001) still held the key: first published at 12:00:00.020000 by relay-a (partition 7, token 2)
+	//   reordered: key "order-1": seq 2 (id 01900000-0000-7000-8000-000000000002) first published at 12:00:00.010000 by relay-b (partition 7, token 3) while seq 1 (id 01900000-0000-7000-8000-000000000001), earlier in seq, still held the key: first published at 12:00:00.020000 by relay-a (partition 7, token 2)
 	//   stale owner: partition 7: relay-a under token 2 published key "order-1" seq 1 (id 01900000-0000-7000-8000-000000000001) at 12:00:00.020000, after relay-b under token 3 first published key "order-1" seq 2 (id 01900000-0000-7000-8000-000000000002) at 12:00:00.010000
 }

@@ -4,10 +4,13 @@
 // published or rejected, every dead letter an operator purged), and
 // [Check] says, without a database, whether the relay kept its word:
 //
-//   - [Reordered]: the rows of a key are first published in seq order. A
-//     row may be overtaken once it stopped holding its key: after it was
-//     published, purged, or (without Rules.ParkFollowers) rejected by the
-//     Sink, which makes it a dead letter its followers pass.
+//   - [Reordered]: the rows of a key are first published in the order
+//     they were enqueued: a row before the rows of its key enqueued after
+//     its transaction committed, and before the later rows of its own
+//     transaction (see [Row]). A row may be overtaken once it stopped
+//     holding its key: after it was published, purged, or (without
+//     Rules.ParkFollowers) rejected by the Sink, which makes it a dead
+//     letter its followers pass.
 //   - [StaleOwner]: a partition's owner never publishes after a successor
 //     (a larger lease token on that partition) first published.
 //   - [Lost]: every row enqueued and not purged is published.
@@ -21,9 +24,11 @@
 //
 // Recording a history that means something: record a row in the
 // transaction that enqueues it (so that exactly the committed rows are
-// recorded), and a publish when the broker has it, with one clock for all
+// recorded), with the time it was written and, once committed, the
+// commit's; and a publish when the broker has it, with one clock for all
 // relays (the recording database's clock_timestamp(), for instance), from
-// the Sink's [relay.Message] fields Seq, Partition and LeaseToken.
+// the Sink's [relay.Message] fields Seq, Partition and LeaseToken. A
+// replayed dead letter is not seen holding its key again.
 package history
 
 import (
@@ -44,9 +49,20 @@ type Row struct {
 	Key         string
 	Destination string
 	Seq         int64
-	// At is when the row's enqueue committed; zero where unknown. Late
-	// measures its bound from here when that is after Rules.QuietFrom.
-	At time.Time
+	// Tx identifies the transaction that enqueued the row (its xid): the
+	// rows of one transaction are ordered by Seq.
+	Tx int64
+	// Written is when the row's transaction wrote it, no later than its
+	// seq was drawn; Committed is when that transaction committed (with
+	// Postgres's track_commit_timestamp on: pg_xact_commit_timestamp of
+	// the recording row's xmin). A row precedes the rows of its key
+	// written after it committed, and those of its own transaction with a
+	// larger Seq; rows of concurrent transactions may go either way. When
+	// a row of the history has no Written or Committed, Seq alone orders
+	// every key, as if each transaction ended before the next one began.
+	// Late measures its bound from Committed when that is after
+	// Rules.QuietFrom.
+	Written, Committed time.Time
 }
 
 // Publish is one Sink call's outcome for one message: published, or
@@ -312,35 +328,69 @@ func (c *checker) checkContent() {
 	}
 }
 
-// checkOrder walks each key's rows in seq order. A row holds its key
-// until it is first published or freed (purged; rejected without
-// ParkFollowers); a row first published while an earlier row still held
-// the key overtook it.
+// checkOrder finds, per key, rows first published while a row that
+// precedes them still held the key. A row holds its key until it is first
+// published or freed (purged; rejected without ParkFollowers).
 func (c *checker) checkOrder() {
+	timed := true
 	byKey := map[string][]Row{}
 	for _, r := range c.rows {
+		timed = timed && !r.Written.IsZero() && !r.Committed.IsZero()
 		if r.Key != "" {
 			byKey[r.Key] = append(byKey[r.Key], r)
 		}
 	}
 	for _, k := range slices.Sorted(maps.Keys(byKey)) {
 		rows := byKey[k]
-		slices.SortFunc(rows, func(a, b Row) int { return cmp.Compare(a.Seq, b.Seq) })
-		var holder Row // the earlier row that holds the key longest
-		held := moment{}
 		for _, r := range rows {
 			i, published := c.first[r.ID]
-			if published && c.at(i).before(held) {
-				p := c.h.Published[i]
-				c.add(Violation{Kind: Reordered, Key: k, Seqs: []int64{r.Seq, holder.Seq}, At: p.At,
-					Detail: fmt.Sprintf("key %q: seq %d (id %s) first published at %s by %s (partition %d, token %d) while seq %d (id %s) still held the key: %s",
-						k, r.Seq, r.ID, stamp(p.At), p.Relay, p.Partition, p.LeaseToken, holder.Seq, holder.ID, c.fate(holder))})
+			if !published {
+				continue
 			}
-			if until := c.holds(r); held.before(until) {
-				holder, held = r, until
+			holder, held := c.holder(rows, r, timed)
+			if !c.at(i).before(held) {
+				continue
 			}
+			p := c.h.Published[i]
+			c.add(Violation{Kind: Reordered, Key: k, Seqs: []int64{r.Seq, holder.Seq}, At: p.At,
+				Detail: fmt.Sprintf("key %q: seq %d (id %s) first published at %s by %s (partition %d, token %d) while seq %d (id %s), %s, still held the key: %s",
+					k, r.Seq, r.ID, stamp(p.At), p.Relay, p.Partition, p.LeaseToken, holder.Seq, holder.ID, why(holder, r, timed), c.fate(holder))})
 		}
 	}
+}
+
+// holder returns, of the rows of r's key that precede r, the one that held
+// the key longest, and until when.
+func (c *checker) holder(rows []Row, r Row, timed bool) (Row, moment) {
+	var holder Row
+	held := moment{}
+	for _, a := range rows {
+		if !precedes(a, r, timed) {
+			continue
+		}
+		if until := c.holds(a); held.before(until) {
+			holder, held = a, until
+		}
+	}
+	return holder, held
+}
+
+// precedes reports whether a must be first published before b, rows of
+// one key: with times, a is earlier in b's transaction or committed before
+// b was written; without, a is earlier in seq.
+func precedes(a, b Row, timed bool) bool {
+	return a.Seq < b.Seq && (!timed || a.Tx == b.Tx || a.Committed.Before(b.Written))
+}
+
+// why says why a precedes b.
+func why(a, b Row, timed bool) string {
+	switch {
+	case !timed:
+		return "earlier in seq"
+	case a.Tx == b.Tx:
+		return "earlier in the same transaction"
+	}
+	return fmt.Sprintf("committed at %s before seq %d was written at %s", stamp(a.Committed), b.Seq, stamp(b.Written))
 }
 
 // holds is until when r holds its key: its first publish or the moment it
@@ -457,8 +507,8 @@ func (c *checker) checkDelivery() {
 			continue
 		}
 		from := c.rules.QuietFrom
-		if r.At.After(from) {
-			from = r.At
+		if r.Committed.After(from) {
+			from = r.Committed
 		}
 		p := c.h.Published[i]
 		if late := p.At.Sub(from); late > c.rules.Bound {

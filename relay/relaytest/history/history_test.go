@@ -120,6 +120,34 @@ func TestReorderedNamesTheOvertakenRow(t *testing.T) {
 	}
 }
 
+// enqueued is a row of key at seq, written at ms by transaction tx, which
+// committed at committed ms.
+func enqueued(key string, seq, tx int64, written, committed int) history.Row {
+	return history.Row{Key: key, Seq: seq, Tx: tx, Written: tick(written), Committed: tick(committed)}
+}
+
+func TestReorderedFollowsTheRealTimeOrderOfEnqueues(t *testing.T) {
+	// Transaction 1 writes seq 1 at 0 ms and commits at 50 ms (a long
+	// writer, a prepared transaction); transaction 2 writes seq 2 at 10 ms
+	// and commits at 20 ms: concurrent, either may go first. Transaction 3
+	// writes seq 3 and 4 at 60 ms, after transaction 1 committed: both
+	// follow seq 1, and seq 4 follows seq 3.
+	rows := []history.Row{enqueued("a", 1, 1, 0, 50), enqueued("a", 2, 2, 10, 20),
+		enqueued("a", 3, 3, 60, 70), enqueued("a", 4, 3, 60, 70)}
+	ok := newScenario(rows...).publish(2, "r1", 1, 30).publish(1, "r1", 1, 80).publish(3, "r1", 1, 90).publish(4, "r1", 1, 91)
+	if r := check(t, ok, history.Rules{}); r.Err() != nil {
+		t.Fatalf("concurrent transactions may publish in either order: %v", r.Err())
+	}
+	late := newScenario(rows...).publish(2, "r1", 1, 30).publish(3, "r1", 1, 80).publish(1, "r1", 1, 90).publish(4, "r1", 1, 91)
+	r := check(t, late, history.Rules{})
+	want(t, r, "a", []int64{3, 1}, history.Reordered)
+	if d := r.Violations[0].Detail; !strings.Contains(d, "committed at 12:00:00.050000 before seq 3 was written at 12:00:00.060000") {
+		t.Fatalf("detail %q does not say why seq 1 precedes seq 3", d)
+	}
+	inTx := newScenario(rows...).publish(2, "r1", 1, 30).publish(1, "r1", 1, 80).publish(4, "r1", 1, 90).publish(3, "r1", 1, 91)
+	want(t, check(t, inTx, history.Rules{}), "a", []int64{4, 3}, history.Reordered)
+}
+
 func TestReorderedWithinOneTimestampByRecordOrder(t *testing.T) {
 	// One batch recorded with one timestamp, seq 2 before seq 1.
 	s := newScenario(row("a", 1), row("a", 2)).publish(2, "r1", 1, 10).publish(1, "r1", 1, 10)
@@ -200,7 +228,7 @@ func TestLateRowAfterTheFaultsStopped(t *testing.T) {
 	// Faults stop at 100 ms, bound 50 ms: seq 1 at 90 ms is fine (before
 	// the quiet), seq 2 at 140 ms is fine, seq 3 at 200 ms is late; seq 4
 	// was enqueued at 300 ms and published at 320 ms, in time.
-	s := newScenario(row("a", 1), row("b", 2), row("c", 3), history.Row{Key: "d", Seq: 4, At: tick(300)}).
+	s := newScenario(row("a", 1), row("b", 2), row("c", 3), history.Row{Key: "d", Seq: 4, Committed: tick(300)}).
 		publish(1, "r1", 1, 90).publish(2, "r1", 1, 140).publish(3, "r1", 1, 200).publish(4, "r1", 1, 320)
 	want(t, check(t, s, history.Rules{QuietFrom: tick(100), Bound: 50 * time.Millisecond}), "c", []int64{3}, history.Late)
 	if r := check(t, s, history.Rules{QuietFrom: tick(100)}); r.Err() != nil {
