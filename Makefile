@@ -3,6 +3,8 @@ GO ?= go
 BENCHTIME ?= 2s
 SOAK_MESSAGES ?= 100000
 SOAK_INTERVAL ?= 1500ms
+HISTORY_DURATION ?= 10m
+HISTORY_SEED ?=
 
 .PHONY: demo test soak bench bench-peers lint
 
@@ -14,8 +16,9 @@ test: testenv/node_modules ## run the whole suite against real servers (race det
 	$(GO) test -race -count=1 -timeout 20m ./...
 	cd cmd/idemq && $(GO) vet ./... && $(GO) test -race -count=1 -timeout 10m ./...
 
-soak: ## the crash soak: 100,000 messages (SOAK_MESSAGES sets it; SOAK_INTERVAL the mean time between faults) through relays and consumers SIGKILLed at random
+soak: ## the crash soak: 100,000 messages (SOAK_MESSAGES sets it; SOAK_INTERVAL the mean time between faults) through relays and consumers SIGKILLed at random; then the relay's history check under faults for HISTORY_DURATION (HISTORY_SEED replays a schedule)
 	IDEMQ_SOAK_MESSAGES=$(SOAK_MESSAGES) IDEMQ_SOAK_INTERVAL=$(SOAK_INTERVAL) $(GO) test -count=1 -timeout 60m -v -run '^TestSoak$$' ./soak
+	IDEMQ_HISTORY_DURATION=$(HISTORY_DURATION) IDEMQ_HISTORY_SEED=$(HISTORY_SEED) $(GO) test -count=1 -timeout 60m -v -run '^TestRelayHistory$$' ./relay
 
 bench: testenv/node_modules ## run the benchmarks; each reports its ratio against a baseline measured in the same run
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -timeout 60m ./...

@@ -8,7 +8,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -33,10 +32,20 @@ const (
 	faultReplay    fault = "replay"         // an operator replays dead letters, transaction held open
 	faultPurge     fault = "purge"          // an operator purges dead letters, transaction held open
 	faultRollback  fault = "prepared-abort" // a prepared transaction that enqueued rolls back
+	faultPause     fault = "pause"          // SIGSTOP a relay process, SIGCONT it later
 )
 
-// faultKinds are the faults, in the order of the schedule's first round.
-var faultKinds = []fault{faultKill, faultTerminate, faultLockRows, faultWriter, faultPrepared, faultRollback, faultReplay, faultPurge}
+// faultKinds are the faults the schedule draws from.
+var faultKinds = []fault{faultKill, faultTerminate, faultLockRows, faultWriter, faultPrepared, faultRollback, faultReplay, faultPurge, faultPause}
+
+// historyPhase is how long a set of enabled fault kinds lasts.
+const historyPhase = 5 * time.Second
+
+// longPause outlasts a relay's server-side deadline for its batch
+// (PublishTimeout + 10 s): the server ends the paused relay's transaction
+// and its partitions can be taken over while it still holds the rows it
+// claimed.
+const longPause = 16 * time.Second
 
 // faults injects faults into one outbox and its relays.
 type faults struct {
@@ -53,25 +62,40 @@ type faults struct {
 	timeline []string // what each fault did, and when
 }
 
-// schedule injects faults at random times, every mean on average, until
-// ctx is done: first each kind once in a random order, then kinds at
-// random. It returns once every fault it started has ended (locks
-// released, prepared transactions resolved).
+// schedule injects faults until ctx is done, in phases of historyPhase:
+// each phase enables a random half of the kinds (at least one), so that a
+// run has stretches with and without each (without kills and pauses a
+// relay keeps its leases and cursors, which hides some bugs), and injects
+// them at random times, every mean on average. It returns once every
+// fault it started has ended (locks released, prepared transactions
+// resolved, relays resumed).
 func (f *faults) schedule(ctx context.Context, rng *rand.Rand, mean time.Duration) {
 	defer f.wg.Wait()
-	first := slices.Clone(faultKinds)
-	rng.Shuffle(len(first), func(i, j int) { first[i], first[j] = first[j], first[i] })
-	for n := 0; ; n++ {
+	var enabled []fault
+	var phaseEnd time.Time
+	for {
+		if time.Now().After(phaseEnd) {
+			enabled = nil
+			for len(enabled) == 0 {
+				for _, k := range faultKinds {
+					if rng.IntN(2) == 0 {
+						enabled = append(enabled, k)
+					}
+				}
+			}
+			phaseEnd = time.Now().Add(historyPhase)
+			f.note("phase", "%v", enabled)
+		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-time.After(mean/4 + time.Duration(rng.Int64N(int64(mean)*3/2))):
 		}
-		kind := faultKinds[rng.IntN(len(faultKinds))]
-		if n < len(first) {
-			kind = first[n]
-		}
+		kind := enabled[rng.IntN(len(enabled))]
 		hold := 500*time.Millisecond + time.Duration(rng.Int64N(int64(4*time.Second)))
+		if kind == faultPause && rng.IntN(4) == 0 {
+			hold = longPause + time.Duration(rng.Int64N(int64(4*time.Second)))
+		}
 		victim, size := rng.IntN(len(f.relays.procs)), 1+rng.IntN(10)
 		f.wg.Go(func() {
 			if err := f.inject(kind, victim, size, hold); err != nil {
@@ -96,6 +120,9 @@ func (f *faults) inject(kind fault, victim, size int, hold time.Duration) error 
 	case faultKill:
 		f.note(kind, "relay%d", victim)
 		f.relays.kill(victim)
+	case faultPause:
+		f.note(kind, "relay%d, %s", victim, held)
+		return f.relays.pause(victim, hold)
 	case faultTerminate:
 		var pid int
 		err := f.pool.QueryRow(ctx, `SELECT coalesce(max(pid), 0) FROM (SELECT pid FROM pg_stat_activity

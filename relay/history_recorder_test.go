@@ -363,6 +363,25 @@ func (rs *historyRelays) kill(i int) {
 	}
 }
 
+// pause stops relay i for d (SIGSTOP, then SIGCONT). A relay killed
+// meanwhile stays killed and its successor runs.
+func (rs *historyRelays) pause(i int, d time.Duration) error {
+	if stopSignal == nil {
+		return nil
+	}
+	rs.mu.Lock()
+	p := rs.procs[i].Process
+	rs.mu.Unlock()
+	if err := p.Signal(stopSignal); err != nil {
+		return err
+	}
+	time.Sleep(d)
+	if err := p.Signal(contSignal); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return err
+	}
+	return nil
+}
+
 // stop SIGKILLs every relay.
 func (rs *historyRelays) stop() {
 	rs.mu.Lock()
