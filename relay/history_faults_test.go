@@ -93,8 +93,8 @@ func (f *faults) schedule(ctx context.Context, rng *rand.Rand, mean time.Duratio
 		}
 		kind := enabled[rng.IntN(len(enabled))]
 		hold := 500*time.Millisecond + time.Duration(rng.Int64N(int64(4*time.Second)))
-		if kind == faultPause && rng.IntN(4) == 0 {
-			hold = longPause + time.Duration(rng.Int64N(int64(4*time.Second)))
+		if long := longPause + time.Duration(rng.Int64N(int64(4*time.Second))); kind == faultPause && rng.IntN(4) == 0 && f.before(ctx, long) {
+			hold = long
 		}
 		victim, size := rng.IntN(len(f.relays.procs)), 1+rng.IntN(10)
 		f.wg.Go(func() {
@@ -103,6 +103,13 @@ func (f *faults) schedule(ctx context.Context, rng *rand.Rand, mean time.Duratio
 			}
 		})
 	}
+}
+
+// before reports whether d from now is before ctx's deadline: a long
+// pause must not hold up the quiet.
+func (f *faults) before(ctx context.Context, d time.Duration) bool {
+	end, ok := ctx.Deadline()
+	return !ok || time.Until(end) > d
 }
 
 // inject runs one fault: relay victim for a kill, size rows or dead

@@ -22,12 +22,12 @@ import (
 
 // The knobs of TestRelayHistory. make soak sets a long duration.
 const (
-	historyDurationEnv     = "IDEMQ_HISTORY_DURATION" // how long the faults go on; default 20s
+	historyDurationEnv     = "IDEMQ_HISTORY_DURATION" // how long the faults go on; default 15s
 	historySeedEnv         = "IDEMQ_HISTORY_SEED"     // the schedule's seed; default random
 	historyRelayCount      = 3                        // relay processes
 	historyFaultInterval   = 400 * time.Millisecond   // mean time between two faults
 	historyBound           = 30 * time.Second         // every row published this long after the faults stop
-	historyDurationDefault = 20 * time.Second
+	historyDurationDefault = 15 * time.Second
 )
 
 // TestRelayHistory is the relay's randomized fault test, in three parts:
@@ -89,6 +89,7 @@ func TestRelayHistory(t *testing.T) {
 	relays := startHistoryRelays(t, historyChild{OutboxURL: srv.URL(), HistoryURL: histURL, Seed: seed, Park: park}, historyRelayCount)
 
 	// Load and faults.
+	start := time.Now()
 	faulty, stop := context.WithTimeout(ctx, duration)
 	defer stop()
 	var load sync.WaitGroup
@@ -103,7 +104,8 @@ func TestRelayHistory(t *testing.T) {
 	quiet := time.Now()
 	left := drain(t, b, quiet.Add(historyBound+5*time.Second))
 	relays.stop()
-	t.Logf("faults: %s; after the quiet: %s", f.counts(), left)
+	t.Logf("faults: %s; quiet after %s, drained in %s: %s", f.counts(), quiet.Sub(start).Round(time.Second),
+		time.Since(quiet).Round(time.Second), left)
 
 	report, err := history.Check(loadHistory(t, hist, pool), history.Rules{ParkFollowers: park, QuietFrom: quiet, Bound: historyBound})
 	if err != nil {
