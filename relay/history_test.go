@@ -35,12 +35,14 @@ const (
 //   - The fault schedule (history_faults_test.go): three relay processes
 //     (this binary re-executed), each with 3 workers on a pool of 2 and a
 //     slow Sink, on one outbox, while a producer enqueues over 40 keys;
-//     at random times a relay is SIGKILLed (and restarted), a relay
+//     at random times a relay is SIGKILLed (and restarted) or paused
+//     (SIGSTOP, at times beyond its batch's server deadline), a relay
 //     session is terminated, an outside session locks random outbox rows
 //     FOR UPDATE, a writer transaction stays open, a prepared transaction
 //     that enqueued commits (or rolls back) seconds later, and an operator
 //     replays or purges dead letters in a transaction left open (the Sink
-//     rejects some young messages, so dead letters exist).
+//     rejects some young messages, so dead letters exist). Each phase of
+//     5 s draws the kinds it injects.
 //   - The recorder (history_recorder_test.go): each Sink commits every
 //     publish and rejection, with the message's seq, partition and lease
 //     token, to a table in another database, stamped by that server's

@@ -13,7 +13,8 @@
 //     letter its followers pass.
 //   - [StaleOwner]: a partition's owner never publishes after a successor
 //     (a larger lease token on that partition) first published.
-//   - [Lost]: every row enqueued and not purged is published.
+//   - [Lost]: every row enqueued and not purged is published by the end
+//     of the history.
 //   - [Late]: once the faults stopped (Rules.QuietFrom), every row is first
 //     published within Rules.Bound.
 //   - [Phantom] and [Altered]: nothing is published that was not enqueued,
@@ -27,7 +28,7 @@
 // recorded), with the time it was written and, once committed, the
 // commit's; and a publish when the broker has it, with one clock for all
 // relays (the recording database's clock_timestamp(), for instance), from
-// the Sink's [relay.Message] fields Seq, Partition and LeaseToken. A
+// the Sink's relay.Message fields Seq, Partition and LeaseToken. A
 // replayed dead letter is not seen holding its key again.
 package history
 
@@ -74,7 +75,7 @@ type Publish struct {
 	Seq         int64
 	// Relay names the relay (process, worker) that published.
 	Relay string
-	// Partition and LeaseToken are the message's [relay.Message] fields:
+	// Partition and LeaseToken are the message's relay.Message fields:
 	// the owner of a keyed message's partition, and the fence it held.
 	Partition  int
 	LeaseToken int64
