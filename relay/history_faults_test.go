@@ -7,7 +7,9 @@ package relay_test
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -18,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/outbox"
+	"github.com/idemq/idemq/relay/relaytest/history"
 )
 
 // fault is one kind of event the schedule injects.
@@ -209,6 +212,38 @@ func (f *faults) note(kind fault, format string, args ...any) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.timeline = append(f.timeline, time.Now().UTC().Format("15:04:05.000")+" "+string(kind)+" "+fmt.Sprintf(format, args...))
+}
+
+// blame says, for the rows that report's Reordered violations name as
+// overtaken, which fault had touched each (the first in the timeline to
+// name it), with a few of the rows: where to look first.
+func (f *faults) blame(report history.Report) string {
+	rows := map[string][]string{}
+	seen := map[string]bool{}
+	for _, v := range report.Violations {
+		row := fmt.Sprintf("%s/%d", v.Key, v.Seqs[len(v.Seqs)-1])
+		if v.Kind != history.Reordered || seen[row] {
+			continue
+		}
+		seen[row] = true
+		by := "no fault"
+	lines:
+		for _, line := range f.timeline {
+			words := strings.FieldsFunc(line, func(r rune) bool { return strings.ContainsRune(" [],", r) })
+			for _, w := range words[2:] {
+				if w == row {
+					by = words[1]
+					break lines
+				}
+			}
+		}
+		rows[by] = append(rows[by], row)
+	}
+	var parts []string
+	for _, by := range slices.Sorted(maps.Keys(rows)) {
+		parts = append(parts, fmt.Sprintf("%s %d %v", by, len(rows[by]), rows[by][:min(5, len(rows[by]))]))
+	}
+	return "overtaken rows by the fault that touched them: " + strings.Join(parts, ", ")
 }
 
 // counts says how many faults of each kind ran.

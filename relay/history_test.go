@@ -116,6 +116,7 @@ func TestRelayHistory(t *testing.T) {
 	t.Log(report)
 	if err := report.Err(); err != nil {
 		t.Logf("the faults (rows as key/seq):\n%s", strings.Join(f.timeline, "\n"))
+		t.Log(f.blame(report))
 		t.Fatalf("seed %d (rerun with %s=%d): %v", seed, historySeedEnv, seed, err)
 	}
 }
