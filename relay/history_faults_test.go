@@ -215,8 +215,8 @@ func (f *faults) note(kind fault, format string, args ...any) {
 }
 
 // blame says, for the rows that report's Reordered violations name as
-// overtaken, which fault had touched each (the first in the timeline to
-// name it), with a few of the rows: where to look first.
+// overtaken, which faults had touched each (in the order of the
+// timeline), with a few of the rows: where to look first.
 func (f *faults) blame(report history.Report) string {
 	rows := map[string][]string{}
 	seen := map[string]bool{}
@@ -226,18 +226,17 @@ func (f *faults) blame(report history.Report) string {
 			continue
 		}
 		seen[row] = true
-		by := "no fault"
-	lines:
+		var by []string
 		for _, line := range f.timeline {
 			words := strings.FieldsFunc(line, func(r rune) bool { return strings.ContainsRune(" [],", r) })
-			for _, w := range words[2:] {
-				if w == row {
-					by = words[1]
-					break lines
-				}
+			if slices.Contains(words[2:], row) && !slices.Contains(by, words[1]) {
+				by = append(by, words[1])
 			}
 		}
-		rows[by] = append(rows[by], row)
+		if by == nil {
+			by = []string{"no fault"}
+		}
+		rows[strings.Join(by, "+")] = append(rows[strings.Join(by, "+")], row)
 	}
 	var parts []string
 	for _, by := range slices.Sorted(maps.Keys(rows)) {
