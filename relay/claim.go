@@ -470,11 +470,11 @@ func (w *worker) claim(ctx context.Context, tx *claimTx, picked []scanned) ([]ro
 	}
 	r := w.r
 	ctids := make([]pgtype.TID, len(picked))
-	order := make(map[int64]int64, len(picked)) // seq -> order id
+	picks := make(map[int64]scanned, len(picked)) // seq -> what the scan read
 	keyed := false
 	for i, s := range picked {
 		ctids[i] = s.ctid
-		order[s.seq] = s.order
+		picks[s.seq] = s
 		keyed = keyed || s.order != 0
 	}
 	parts := make([]int32, len(w.leases))
@@ -500,6 +500,8 @@ func (w *worker) claim(ctx context.Context, tx *claimTx, picked []scanned) ([]ro
 		if key != nil {
 			c.msg.Key = *key
 		}
+		part := picks[c.seq].part
+		c.msg.Seq, c.msg.Partition, c.msg.LeaseToken = c.seq, int(part), w.token(part)
 		rows = append(rows, c)
 		return nil
 	})
@@ -510,7 +512,7 @@ func (w *worker) claim(ctx context.Context, tx *claimTx, picked []scanned) ([]ro
 	behind := map[int]error{}
 	got := make(map[int64]bool, len(rows))
 	for i, c := range rows {
-		if _, ok := order[c.seq]; !ok {
+		if _, ok := picks[c.seq]; !ok {
 			// The row the scan read at this ctid was deleted since, and
 			// another took its place: it goes back as it was.
 			behind[i] = fmt.Errorf("%w (claimed by mistake)", ErrSkipped)
@@ -539,7 +541,7 @@ func (w *worker) claim(ctx context.Context, tx *claimTx, picked []scanned) ([]ro
 		w.back.add(s.seq, poll.Microseconds())
 	}
 	for i, c := range rows {
-		if h, ok := head[order[c.seq]]; ok && c.seq > h {
+		if h, ok := head[picks[c.seq].order]; ok && c.seq > h {
 			behind[i] = idemq.RetryAfter(fmt.Errorf("%w (it is locked by another session)", ErrSkipped), poll)
 		}
 	}

@@ -83,7 +83,9 @@
 // plans the calls when a key's messages go to several destinations. The
 // relay and the [Router] turn a Sink's panic into a failure of its batch
 // ([ErrSinkPanicked]). Package relaytest checks a Sink against the contract
-// on a real broker.
+// on a real broker; package relaytest/history checks a recorded history of
+// publishes (order, fences, loss), for which a Sink records each
+// [Message]'s Seq, Partition and LeaseToken.
 //
 // # Waking up
 //

@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -114,6 +115,16 @@ func (w *worker) setLeases(held []lease) {
 		}
 	}
 	w.leases = held
+}
+
+// token is the fencing token of the worker's lease on part; 0 for the
+// unkeyed rows (-1), which no lease covers.
+func (w *worker) token(part int32) int64 {
+	i, ok := slices.BinarySearchFunc(w.leases, part, func(l lease, p int32) int { return cmp.Compare(l.part, p) })
+	if !ok {
+		return 0
+	}
+	return w.leases[i].token
 }
 
 // partitions are the partitions the next scan reads, in order: -1 (the

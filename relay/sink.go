@@ -20,6 +20,21 @@ type Message struct {
 	Attempts int
 	// CreatedAt is when the row was enqueued.
 	CreatedAt time.Time
+	// Seq is the row's place in the outbox: the relay publishes the
+	// messages of a key in Seq order, and a replayed dead letter keeps its
+	// Seq.
+	Seq int64
+	// Partition is the key partition the row belongs to (0 to 63), -1 for
+	// a message without a key. The relay worker that owns a partition's
+	// lease is the only one publishing its messages.
+	Partition int
+	// LeaseToken is the fencing token of the lease under which the relay
+	// claimed the message: it grows with every change of the partition's
+	// owner, so a Sink (or a transactional producer keyed by partition)
+	// that records it can tell a stale owner's late publish from its
+	// successor's. Zero for a message without a key, which no lease
+	// covers.
+	LeaseToken int64
 }
 
 // Sink publishes outbox messages to a broker or endpoint.
