@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/internal/outboxsql"
 	"github.com/idemq/idemq/outbox"
 )
@@ -20,8 +21,8 @@ import (
 // metrics. monitor keeps the states shared by a relay's workers and logs
 // their transitions:
 //
-//   - a destination: ok, failing (every publish to it in a batch failed
-//     and none was delivered: a broker outage), or held (its messages come
+//   - a destination: ok, failing (every publish to it in a batch failed,
+//     none permanently, and none was delivered: a broker outage), or held (its messages come
 //     back without an attempt: no route, an endpoint disabled or behind an
 //     open breaker); a delivery makes it ok again;
 //   - the database: reachable or not, as the workers' rounds find it;
@@ -99,6 +100,9 @@ func (m *monitor) settled(d decision) {
 		get(msg.Destination).delivered++
 	}
 	for _, e := range d.failed {
+		if idemq.IsPermanent(e.Err) {
+			continue // the message is refused, not the broker away
+		}
 		t := get(e.Message.Destination)
 		t.failed++
 		if t.err == nil {

@@ -77,6 +77,13 @@ func TestRelayLogsStateChanges(t *testing.T) {
 	})); err != nil {
 		t.Fatal(err)
 	}
+	// A destination that refuses its messages (permanent errors: dead
+	// letters) is not a broker outage.
+	if err := router.Route("refusing", relay.SinkFunc(func(ctx context.Context, batch []relay.Message) error {
+		return idemq.Permanent(errors.New("refused"))
+	})); err != nil {
+		t.Fatal(err)
+	}
 	var out testenv.Logs
 	r := newRelay(t, b, router, relay.Config{
 		Logger: out.Logger(), ListenConnString: direct, StatsInterval: 20 * time.Millisecond,
@@ -88,6 +95,7 @@ func TestRelayLogsStateChanges(t *testing.T) {
 	for i := range 5 {
 		enqueue(t, bd, outbox.Message{Destination: "nowhere", Key: fmt.Sprint("n", i)})
 	}
+	enqueue(t, bd, keyed("refusing", 3, 3, 0)...)
 	waitFor(t, "several failed rounds", func() bool { return failed.Load() >= 300 })
 	waitFor(t, "a backlog line", func() bool { return len(out.Records("relay: backlog", "unrouted", "5")) > 0 })
 	down.Store(false)
@@ -96,6 +104,7 @@ func TestRelayLogsStateChanges(t *testing.T) {
 
 	wantLines(t, &out, 1, "relay: broker outage began", "destination", "d", "err", "broker unreachable")
 	wantLines(t, &out, 1, "relay: broker outage over", "destination", "d")
+	wantLines(t, &out, 0, "relay: broker outage began", "destination", "refusing")
 	wantLines(t, &out, 1, "relay: holding the messages of a destination", "destination", "nowhere", "reason", relay.HoldNoRoute)
 	wantLines(t, &out, 1, "relay: partitions acquired")
 	if got := out.Records("relay: partitions acquired"); len(got) == 1 {
