@@ -98,15 +98,15 @@ func copyResult(first Result, samePayload bool) (r Result, alone bool) {
 }
 
 // pending is a message of a batch, the first of its key. The database
-// steps of applyBatch fill in claim, ran and err; decide reads them.
+// steps fill in claim and err, from which decide settles it.
 type pending struct {
 	index       int
 	msg         *Message
 	key         string
 	fingerprint []byte
 	claim       inbox.BatchClaim // what the batch's claim found
-	ran         bool             // its handler (or its conflict's recording) ran in the batch
-	err         error            // what that run returned; if not nil, its writes were rolled back
+	err         error            // what its handler (or its conflict's recording) returned; if not nil, its writes were rolled back
+	passed      bool             // settled by applyAll's pass: the per-message path leaves it alone
 }
 
 // disposition is what becomes of one message of a batch once the batch's
@@ -187,7 +187,7 @@ func (c *Consumer) applyBatch(ctx context.Context, batch []pending) ([]dispositi
 	}
 	for i := range batch {
 		p := &batch[i]
-		if p.ran { // by applyAll
+		if p.passed {
 			continue
 		}
 		var conflict *inbox.ConflictError
@@ -213,7 +213,7 @@ func (c *Consumer) applyBatch(ctx context.Context, batch []pending) ([]dispositi
 		if rerr := btx.Done(ctx, err != nil); rerr != nil {
 			return nil, errors.Join(err, fmt.Errorf("consumer: rollback to savepoint: %w", rerr))
 		}
-		p.ran, p.err = true, err
+		p.err = err
 	}
 	// A cancelled context or a lost connection is not the handlers'
 	// failure: nothing is counted, nothing committed.

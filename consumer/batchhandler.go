@@ -45,7 +45,7 @@ func NewBatched(pool *pgxpool.Pool, scope string, handler BatchHandler, cfg Conf
 // applyAll applies the messages of batch that their claims found new in
 // one pass under one savepoint, so that a batch without failures pays for
 // one savepoint, not one per message. It marks the messages it settles as
-// ran (with their handler's error); the others go the per-message path,
+// passed (with their handler's error); the others go the per-message path,
 // each under a savepoint of its own.
 //
 // With a BatchHandler the pass is one call; if it fails, its writes are
@@ -79,7 +79,7 @@ func (c *Consumer) applyAll(ctx context.Context, tx pgx.Tx, btx *pgtx.Batch, bat
 			slog.String("scope", c.scope), slog.Int("messages", len(pass)), slog.Any("error", handlerErr))
 		return nil
 	}
-	pass[failedAt].ran, pass[failedAt].err = true, handlerErr
+	pass[failedAt].passed, pass[failedAt].err = true, handlerErr
 	if failedAt == 0 {
 		return nil
 	}
@@ -91,10 +91,11 @@ func (c *Consumer) applyAll(ctx context.Context, tx pgx.Tx, btx *pgtx.Batch, bat
 	return nil
 }
 
-// markApplied marks the messages of a pass that succeeded as ran, without error.
+// markApplied marks the messages of a pass that succeeded as passed,
+// without error.
 func markApplied(pass []*pending) {
 	for _, p := range pass {
-		p.ran, p.err = true, nil
+		p.passed, p.err = true, nil
 	}
 }
 
