@@ -58,26 +58,24 @@ func (c *Consumer) ProcessBatch(ctx context.Context, msgs []*Message) []Result {
 		batch = append(batch, p)
 	}
 
-	if err := c.applyBatch(ctx, batch, results); err != nil {
-		for _, p := range batch {
+	ds, err := c.applyBatch(ctx, batch)
+	for i, p := range batch {
+		switch {
+		case err != nil:
 			results[p.index] = retryLater(p.key, err)
-		}
-	}
-	for _, p := range batch {
-		if p.failure != nil && results[p.index].Outcome == 0 {
-			results[p.index] = c.run(ctx, p.msg, p.key, p.fingerprint, p.failure)
+		case ds[i].failure != nil:
+			results[p.index] = c.run(ctx, p.msg, p.key, p.fingerprint, ds[i].failure)
+		default:
+			results[p.index] = ds[i].result
 		}
 	}
 	for _, p := range copies {
 		original := batch[first[p.key]]
-		switch r := results[original.index]; {
-		case string(p.fingerprint) != string(original.fingerprint):
-			results[p.index] = c.run(ctx, p.msg, p.key, p.fingerprint, nil)
-		case r.Outcome == Applied:
-			results[p.index] = Result{Outcome: Duplicate, Key: p.key}
-		default:
-			results[p.index] = r
+		r, alone := copyResult(results[original.index], string(p.fingerprint) == string(original.fingerprint))
+		if alone {
+			r = c.run(ctx, p.msg, p.key, p.fingerprint, nil)
 		}
+		results[p.index] = r
 	}
 	for i := range results {
 		results[i] = c.finish(ctx, start, results[i])
@@ -85,26 +83,90 @@ func (c *Consumer) ProcessBatch(ctx context.Context, msgs []*Message) []Result {
 	return results
 }
 
-// pending is a message of a batch with its key, the first of its key.
+// copyResult is what a later copy of a key in a batch reports, given the
+// result of the key's first copy: a copy with the same payload is a
+// Duplicate of an Applied first copy and shares any other outcome; a copy
+// with another payload is processed alone, after the batch commits.
+func copyResult(first Result, samePayload bool) (r Result, alone bool) {
+	switch {
+	case !samePayload:
+		return Result{}, true
+	case first.Outcome == Applied:
+		return Result{Outcome: Duplicate, Key: first.Key}, false
+	}
+	return first, false
+}
+
+// pending is a message of a batch, the first of its key. The database
+// steps fill in claim and err, from which decide settles it.
 type pending struct {
 	index       int
 	msg         *Message
 	key         string
 	fingerprint []byte
-	failure     *failure // the handler's failure, retried after the commit
-	applied     bool     // applied by applyAll's pass
-	failures    int      // failed attempts before this batch's claim
+	claim       inbox.BatchClaim // what the batch's claim found
+	err         error            // what its handler (or its conflict's recording) returned; if not nil, its writes were rolled back
+	passed      bool             // settled by applyAll's pass: the per-message path leaves it alone
 }
 
-// applyBatch runs the batch's transaction and fills results of the messages
-// it settles; handler failures are left in batch[i].failure. On error
-// nothing was committed.
-func (c *Consumer) applyBatch(ctx context.Context, batch []pending, results []Result) error {
+// disposition is what becomes of one message of a batch once the batch's
+// transaction commits. decide makes it, so that every rule of the batch
+// is in one function that needs no database; applyBatch only carries out
+// the writes it names.
+type disposition struct {
+	// result is what the message reports, unless failure is set.
+	result Result
+	// unclaim: a database error failed the handler, which says nothing
+	// about the message; its claim is undone in the batch, uncounted.
+	unclaim bool
+	// failure: the handler failed. The batch counts the attempt (and sets
+	// failure.failures), and after the commit the message is retried on
+	// its own as by Process, which may dead-letter it.
+	failure *failure
+}
+
+// decide settles every message of a batch, without the database, from
+// what its claim found and what its handler (or the recording of its
+// conflict) returned: a stored record reports what it holds; a conflict
+// is a Conflict once recorded, Retry if recording it failed; a new
+// message is Applied (one more attempt than its failures so far) if its
+// handler succeeded, Retry with its claim undone if a transient database
+// error failed it, and otherwise a counted failure. A claim error other
+// than a conflict ends the batch before decide.
+func decide(batch []pending) []disposition {
+	ds := make([]disposition, len(batch))
+	for i, p := range batch {
+		var conflict *inbox.ConflictError
+		isConflict := errors.As(p.claim.Err, &conflict)
+		switch {
+		case isConflict && p.err != nil:
+			ds[i].result = retryLater(p.key, p.err)
+		case isConflict:
+			ds[i].result = Result{Outcome: Conflict, Key: p.key, Err: conflict}
+		case !p.claim.New:
+			ds[i].result = existingResult(p.key, p.claim.Existing)
+		case p.err == nil:
+			ds[i].result = Result{Outcome: Applied, Key: p.key, Attempts: p.claim.Failures + 1}
+		case transient(p.err):
+			ds[i].result = retryLater(p.key, fmt.Errorf("consumer: database error: %w", p.err))
+			ds[i].unclaim = true
+		default:
+			ds[i].failure = &failure{err: p.err}
+		}
+	}
+	return ds
+}
+
+// applyBatch runs the batch's transaction: it claims every key, runs the
+// handlers (applyAll's pass, then a savepoint per message it left alone),
+// writes what decide made of them and commits. On error nothing was
+// committed.
+func (c *Consumer) applyBatch(ctx context.Context, batch []pending) ([]disposition, error) {
 	if len(batch) == 0 {
-		return nil
+		return nil, nil
 	}
 	if err := c.store.RegisterScope(ctx, c.scope); err != nil {
-		return err
+		return nil, err
 	}
 	items := make([]inbox.Item, len(batch))
 	for i, p := range batch {
@@ -112,49 +174,30 @@ func (c *Consumer) applyBatch(ctx context.Context, batch []pending, results []Re
 	}
 	tx, claims, err := c.store.BeginClaimBatch(ctx, c.scope, items)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // after Commit a no-op
 
-	btx := pgtx.NewBatch(tx)
-	stopped, stoppedErr, err := c.applyAll(ctx, tx, btx, batch, claims)
-	if err != nil {
-		return err
+	for i := range batch {
+		batch[i].claim = claims[i]
 	}
-	var failed []*pending
-	var undone []string
-	// failedWith records the failure of p's handler: a database error is
-	// not the message's, its claim is undone uncounted; any other failure
-	// is counted with the batch and retried after the commit.
-	failedWith := func(p *pending, err error) {
-		if transient(err) {
-			results[p.index] = retryLater(p.key, fmt.Errorf("consumer: database error: %w", err))
-			undone = append(undone, p.key)
-			return
-		}
-		p.failure = &failure{err: err}
-		failed = append(failed, p)
+	btx := pgtx.NewBatch(tx)
+	if err := c.applyAll(ctx, tx, btx, batch); err != nil {
+		return nil, err
 	}
 	for i := range batch {
-		p, claim := &batch[i], claims[i]
-		if p.applied || p == stopped { // settled by applyAll
-			p.failures = claim.Failures
-			if p == stopped {
-				failedWith(p, stoppedErr)
-			}
+		p := &batch[i]
+		if p.passed {
 			continue
 		}
 		var conflict *inbox.ConflictError
 		switch {
-		case errors.As(claim.Err, &conflict):
-		case claim.Err != nil:
-			return claim.Err // identify validated the key: this is a bug, not bad input
-		case !claim.New:
-			results[p.index] = existingResult(p.key, claim.Existing)
+		case errors.As(p.claim.Err, &conflict):
+		case p.claim.Err != nil:
+			return nil, p.claim.Err // identify validated the key: this is a bug, not bad input
+		case !p.claim.New:
 			continue
 		}
-		p.failures = claim.Failures
-
 		btx.Next()
 		var err error
 		switch {
@@ -168,46 +211,34 @@ func (c *Consumer) applyBatch(ctx context.Context, batch []pending, results []Re
 			}
 		}
 		if rerr := btx.Done(ctx, err != nil); rerr != nil {
-			return errors.Join(err, fmt.Errorf("consumer: rollback to savepoint: %w", rerr))
+			return nil, errors.Join(err, fmt.Errorf("consumer: rollback to savepoint: %w", rerr))
 		}
-		if err == nil {
-			if conflict != nil {
-				results[p.index] = Result{Outcome: Conflict, Key: p.key, Err: conflict}
-			}
-			continue
-		}
-		if conflict != nil {
-			results[p.index] = retryLater(p.key, err)
-			continue
-		}
-		failedWith(p, err)
+		p.err = err
 	}
 	// A cancelled context or a lost connection is not the handlers'
 	// failure: nothing is counted, nothing committed.
 	if err := notAFailure(ctx, tx.Conn(), nil); err != nil {
-		return err
+		return nil, err
 	}
+	ds := decide(batch)
 	// The failures are counted after the last handler, outside every
 	// message's savepoint, and commit with the batch.
-	for _, p := range failed {
-		rec, err := c.store.FailClaimTx(ctx, tx, c.scope, p.key, p.failure.err)
-		if err != nil {
-			return err
-		}
-		p.failure.failures = rec.Failures
-	}
-	for _, key := range undone {
-		if err := c.store.UnclaimTx(ctx, tx, c.scope, key); err != nil {
-			return err
+	for i, d := range ds {
+		switch {
+		case d.failure != nil:
+			rec, err := c.store.FailClaimTx(ctx, tx, c.scope, batch[i].key, d.failure.err)
+			if err != nil {
+				return nil, err
+			}
+			d.failure.failures = rec.Failures
+		case d.unclaim:
+			if err := c.store.UnclaimTx(ctx, tx, c.scope, batch[i].key); err != nil {
+				return nil, err
+			}
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("consumer: commit batch: %w", err)
+		return nil, fmt.Errorf("consumer: commit batch: %w", err)
 	}
-	for _, p := range batch {
-		if results[p.index].Outcome == 0 && p.failure == nil {
-			results[p.index] = Result{Outcome: Applied, Key: p.key, Attempts: p.failures + 1}
-		}
-	}
-	return nil
+	return ds, nil
 }

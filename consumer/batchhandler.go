@@ -10,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq"
-	"github.com/idemq/idemq/inbox"
 	"github.com/idemq/idemq/internal/pgtx"
 )
 
@@ -45,56 +44,59 @@ func NewBatched(pool *pgxpool.Pool, scope string, handler BatchHandler, cfg Conf
 
 // applyAll applies the messages of batch that their claims found new in
 // one pass under one savepoint, so that a batch without failures pays for
-// one savepoint, not one per message, and sets their applied flags. The
-// messages it leaves alone go the per-message path, each under a
-// savepoint of its own.
+// one savepoint, not one per message. It marks the messages it settles as
+// passed (with their handler's error); the others go the per-message path,
+// each under a savepoint of its own.
 //
 // With a BatchHandler the pass is one call; if it fails, its writes are
 // rolled back and every message goes the per-message path (one call each),
 // which finds the failures: the failed call is no message's attempt. With
-// a per-message handler the pass stops at the first failure, which it
-// returns with its message (stopped) for the caller to record; the
-// messages before it are applied again in one pass (their first writes
-// were rolled back with the failure's), and those after it go the
-// per-message path. A failing handler thus runs once per attempt; a
-// handler that succeeded before it may run twice, the first time rolled
-// back. err ends the batch.
-func (c *Consumer) applyAll(ctx context.Context, tx pgx.Tx, btx *pgtx.Batch, batch []pending, claims []inbox.BatchClaim) (stopped *pending, handlerErr, err error) {
+// a per-message handler the pass stops at the first failure, which is
+// that message's attempt; the messages before it are applied again in one
+// pass (their first writes were rolled back with the failure's), and
+// those after it go the per-message path. A failing handler thus runs
+// once per attempt; a handler that succeeded before it may run twice, the
+// first time rolled back. err ends the batch.
+func (c *Consumer) applyAll(ctx context.Context, tx pgx.Tx, btx *pgtx.Batch, batch []pending) error {
 	var pass []*pending
-	for i, claim := range claims {
-		if claim.Err == nil && claim.New && c.overDelivered(batch[i].msg) == nil {
-			pass = append(pass, &batch[i])
+	for i := range batch {
+		if p := &batch[i]; p.claim.Err == nil && p.claim.New && c.overDelivered(p.msg) == nil {
+			pass = append(pass, p)
 		}
 	}
 	if len(pass) < 2 {
-		return nil, nil, nil // the per-message path makes the same single call
+		return nil // the per-message path makes the same single call
 	}
 	failedAt, handlerErr, err := c.pass(ctx, tx, btx, pass)
 	switch {
 	case err != nil:
-		return nil, nil, err
+		return err
 	case handlerErr == nil:
-		for _, p := range pass {
-			p.applied = true
-		}
-		return nil, nil, nil
+		markApplied(pass)
+		return nil
 	case c.batch != nil:
 		c.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "batch handler failed, applying its messages one by one",
 			slog.String("scope", c.scope), slog.Int("messages", len(pass)), slog.Any("error", handlerErr))
-		return nil, nil, nil
+		return nil
 	}
-	stopped = pass[failedAt]
+	pass[failedAt].passed, pass[failedAt].err = true, handlerErr
 	if failedAt == 0 {
-		return stopped, handlerErr, nil
+		return nil
 	}
 	if _, again, err := c.pass(ctx, tx, btx, pass[:failedAt]); err != nil || again != nil {
 		// A handler that failed only now: the per-message path sorts it out.
-		return stopped, handlerErr, err
+		return err
 	}
-	for _, p := range pass[:failedAt] {
-		p.applied = true
+	markApplied(pass[:failedAt])
+	return nil
+}
+
+// markApplied marks the messages of a pass that succeeded as passed,
+// without error.
+func markApplied(pass []*pending) {
+	for _, p := range pass {
+		p.passed, p.err = true, nil
 	}
-	return stopped, handlerErr, nil
 }
 
 // pass applies msgs under one savepoint, rolled back if a handler fails:
