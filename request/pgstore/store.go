@@ -200,7 +200,7 @@ func leaseErr(err error) error {
 // record translates an inbox record; the request states are the inbox's
 // leased states under other names.
 func record(id request.ID, r inbox.Record) (request.Record, error) {
-	rec := request.Record{ID: id, Fingerprint: r.Fingerprint, Token: int64(r.Attempts), ExpiresAt: r.ExpiresAt}
+	rec := request.Record{ID: id, Fingerprint: r.Fingerprint, Token: r.Token, ExpiresAt: r.ExpiresAt}
 	switch r.Status {
 	case inbox.InProgress:
 		rec.State, rec.LeaseUntil = request.InProgress, r.LeaseUntil
