@@ -56,6 +56,7 @@ func Run(t *testing.T, h Harness) {
 		{"FinishOnce", testFinishOnce},
 		{"GetMissing", testGetMissing},
 		{"RecordTTL", testRecordTTL},
+		{"TokenGrowsAfterExpiry", testTokenAfterExpiry},
 		{"ConcurrentClaims", testConcurrentClaims},
 		{"ConcurrentTakeovers", testConcurrentTakeovers},
 		{"ResponseFidelity", testResponseFidelity},
@@ -365,6 +366,43 @@ func testRecordTTL(t *testing.T, h Harness) {
 	next := mustAcquire(t, s, id, fpB, lease)
 	if next.Token <= 0 {
 		t.Fatalf("token %d", next.Token)
+	}
+}
+
+// testTokenAfterExpiry: a record that expired and was forgotten (and
+// collected, for a store with a GC job) starts again with a token above
+// every token the key had, so that a downstream system keeping the
+// highest token it saw takes the new holder and refuses the old one.
+func testTokenAfterExpiry(t *testing.T, h Harness) {
+	const ttl = time.Second
+	s := h.New(t, ttl)
+	id := newID(t)
+	first := mustAcquire(t, s, id, fpA, lease)
+	if err := s.Release(ctx(t), first); err != nil {
+		t.Fatal(err)
+	}
+	last := mustAcquire(t, s, id, fpA, lease) // a stalled holder: never finishes
+	if last.Token <= first.Token {
+		t.Fatalf("token %d after %d: fencing tokens must grow", last.Token, first.Token)
+	}
+	time.Sleep(ttl + 1100*time.Millisecond)
+	if h.Collect != nil {
+		if err := h.Collect(ctx(t), s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if rec, err := s.Get(ctx(t), id); !errors.Is(err, request.ErrNotFound) {
+		t.Fatalf("Get after the record TTL = %+v, %v; want ErrNotFound", rec, err)
+	}
+	next := mustAcquire(t, s, id, fpA, time.Minute)
+	if next.Token <= last.Token {
+		t.Fatalf("token %d after the record expired, %d before: a token must never go back", next.Token, last.Token)
+	}
+	if err := s.Complete(ctx(t), last, response("stale")); !errors.Is(err, request.ErrLeaseLost) {
+		t.Fatalf("the stalled holder's Complete = %v, want ErrLeaseLost", err)
+	}
+	if err := s.Complete(ctx(t), next, response("fresh")); err != nil {
+		t.Fatalf("the new holder's Complete: %v", err)
 	}
 }
 
