@@ -79,7 +79,9 @@ func ExampleStore_Acquire() {
 	if err != nil || !claim.New {
 		log.Fatal(claim, err)
 	}
-	fmt.Println("send the email with idempotency key", claim.Lease.Key, "and fencing token", claim.Lease.Token)
+	// The token is the database clock in microseconds or above: pass it
+	// downstream, which keeps the highest it has seen.
+	fmt.Println("send the email with idempotency key", claim.Lease.Key, "and a fencing token:", claim.Lease.Token > 0)
 	if err := store.Complete(ctx, claim.Lease, []byte("queued as 250 OK")); err != nil {
 		log.Fatal(err)
 	}
@@ -90,7 +92,7 @@ func ExampleStore_Acquire() {
 	}
 	fmt.Printf("redelivery: new=%v, stored result %q\n", again.New, again.Existing.Result)
 	// Output:
-	// send the email with idempotency key welcome-42 and fencing token 1
+	// send the email with idempotency key welcome-42 and a fencing token: true
 	// redelivery: new=false, stored result "queued as 250 OK"
 }
 

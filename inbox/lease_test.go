@@ -67,8 +67,8 @@ func TestLeaseFailReleasesOrDeadLetters(t *testing.T) {
 		t.Fatal(err)
 	}
 	retry, err := b.store.Acquire(ctx, "mailer", "k", fp("p"), "w", time.Minute)
-	if err != nil || !retry.New || retry.Lease.Token != 2 {
-		t.Fatalf("acquire after a retryable failure = %+v, %v; want attempt 2", retry, err)
+	if err != nil || !retry.New || retry.Lease.Token <= first.Lease.Token {
+		t.Fatalf("acquire after a retryable failure = %+v, %v; want a token above %d", retry, err, first.Lease.Token)
 	}
 	if err := b.store.FailFinal(ctx, retry.Lease, errors.New("smtp 550")); err != nil {
 		t.Fatal(err)

@@ -19,7 +19,7 @@ type queries struct {
 // recordColumns are the stored columns a Record is read from, in the order
 // of storedRecord.dest.
 const recordColumns = `r.created_at, r.updated_at, r.expires_at, r.attempts, r.failures, r.status,
-	r.fingerprint, r.owner, r.lease_until, r.result, r.last_error, r.superseded`
+	r.fingerprint, r.owner, r.lease_until, r.result, r.last_error, r.superseded, r.token`
 
 func newQueries(t pgutil.Table) queries {
 	render := strings.NewReplacer(
@@ -31,6 +31,7 @@ func newQueries(t pgutil.Table) queries {
 		"{{succeeded}}", fmt.Sprint(int16(Succeeded)),
 		"{{failed_retryable}}", fmt.Sprint(int16(FailedRetryable)),
 		"{{failed_final}}", fmt.Sprint(int16(FailedFinal)),
+		"{{now_us}}", "(extract(epoch FROM now()) * 1000000)::bigint",
 	).Replace
 	return queries{
 		registerScope: render(`
@@ -145,41 +146,43 @@ WHERE t.scope_id = expired.scope_id AND t.key_id = expired.key_id`),
 
 		// A new key is claimed; an existing one only when a previous
 		// attempt failed retryably or its lease ran out, and only with the
-		// same fingerprint. Every takeover bumps attempts, the fencing token;
-		// failures counts only attempts that failed.
+		// same fingerprint. Every takeover bumps attempts; failures counts
+		// only attempts that failed. The fencing token is the larger of the
+		// previous token + 1 and the clock in microseconds (greatest skips
+		// a NULL), so that it never goes back when GC deleted the record.
 		// $1 scope, $2 key id, $3 fingerprint, $4 key text, $5 retention,
 		// $6 owner, $7 lease duration.
 		acquire: render(`
-INSERT INTO {{table}} AS r (expires_at, key_id, scope_id, status, fingerprint, key_text, owner, lease_until)
-VALUES (now() + $5::interval, $2, $1, {{in_progress}}, $3, $4, $6, now() + $7::interval)
+INSERT INTO {{table}} AS r (expires_at, key_id, scope_id, status, fingerprint, key_text, owner, lease_until, token)
+VALUES (now() + $5::interval, $2, $1, {{in_progress}}, $3, $4, $6, now() + $7::interval, {{now_us}})
 ON CONFLICT (scope_id, key_id) DO UPDATE
-SET attempts = r.attempts + 1, status = {{in_progress}}, owner = excluded.owner,
-	lease_until = excluded.lease_until, updated_at = now(), expires_at = excluded.expires_at
+SET attempts = r.attempts + 1, token = greatest(r.token + 1, excluded.token), status = {{in_progress}},
+	owner = excluded.owner, lease_until = excluded.lease_until, updated_at = now(), expires_at = excluded.expires_at
 WHERE r.fingerprint = excluded.fingerprint
 	AND (r.status = {{failed_retryable}} OR (r.status = {{in_progress}} AND r.lease_until < now()))
-RETURNING r.attempts, r.lease_until, r.failures`),
+RETURNING r.token, r.lease_until, r.failures`),
 
 		// Finalizers are compare-and-set on the fencing token.
 		// $1 scope, $2 key id, $3 token, then their own arguments.
 		complete: render(`
 UPDATE {{table}} SET status = {{succeeded}}, result = $4, owner = NULL, lease_until = NULL, last_error = NULL,
 	updated_at = now(), expires_at = now() + $5::interval
-WHERE scope_id = $1 AND key_id = $2 AND attempts = $3 AND status = {{in_progress}}`),
+WHERE scope_id = $1 AND key_id = $2 AND token = $3 AND status = {{in_progress}}`),
 
 		fail: render(`
 UPDATE {{table}} SET status = $4, failures = failures + 1, last_error = $5, owner = NULL, lease_until = NULL,
 	updated_at = now(), expires_at = now() + $6::interval
-WHERE scope_id = $1 AND key_id = $2 AND attempts = $3 AND status = {{in_progress}}`),
+WHERE scope_id = $1 AND key_id = $2 AND token = $3 AND status = {{in_progress}}`),
 
 		// A lease given back runs out at once: any later now() is past it,
 		// so the next Acquire takes over.
 		abandon: render(`
 UPDATE {{table}} SET lease_until = now() - interval '1 microsecond', updated_at = now()
-WHERE scope_id = $1 AND key_id = $2 AND attempts = $3 AND status = {{in_progress}}`),
+WHERE scope_id = $1 AND key_id = $2 AND token = $3 AND status = {{in_progress}}`),
 
 		extend: render(`
 UPDATE {{table}} SET lease_until = now() + $4::interval, updated_at = now()
-WHERE scope_id = $1 AND key_id = $2 AND attempts = $3 AND status = {{in_progress}}
+WHERE scope_id = $1 AND key_id = $2 AND token = $3 AND status = {{in_progress}}
 RETURNING lease_until`),
 
 		// Dead letters selected by a DeadFilter (see deadWhere), oldest

@@ -52,9 +52,11 @@ type Record struct {
 	Owner      string
 	LeaseUntil time.Time
 	// Attempts counts the claims of the key: every claim, takeover and
-	// failed attempt adds one. It is the fencing token of the current
-	// lease.
+	// failed attempt adds one.
 	Attempts int
+	// Token is the fencing token of the latest leased claim ([Lease]), 0
+	// when the key was never leased.
+	Token int64
 	// Failures counts the attempts whose handler failed. Crashes, lost
 	// connections and cancelled contexts are not failures and never count.
 	Failures  int
@@ -105,9 +107,13 @@ type Lease struct {
 	Scope string
 	Key   string
 	Owner string
-	// Token is the fencing token, the record's attempt number: it grows
-	// with every claim and takeover of the key. Pass it downstream so the
-	// far side can reject a writer whose lease was taken over.
+	// Token is the fencing token: it grows with every claim and takeover
+	// of the key, also across GC. Each claim sets it to the larger of the
+	// previous token + 1 and the database's clock in Unix microseconds, so
+	// a record GC deleted starts again above every token handed out before
+	// (the record lived at least its retention since its last claim).
+	// Pass it downstream so the far side can reject a writer whose lease
+	// was taken over.
 	Token int64
 	Until time.Time
 }

@@ -726,6 +726,7 @@ type storedRecord struct {
 	Record
 	attempts         int32
 	failures         int32
+	token            *int64
 	owner, lastError *string
 	leaseUntil       *time.Time
 }
@@ -733,13 +734,14 @@ type storedRecord struct {
 // dest lists scan targets in the order of recordColumns.
 func (r *storedRecord) dest() []any {
 	return []any{&r.CreatedAt, &r.UpdatedAt, &r.ExpiresAt, &r.attempts, &r.failures, &r.Status,
-		&r.Fingerprint, &r.owner, &r.leaseUntil, &r.Result, &r.lastError, &r.Superseded}
+		&r.Fingerprint, &r.owner, &r.leaseUntil, &r.Result, &r.lastError, &r.Superseded, &r.token}
 }
 
 func (r *storedRecord) record(scope, key string) Record {
 	rec := r.Record
 	rec.Scope, rec.Key, rec.Attempts, rec.Failures = scope, key, int(r.attempts), int(r.failures)
 	rec.Owner, rec.LeaseUntil, rec.LastError = deref(r.owner), deref(r.leaseUntil), deref(r.lastError)
+	rec.Token = deref(r.token)
 	return rec
 }
 

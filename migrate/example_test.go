@@ -63,11 +63,12 @@ func Example() {
 		return
 	}
 	// Output:
-	// pending: 6
+	// pending: 7
 	// applied inbox 0001_inbox
 	// applied inbox 0002_failures
 	// applied inbox 0003_conflicts
 	// applied inbox 0004_superseded
+	// applied inbox 0005_token
 	// applied outbox 0001_outbox
 	// applied outbox 0002_partitions
 	// current: true

@@ -233,14 +233,11 @@ type Attempt struct {
 
 	mu    sync.Mutex
 	lease Lease
-	// claimed is when the key was claimed: the record lives at least the
-	// store's record TTL from then.
-	claimed time.Time
 }
 
 // start begins renewing lease in the background.
 func (g *Guard) start(ctx context.Context, lease Lease) *Attempt {
-	a := &Attempt{g: g, done: make(chan struct{}), lease: lease, claimed: time.Now()}
+	a := &Attempt{g: g, done: make(chan struct{}), lease: lease}
 	a.ctx, a.cancel = context.WithCancelCause(ctx)
 	renewCtx, stop := context.WithCancel(a.ctx)
 	a.stop = stop
@@ -304,18 +301,6 @@ func (a *Attempt) end() {
 	a.cancel(nil)
 }
 
-// collectable reports whether the attempt's record may have been collected
-// by now: its lease ran out (renewal stopped with the request's context)
-// and the record TTL since the claim passed, less a StoreTimeout of
-// margin. A GC may then have deleted the record and a new claim started
-// the key's tokens afresh, so that this attempt's token could name a
-// stranger's lease: such an attempt must not finish.
-func (a *Attempt) collectable() bool {
-	margin := a.g.cfg.StoreTimeout
-	now := time.Now()
-	return now.After(a.Lease().Until.Add(-margin)) && now.After(a.claimed.Add(a.g.store.RecordTTL()-margin))
-}
-
 // finishContext outlives the request's context: an outcome must be stored
 // even when the client went away.
 func (a *Attempt) finishContext() (context.Context, context.CancelFunc) {
@@ -325,15 +310,11 @@ func (a *Attempt) finishContext() (context.Context, context.CancelFunc) {
 // Complete stores resp as the request's outcome; a response over the
 // store's limit ([ResponseLimiter]) is stored without its body, marked
 // Omitted. It returns ErrLeaseLost when the key was taken over meanwhile
-// (the successor's outcome stands), or when the attempt outlived its lease
-// by so long that its record may have been collected (its token then
-// proves nothing), or an ErrUnavailable.
+// (the successor's outcome stands), also after its record expired and a
+// new claim created it again (tokens never go back), or an ErrUnavailable.
 func (a *Attempt) Complete(resp Response) error {
 	defer a.end()
 	a.halt()
-	if a.collectable() {
-		return ErrLeaseLost
-	}
 	ctx, cancel := a.finishContext()
 	defer cancel()
 	return a.g.finishErr("complete", a.g.store.Complete(ctx, a.Lease(), a.g.fit(resp)))
@@ -346,22 +327,16 @@ func (a *Attempt) Complete(resp Response) error {
 // transaction rolled back, and returns ErrLeaseLost if it committed.
 func (a *Attempt) CompleteWith(complete func(Lease) error) error {
 	a.halt()
-	if a.collectable() {
-		return ErrLeaseLost
-	}
 	return complete(a.Lease())
 }
 
 // Release hands the key back without an outcome, so that a retry runs the
 // request again. It returns ErrLeaseLost when the key was taken over or
-// completed, or its record may have been collected (as for Complete), or
-// an ErrUnavailable.
+// completed (also after its record expired, as for Complete), or an
+// ErrUnavailable.
 func (a *Attempt) Release() error {
 	defer a.end()
 	a.halt()
-	if a.collectable() {
-		return ErrLeaseLost
-	}
 	ctx, cancel := a.finishContext()
 	defer cancel()
 	return a.g.finishErr("release", a.g.store.Release(ctx, a.Lease()))

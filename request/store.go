@@ -20,7 +20,10 @@ type Store interface {
 	// Claim takes id for a new attempt under a lease of the given duration
 	// when the key is new, Released, or InProgress under a lease that ran
 	// out (a takeover); the returned Claim.Lease then carries a fencing
-	// token larger than any earlier claim of the key.
+	// token larger than any earlier claim of the key, also of a record
+	// that expired or was collected since: tokens never go back, so a
+	// stalled holder whose record was forgotten cannot finish or pass
+	// downstream as the newest writer.
 	//
 	// Otherwise Claim.Record is the stored record: Completed (replay its
 	// Response) or InProgress under a live lease (answer "in flight"). A
@@ -121,8 +124,12 @@ type Claim struct {
 type Lease struct {
 	ID
 	// Token is the fencing token: it grows with every claim and takeover
-	// of the key, so a finisher holding an older token is refused. Pass it
-	// downstream so the far side can refuse a stale writer too.
+	// of the key, also across the record's expiry, so a finisher holding
+	// an older token is refused. Pass it downstream so the far side can
+	// refuse a stale writer too. The stores' tokens are the larger of the
+	// previous token + 1 and a clock in Unix microseconds (DynamoDB: the
+	// client's clock when the item is new), so a record created again
+	// after its record TTL starts above every earlier token.
 	Token int64
 	// Until is when the lease runs out unless extended.
 	Until time.Time

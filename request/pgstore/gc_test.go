@@ -14,9 +14,9 @@ import (
 // TestGCOfStalledHolder: GC removes the record of a holder that stalled
 // past its lease and the record TTL (its request's context ended, so its
 // lease was renewed no more), and a new request claims the key afresh.
-// The stalled holder's late finish is refused with ErrLeaseLost, however
-// its token compares with the new claim's, and the new request's outcome
-// stands.
+// The new claim's token is above the stalled holder's (tokens never go
+// back), the stalled holder's late finish is refused with ErrLeaseLost,
+// and the new request's outcome stands.
 func TestGCOfStalledHolder(t *testing.T) {
 	t.Parallel()
 	const ttl = time.Second
@@ -61,7 +61,9 @@ func TestGCOfStalledHolder(t *testing.T) {
 		t.Fatalf("Begin after GC = %+v, %v; want a new attempt", d, err)
 	}
 	fresh := d.Run
-	t.Logf("stalled holder's token %d, the new claim's %d", stalled.Lease().Token, fresh.Lease().Token)
+	if fresh.Lease().Token <= stalled.Lease().Token {
+		t.Fatalf("the new claim's token %d is not above the stalled holder's %d", fresh.Lease().Token, stalled.Lease().Token)
+	}
 	if err := stalled.Complete(request.Response{Status: 201, Body: []byte("stale")}); !errors.Is(err, request.ErrLeaseLost) {
 		t.Fatalf("the stalled holder's Complete = %v, want ErrLeaseLost", err)
 	}

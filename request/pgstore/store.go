@@ -3,8 +3,10 @@
 // table of its own.
 //
 // A claim is one INSERT … ON CONFLICT DO UPDATE that takes a new, released
-// or expired key and bumps its fencing token; Complete, Release and Extend
-// are UPDATEs that compare that token. [Store.CompleteTx] completes inside
+// or expired key and sets its fencing token to the larger of the previous
+// token + 1 and the database clock in microseconds, so that a key whose
+// record GC deleted never hands out a smaller token; Complete, Release
+// and Extend are UPDATEs that compare that token. [Store.CompleteTx] completes inside
 // the caller's transaction, so that a handler's writes and the request's
 // record commit together: if the key was taken over meanwhile, CompleteTx
 // fails and the caller rolls back, so the stale attempt's writes never
@@ -200,7 +202,7 @@ func leaseErr(err error) error {
 // record translates an inbox record; the request states are the inbox's
 // leased states under other names.
 func record(id request.ID, r inbox.Record) (request.Record, error) {
-	rec := request.Record{ID: id, Fingerprint: r.Fingerprint, Token: int64(r.Attempts), ExpiresAt: r.ExpiresAt}
+	rec := request.Record{ID: id, Fingerprint: r.Fingerprint, Token: r.Token, ExpiresAt: r.ExpiresAt}
 	switch r.Status {
 	case inbox.InProgress:
 		rec.State, rec.LeaseUntil = request.InProgress, r.LeaseUntil
