@@ -1,13 +1,20 @@
 package otelidemq_test
 
 import (
+	"errors"
 	"go/parser"
 	"go/token"
 	"regexp"
 	"strings"
 	"testing"
 
+	"go.opentelemetry.io/otel/propagation"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/otelidemq"
 	"github.com/idemq/idemq/relay"
 	"github.com/idemq/idemq/request"
 )
@@ -41,5 +48,30 @@ func TestBadInputEveryEmittedAttributeValueIsDocumented(t *testing.T) {
 	}
 	for _, reason := range []string{relay.HoldNoRoute, relay.HoldSink} {
 		documented("idemq.relay.hold_reason", reason)
+	}
+}
+
+// TestBadInputTypedNilProvidersAreRefused: a typed-nil MeterProvider,
+// TracerProvider or Propagator (a provider variable never assigned) is
+// refused by New with an ErrConfig naming the field, instead of
+// panicking on first use; nil fields still take the global ones.
+func TestBadInputTypedNilProvidersAreRefused(t *testing.T) {
+	var (
+		mp *sdkmetric.MeterProvider
+		tp *sdktrace.TracerProvider
+		pr *propagation.TraceContext
+	)
+	for field, cfg := range map[string]otelidemq.Config{
+		"MeterProvider":  {MeterProvider: mp},
+		"TracerProvider": {TracerProvider: tp},
+		"Propagator":     {Propagator: pr},
+	} {
+		_, err := otelidemq.New(cfg)
+		if ce, ok := errors.AsType[*idemq.ConfigError](err); !ok || ce.Field != field || !errors.Is(err, idemq.ErrConfig) {
+			t.Errorf("New with a typed-nil %s: %v, want an ErrConfig naming it", field, err)
+		}
+	}
+	if _, err := otelidemq.New(otelidemq.Config{}); err != nil {
+		t.Errorf("New(Config{}) = %v, want the global providers", err)
 	}
 }
