@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/internal/nilcheck"
 	"github.com/idemq/idemq/internal/pgutil"
 )
 
@@ -135,13 +136,19 @@ type step struct {
 // named twice (or an inbox and a request store on one table) is one store.
 // New touches no database. An invalid Source makes every method return
 // the error: invalid names, or no store at all, match idemq.ErrConfig;
-// misnamed files and a version without its up or its down say which.
+// misnamed files and a version without its up or its down say which. A
+// nil store (a typed nil included) matches idemq.ErrConfig too, and so
+// does a nil db in every method but Export, which needs no database.
 func New(db DB, stores ...Store) *Migrator {
 	m := &Migrator{db: db}
 	if len(stores) == 0 {
 		m.err = idemq.NewConfigError("migrate", "stores", "none given: name the stores whose tables to migrate")
 	}
-	for _, st := range stores {
+	for i, st := range stores {
+		if nilcheck.IsNil(st) {
+			m.err = idemq.NewConfigError("migrate", fmt.Sprintf("stores[%d]", i), "is nil: pass the store value itself")
+			break
+		}
 		s, err := read(st.MigrationSource())
 		if err != nil {
 			m.err = err
@@ -285,10 +292,22 @@ func (m *Migrator) Down(ctx context.Context, to int) ([]Migration, error) {
 	return undone, nil
 }
 
-// inTx runs f in a transaction that holds the migration lock.
-func (m *Migrator) inTx(ctx context.Context, f func(pgx.Tx) error) error {
+// withDB reports the error of New, or a nil db (a typed nil included):
+// every method but Export needs the database.
+func (m *Migrator) withDB() error {
 	if m.err != nil {
 		return m.err
+	}
+	if nilcheck.IsNil(m.db) {
+		return idemq.NewConfigError("migrate", "db", "is nil: pass a pool or a connection (only Export works without one)")
+	}
+	return nil
+}
+
+// inTx runs f in a transaction that holds the migration lock.
+func (m *Migrator) inTx(ctx context.Context, f func(pgx.Tx) error) error {
+	if err := m.withDB(); err != nil {
+		return err
 	}
 	return pgx.BeginFunc(ctx, m.db, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, lockSQL); err != nil {
@@ -327,8 +346,8 @@ func (m *Migrator) Validate(ctx context.Context) error {
 // by store and by version, followed in each store by the applied versions
 // it does not know. It changes nothing.
 func (m *Migrator) List(ctx context.Context) ([]Migration, error) {
-	if m.err != nil {
-		return nil, m.err
+	if err := m.withDB(); err != nil {
+		return nil, err
 	}
 	out := []Migration{}
 	for _, s := range m.stores {

@@ -50,9 +50,12 @@
 // idemq.result is the transport's Result: completed, released, replayed,
 // in_flight (a concurrent request held the key), conflict (the key was
 // reused for another request), rejected, unavailable (the store failed
-// before the handler ran), fenced, unprotected or store_failed (the
-// outcome could not be stored): replays, in-flight conflicts and store
-// errors are its replayed, in_flight, unavailable and store_failed series.
+// before the handler ran), fenced, unprotected, store_failed (the
+// outcome could not be stored) or misconfigured (the server's scope or
+// fingerprint function, or the store's setup, is wrong: HTTP 500, gRPC
+// INTERNAL, and the handler did not run): replays, in-flight conflicts
+// and store errors are its replayed, in_flight, unavailable and
+// store_failed series; misconfigured calls for a fix, not for capacity.
 // idemq.webhook.class is 2xx, 3xx, 4xx, 5xx or network (no response).
 // Through the OpenTelemetry Prometheus exporter with the translation
 // strategy otlptranslator.UnderscoreEscapingWithSuffixes, dots become

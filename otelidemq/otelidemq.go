@@ -6,6 +6,9 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/internal/nilcheck"
 )
 
 // ScopeName is the instrumentation scope of the meter and the tracer.
@@ -61,9 +64,19 @@ const (
 	keyReason    = attribute.Key("idemq.relay.hold_reason")
 )
 
-// New creates the instruments. It fails only if the MeterProvider refuses
-// one.
+// New creates the instruments. It fails if a provider or the propagator
+// of cfg is a typed nil (such as a nil *sdkmetric.MeterProvider, which
+// would panic on first use; leave the field nil for the global one), or
+// if the MeterProvider refuses an instrument.
 func New(cfg Config) (*Telemetry, error) {
+	for _, f := range []struct {
+		name string
+		v    any
+	}{{"MeterProvider", cfg.MeterProvider}, {"TracerProvider", cfg.TracerProvider}, {"Propagator", cfg.Propagator}} {
+		if f.v != nil && nilcheck.IsNil(f.v) {
+			return nil, idemq.NewConfigError("otelidemq", f.name, "is a typed nil: pass a working value, or leave it nil for the global one")
+		}
+	}
 	cfg = cfg.withDefaults()
 	m := cfg.MeterProvider.Meter(ScopeName)
 	t := &Telemetry{

@@ -9,6 +9,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemq/idemq/internal/nilcheck"
 	"github.com/idemq/idemq/internal/outboxsql"
 )
 
@@ -143,8 +144,8 @@ func (o *Outbox) PurgeTx(ctx context.Context, tx pgx.Tx, f DeadFilter) (int64, e
 // after bumping the gens of their keys' partitions, then releases the
 // followers parked behind them.
 func (o *Outbox) settleDead(ctx context.Context, tx pgx.Tx, f DeadFilter, stmt string) (int64, error) {
-	if tx == nil {
-		return 0, errors.New("nil tx")
+	if nilcheck.IsNil(tx) {
+		return 0, errors.New("nil tx; pass a transaction, or use the call without Tx")
 	}
 	seqs, keys, err := o.lockDead(ctx, tx, f, stmt == o.q.Replay)
 	if err != nil || len(seqs) == 0 {

@@ -310,8 +310,8 @@ func (o *Outbox) EnqueueTx(ctx context.Context, tx pgx.Tx, msgs ...Message) erro
 	if len(msgs) == 0 {
 		return nil
 	}
-	if tx == nil {
-		return errors.New("outbox: EnqueueTx: nil tx")
+	if nilcheck.IsNil(tx) {
+		return errors.New("outbox: EnqueueTx: nil tx; pass the business transaction, or use Enqueue")
 	}
 	msgs = withTraceContext(ctx, msgs)
 	rows, err := o.prepare(msgs)

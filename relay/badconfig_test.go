@@ -40,3 +40,29 @@ func TestRunWithCancelledContextReturnsNil(t *testing.T) {
 		t.Fatalf("Run(cancelled context) = %v, want nil", err)
 	}
 }
+
+// TestIntervalsBelowTheMinimumAreRefused: a PollInterval or StatsInterval
+// of a nanosecond made an idle relay poll or scan the outbox in a busy
+// loop; New refuses each below its minimum, naming the field, and accepts
+// the minimum itself.
+func TestIntervalsBelowTheMinimumAreRefused(t *testing.T) {
+	b := setup(t)
+	for field, c := range map[string]struct {
+		least time.Duration
+		with  func(time.Duration) relay.Config
+	}{
+		"PollInterval":  {relay.PollIntervalMin, func(d time.Duration) relay.Config { return relay.Config{PollInterval: d} }},
+		"StatsInterval": {relay.StatsIntervalMin, func(d time.Duration) relay.Config { return relay.Config{StatsInterval: d} }},
+	} {
+		least, with := c.least, c.with
+		for _, d := range []time.Duration{time.Nanosecond, least - 1, -time.Second} {
+			_, err := relay.New(b.pool, b.ob, &recorder{}, with(d))
+			if ce, ok := errors.AsType[*idemq.ConfigError](err); !ok || ce.Field != field || !errors.Is(err, idemq.ErrConfig) {
+				t.Errorf("New(%s: %v) = %v, want a ConfigError for %s", field, d, err, field)
+			}
+		}
+		if _, err := relay.New(b.pool, b.ob, &recorder{}, with(least)); err != nil {
+			t.Errorf("New(%s: %v) = %v, want it accepted", field, least, err)
+		}
+	}
+}

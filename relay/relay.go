@@ -50,7 +50,8 @@ type Config struct {
 	// Defaults to 1.
 	Workers int
 	// PollInterval is how often an idle relay looks for due rows without
-	// being woken by NOTIFY. Defaults to 1 second.
+	// being woken by NOTIFY. At least [PollIntervalMin]. Defaults to 1
+	// second.
 	PollInterval time.Duration
 	// RescanInterval is how often a worker scans the outbox from its start
 	// again anyway. Rows that committed late, came back from the dead
@@ -100,7 +101,8 @@ type Config struct {
 	// (outbox.Outbox.Stats, which scans the outbox): for
 	// [Hooks.OnBacklog], the backlog line of the log and stall detection.
 	// A read that takes longer than a tenth of it spaces the reads out
-	// to ten times its duration. Defaults to 15 seconds.
+	// to ten times its duration. At least [StatsIntervalMin]. Defaults to
+	// 15 seconds.
 	StatsInterval time.Duration
 	// StallThreshold is how long a message free to go (due, and no
 	// earlier message of its key waiting for a retry) may have been due
@@ -146,9 +148,30 @@ func (c Config) withDefaults() Config {
 // and below a microsecond be stored as no lease at all.
 const LeaseTTLMin = 100 * time.Millisecond
 
+// PollIntervalMin is the shortest [Config.PollInterval] accepted. Each
+// poll is a query per worker; below a millisecond, about one round trip to
+// a local server, an idle relay would poll in a busy loop, spending a CPU
+// and the database on finding nothing.
+const PollIntervalMin = time.Millisecond
+
+// StatsIntervalMin is the shortest [Config.StatsInterval] accepted. Each
+// backlog read scans the outbox; below 10ms an idle relay would read it
+// back to back, which is a busy loop on the database and not a fresher
+// gauge any dashboard can show.
+const StatsIntervalMin = 10 * time.Millisecond
+
 func (c Config) validate() error {
-	if c.LeaseTTL < LeaseTTLMin {
-		return idemq.NewConfigError("relay", "LeaseTTL", "%v is below the minimum of %v", c.LeaseTTL, LeaseTTLMin)
+	for _, f := range []struct {
+		name     string
+		d, least time.Duration
+	}{
+		{"LeaseTTL", c.LeaseTTL, LeaseTTLMin},
+		{"PollInterval", c.PollInterval, PollIntervalMin},
+		{"StatsInterval", c.StatsInterval, StatsIntervalMin},
+	} {
+		if f.d < f.least {
+			return idemq.NewConfigError("relay", f.name, "%v is below the minimum of %v; leave it 0 for the default", f.d, f.least)
+		}
 	}
 	for _, f := range []struct {
 		name string
@@ -156,11 +179,9 @@ func (c Config) validate() error {
 	}{
 		{"BatchSize", int64(c.BatchSize)},
 		{"Workers", int64(c.Workers)},
-		{"PollInterval", int64(c.PollInterval)},
 		{"RescanInterval", int64(c.RescanInterval)},
 		{"PublishTimeout", int64(c.PublishTimeout)},
 		{"ShutdownGrace", int64(c.ShutdownGrace)},
-		{"StatsInterval", int64(c.StatsInterval)},
 		{"StallThreshold", int64(c.StallThreshold)},
 	} {
 		if f.v < 0 {

@@ -334,3 +334,34 @@ func TestVersion(t *testing.T) {
 		t.Errorf("idemq --json version: %+v", v)
 	}
 }
+
+// TestWebhookEnableWithoutOutboxChangesNothing: on a database with the
+// webhook tables but not the outbox's, `webhook enable` cannot make the
+// held rows due; it says to migrate (exit 4) and leaves the endpoint
+// disabled, instead of enabling it and then failing.
+func TestWebhookEnableWithoutOutboxChangesNothing(t *testing.T) {
+	t.Parallel()
+	url := testenv.PostgresURL(t)
+	mustRun(t, url, "migrate", "--components", "webhook")
+	mustRun(t, url, "webhook", "add", "--id", "partner", "--url", "https://partner.example/hook")
+	mustRun(t, url, "webhook", "disable", "partner", "--reason", "maintenance")
+	r := wantCode(t, url, exitPending, "webhook", "enable", "partner")
+	if !strings.Contains(r.stderr, "idemq migrate") {
+		t.Errorf("webhook enable without the outbox: stderr %q does not say to run `idemq migrate`", r.stderr)
+	}
+	var eps []struct {
+		ID      string `json:"id"`
+		Enabled bool   `json:"enabled"`
+	}
+	mustJSON(t, url, &eps, "webhook", "list")
+	if len(eps) != 1 || eps[0].ID != "partner" || eps[0].Enabled {
+		t.Errorf("after the failed enable the endpoints are %+v, want partner still disabled", eps)
+	}
+	// Once the outbox is migrated the same command succeeds.
+	mustRun(t, url, "migrate", "--components", "outbox")
+	mustRun(t, url, "webhook", "enable", "partner")
+	mustJSON(t, url, &eps, "webhook", "list")
+	if len(eps) != 1 || !eps[0].Enabled {
+		t.Errorf("after migrating the outbox, enable left %+v, want partner enabled", eps)
+	}
+}

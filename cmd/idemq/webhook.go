@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/urfave/cli/v3"
@@ -215,17 +216,27 @@ func webhookRotate(ctx context.Context, cmd *cli.Command) error {
 }
 
 func webhookEnable(ctx context.Context, cmd *cli.Command) error {
-	return webhookSetState(ctx, cmd, func(reg *webhook.Registry, pool *pgxpool.Pool, id string) (string, error) {
-		if err := reg.Enable(ctx, id); err != nil {
-			return "", err
-		}
-		// Send the rows held while it was disabled now, not at the relay's
-		// next hold interval.
-		ob, _, err := stores(cmd, pool)
-		if err != nil {
-			return "", err
-		}
-		n, err := ob.RetryNow(ctx, webhook.DestinationPrefix+id)
+	return webhookSetState(ctx, cmd, func(_ *webhook.Registry, pool *pgxpool.Pool, id string) (string, error) {
+		// Enabling and making the rows held while it was disabled due now
+		// (not at the relay's next hold interval) are one transaction: when
+		// the second fails, on a database without the outbox tables for
+		// instance, the endpoint is left as it was.
+		var n int64
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			reg, err := registry(cmd, tx)
+			if err != nil {
+				return err
+			}
+			if err := reg.Enable(ctx, id); err != nil {
+				return err
+			}
+			ob, _, err := stores(cmd, tx)
+			if err != nil {
+				return err
+			}
+			n, err = ob.RetryNow(ctx, webhook.DestinationPrefix+id)
+			return err
+		})
 		return fmt.Sprintf("%d held messages due now", n), err
 	})
 }

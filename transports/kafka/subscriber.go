@@ -40,8 +40,13 @@ const (
 // RetryDefault is the default [SubscriberConfig.Retry].
 var RetryDefault = idemq.Retry{BaseDelay: 100 * time.Millisecond, MaxDelay: 5 * time.Second}
 
-// maxGroupTimeout bounds the group protocol's int32 millisecond fields.
-const maxGroupTimeout = math.MaxInt32 * time.Millisecond
+// minWireDuration and maxWireDuration bound the durations the Kafka
+// protocol carries as int32 milliseconds (the group timeouts, a fetch's
+// MaxWait): below 1ms a value would be sent as 0.
+const (
+	minWireDuration = time.Millisecond
+	maxWireDuration = math.MaxInt32 * time.Millisecond
+)
 
 // SubscriberConfig configures a [Subscriber]. Zero fields take the
 // documented defaults.
@@ -101,14 +106,20 @@ type SubscriberConfig struct {
 	// StartOffset is where a group without a committed offset starts:
 	// kafka.FirstOffset or kafka.LastOffset. Defaults to kafka.FirstOffset.
 	StartOffset int64
-	// MaxWait bounds how long a fetch waits for data. Defaults to
+	// MaxWait bounds how long a fetch waits for data. The fetch request
+	// carries it in whole milliseconds, so it is at least 1ms: a shorter
+	// one would reach the broker as 0, "answer at once", and an idle
+	// partition would be fetched in a busy loop. Defaults to
 	// [MaxWaitDefault].
 	MaxWait time.Duration
 	// MaxBytes bounds a fetch response. Defaults to [MaxBytesDefault].
 	MaxBytes int
 	// SessionTimeout, HeartbeatInterval and RebalanceTimeout are passed to
 	// the consumer group; HeartbeatInterval must be below SessionTimeout.
-	// Default to [SessionTimeoutDefault], [HeartbeatIntervalDefault] and
+	// The group protocol carries SessionTimeout and RebalanceTimeout in
+	// whole milliseconds, so they are at least 1ms (a shorter one would
+	// reach the broker as 0); HeartbeatInterval has the same floor, as a
+	// faster heartbeat would only load the coordinator. Default to [SessionTimeoutDefault], [HeartbeatIntervalDefault] and
 	// [RebalanceTimeoutDefault].
 	SessionTimeout, HeartbeatInterval, RebalanceTimeout time.Duration
 	// ShutdownGrace bounds how long Run, once its context is cancelled,
@@ -169,8 +180,6 @@ func (c SubscriberConfig) validate() error {
 		return idemq.NewConfigError(component, "Topics", "is empty")
 	case c.MaxBatch < 0:
 		return idemq.NewConfigError(component, "MaxBatch", "%d is negative", c.MaxBatch)
-	case c.MaxWait < 0:
-		return idemq.NewConfigError(component, "MaxWait", "%v is negative", c.MaxWait)
 	case c.MaxBytes < 0:
 		return idemq.NewConfigError(component, "MaxBytes", "%d is negative", c.MaxBytes)
 	case c.ShutdownGrace < 0:
@@ -181,9 +190,10 @@ func (c SubscriberConfig) validate() error {
 	for _, f := range []struct {
 		name string
 		d    time.Duration
-	}{{"SessionTimeout", c.SessionTimeout}, {"HeartbeatInterval", c.HeartbeatInterval}, {"RebalanceTimeout", c.RebalanceTimeout}} {
-		if f.d < 0 || f.d >= maxGroupTimeout {
-			return idemq.NewConfigError(component, f.name, "%v is out of range [0, %v)", f.d, maxGroupTimeout)
+	}{{"MaxWait", c.MaxWait}, {"SessionTimeout", c.SessionTimeout}, {"HeartbeatInterval", c.HeartbeatInterval}, {"RebalanceTimeout", c.RebalanceTimeout}} {
+		if f.d < minWireDuration || f.d >= maxWireDuration {
+			return idemq.NewConfigError(component, f.name, "%v is out of range [%v, %v): the Kafka protocol sends it in whole milliseconds; leave it 0 for the default",
+				f.d, minWireDuration, maxWireDuration)
 		}
 	}
 	if c.HeartbeatInterval >= c.SessionTimeout {
