@@ -492,12 +492,13 @@ func (w *worker) claim(ctx context.Context, tx *claimTx, picked []scanned) ([]ro
 	}
 	rows := make([]row, 0, len(picked))
 	var c row
-	var key *string
-	_, err = pgx.ForEachRow(rs, []any{&c.seq, &c.msg.ID, &c.msg.Destination, &key, &c.msg.Payload, &c.headers, &c.msg.Attempts, &c.msg.CreatedAt}, func() error {
-		c.msg.Key = ""
-		if key != nil {
-			c.msg.Key = *key
-		}
+	// pgtype's UUID decodes the binary value in place; uuid.UUID would go
+	// through database/sql's Scanner (formatted as text, then parsed), and
+	// a *string key costs an allocation per row.
+	var id pgtype.UUID
+	var key pgtype.Text
+	_, err = pgx.ForEachRow(rs, []any{&c.seq, &id, &c.msg.Destination, &key, &c.msg.Payload, &c.headers, &c.msg.Attempts, &c.msg.CreatedAt}, func() error {
+		c.msg.ID, c.msg.Key = id.Bytes, key.String
 		rows = append(rows, c)
 		return nil
 	})
