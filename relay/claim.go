@@ -470,11 +470,9 @@ func (w *worker) claim(ctx context.Context, tx *claimTx, picked []scanned) ([]ro
 	}
 	r := w.r
 	ctids := make([]pgtype.TID, len(picked))
-	picks := make(map[int64]scanned, len(picked)) // seq -> what the scan read
 	keyed := false
 	for i, s := range picked {
 		ctids[i] = s.ctid
-		picks[s.seq] = s
 		keyed = keyed || s.order != 0
 	}
 	parts := make([]int32, len(w.leases))
@@ -494,39 +492,61 @@ func (w *worker) claim(ctx context.Context, tx *claimTx, picked []scanned) ([]ro
 	}
 	rows := make([]row, 0, len(picked))
 	var c row
-	var key *string
-	_, err = pgx.ForEachRow(rs, []any{&c.seq, &c.msg.ID, &c.msg.Destination, &key, &c.msg.Payload, &c.headers, &c.msg.Attempts, &c.msg.CreatedAt}, func() error {
-		c.msg.Key = ""
-		if key != nil {
-			c.msg.Key = *key
-		}
-		part := picks[c.seq].part
-		c.msg.Seq, c.msg.Partition, c.msg.LeaseToken = c.seq, int(part), w.token(part)
+	// pgtype's UUID decodes the binary value in place; uuid.UUID would go
+	// through database/sql's Scanner (formatted as text, then parsed), and
+	// a *string key costs an allocation per row.
+	var id pgtype.UUID
+	var key pgtype.Text
+	_, err = pgx.ForEachRow(rs, []any{&c.seq, &id, &c.msg.Destination, &key, &c.msg.Payload, &c.headers, &c.msg.Attempts, &c.msg.CreatedAt}, func() error {
+		c.msg.ID, c.msg.Key = id.Bytes, key.String
 		rows = append(rows, c)
 		return nil
 	})
 	if err != nil {
 		return nil, nil, err
 	}
+	// Both in seq order, the claimed rows are matched to what the scan
+	// read by walking them side by side.
+	bySeq := func(a, b scanned) int { return cmp.Compare(a.seq, b.seq) }
+	if !slices.IsSortedFunc(picked, bySeq) {
+		picked = slices.Clone(picked)
+		slices.SortFunc(picked, bySeq)
+	}
 	slices.SortFunc(rows, func(a, b row) int { return cmp.Compare(a.seq, b.seq) })
-	behind := map[int]error{}
-	got := make(map[int64]bool, len(rows))
-	for i, c := range rows {
-		if _, ok := picks[c.seq]; !ok {
+	var behind map[int]error
+	order := make([]int64, len(rows)) // per claimed row, its order id
+	j := 0
+	for i := range rows {
+		c := &rows[i]
+		for j < len(picked) && picked[j].seq < c.seq {
+			j++
+		}
+		var part int32
+		if j < len(picked) && picked[j].seq == c.seq {
+			part, order[i] = picked[j].part, picked[j].order
+			j++
+		} else {
 			// The row the scan read at this ctid was deleted since, and
 			// another took its place: it goes back as it was.
+			if behind == nil {
+				behind = map[int]error{}
+			}
 			behind[i] = fmt.Errorf("%w (claimed by mistake)", ErrSkipped)
 		}
-		got[c.seq] = true
+		c.msg.Seq, c.msg.Partition, c.msg.LeaseToken = c.seq, int(part), w.token(part)
 	}
-	if len(got) == len(picked) && len(behind) == 0 {
+	if len(rows) == len(picked) && behind == nil {
 		return rows, nil, nil
 	}
 	poll := r.cfg.PollInterval
 	head := map[int64]int64{} // order id -> lowest seq missing
+	i := 0
 	for _, s := range picked {
+		for i < len(rows) && rows[i].seq < s.seq {
+			i++
+		}
 		switch {
-		case got[s.seq]:
+		case i < len(rows) && rows[i].seq == s.seq:
 			continue
 		case s.order == 0:
 			// Held by another session (only a worker that owns every
@@ -541,7 +561,10 @@ func (w *worker) claim(ctx context.Context, tx *claimTx, picked []scanned) ([]ro
 		w.back.add(s.seq, poll.Microseconds())
 	}
 	for i, c := range rows {
-		if h, ok := head[picks[c.seq].order]; ok && c.seq > h {
+		if h, ok := head[order[i]]; ok && c.seq > h {
+			if behind == nil {
+				behind = map[int]error{}
+			}
 			behind[i] = idemq.RetryAfter(fmt.Errorf("%w (it is locked by another session)", ErrSkipped), poll)
 		}
 	}

@@ -155,9 +155,12 @@ func New(t pgutil.Table) Queries {
 	// live is true for a lease row whose owner is a live worker.
 	live := `EXISTS (SELECT 1 FROM ` + relays + ` AS w WHERE w.owner = l.owner AND w.expires_at > now())`
 	// claimable is true for the rows at ctids $1 that this transaction
-	// can lock. (A join on the seqs as well lets the planner pick a full
-	// index scan when its statistics say the table is small.)
-	claimable := `ctid IN (SELECT x.ctid FROM ` + table + ` AS x WHERE x.ctid = ANY($1::tid[]) FOR UPDATE SKIP LOCKED)`
+	// can lock. The locked ctids come back as an array, so that the
+	// delete reads them in one TID scan; as a subquery (ctid IN ...) they
+	// were deduplicated by a hash aggregate and joined to a TID scan per
+	// row. (A join on the seqs as well lets the planner pick a full index
+	// scan when its statistics say the table is small.)
+	claimable := `ctid = ANY(ARRAY(SELECT x.ctid FROM ` + table + ` AS x WHERE x.ctid = ANY($1::tid[]) FOR UPDATE SKIP LOCKED))`
 	// gens is true while partitions $2 have gens $3.
 	gens := `NOT EXISTS (SELECT 1 FROM unnest($2::int4[], $3::int8[]) AS g(part, gen) JOIN ` + lease + ` AS l ON l.part = g.part WHERE l.gen <> g.gen)`
 	q := Queries{
