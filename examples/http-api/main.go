@@ -28,11 +28,8 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
-	"os/signal"
 	"strconv"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -50,20 +47,9 @@ const (
 	raced    = 4  // sent twice at once
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	defer cancel()
-	stopPostgres, err := testenv.EnsurePostgres(ctx, os.Stdout)
-	if err == nil {
-		err = errors.Join(run(ctx, os.Stdout), stopPostgres())
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "http-api:", err)
-		os.Exit(1)
-	}
-}
+// main makes sure Postgres answers (or starts a private one), then runs the
+// scenario; run is what a service of your own would do.
+func main() { testenv.Main("http-api", 2*time.Minute, run) }
 
 // payment is the body of POST /payments and of its answer.
 type payment struct {

@@ -20,14 +20,10 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
-	"os"
-	"os/signal"
 	"strconv"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -44,20 +40,9 @@ const (
 	resent   = 8  // of which the producer sends again
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	defer cancel()
-	stopPostgres, err := testenv.EnsurePostgres(ctx, os.Stdout)
-	if err == nil {
-		err = errors.Join(run(ctx, os.Stdout), stopPostgres())
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "kafka-consumer:", err)
-		os.Exit(1)
-	}
-}
+// main makes sure Postgres answers (or starts a private one), then runs the
+// scenario; run is what a service of your own would do.
+func main() { testenv.Main("kafka-consumer", 2*time.Minute, run) }
 
 func run(ctx context.Context, out io.Writer) error {
 	pool, done, err := testenv.ScratchPool(ctx, "idemq_kafka_consumer")

@@ -25,10 +25,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"os/signal"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -48,20 +45,9 @@ const (
 	lostAcks  = 2  // publishes that reach the stream but report a failure
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	defer cancel()
-	stopPostgres, err := testenv.EnsurePostgres(ctx, os.Stdout)
-	if err == nil {
-		err = errors.Join(run(ctx, os.Stdout), stopPostgres())
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "relay-embedded:", err)
-		os.Exit(1)
-	}
-}
+// main makes sure Postgres answers (or starts a private one), then runs the
+// scenario; run is what a service of your own would do.
+func main() { testenv.Main("relay-embedded", 2*time.Minute, run) }
 
 // order is the payload of an orders.created message.
 type order struct {

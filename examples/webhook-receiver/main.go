@@ -25,11 +25,8 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
-	"os/signal"
 	"strconv"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -44,20 +41,9 @@ const (
 	twice  = 6  // of which delivered twice at once
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	defer cancel()
-	stopPostgres, err := testenv.EnsurePostgres(ctx, os.Stdout)
-	if err == nil {
-		err = errors.Join(run(ctx, os.Stdout), stopPostgres())
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "webhook-receiver:", err)
-		os.Exit(1)
-	}
-}
+// main makes sure Postgres answers (or starts a private one), then runs the
+// scenario; run is what a service of your own would do.
+func main() { testenv.Main("webhook-receiver", 2*time.Minute, run) }
 
 func run(ctx context.Context, out io.Writer) error {
 	pool, done, err := testenv.ScratchPool(ctx, "idemq_webhook_receiver")
