@@ -195,7 +195,9 @@ func runRelay(ctx context.Context, cmd *cli.Command) error {
 // checkRelay is relay --check: everything runRelay checks before it
 // reaches the database, plus what the relay itself refuses at
 // construction (relay.New contacts nothing) and the --http-addr syntax.
-// It prints the settings the relay would run with.
+// It prints the settings the relay would run with. The OpenTelemetry
+// setup is not built: its exporters would flush to the OTLP endpoint on
+// shutdown.
 func checkRelay(cmd *cli.Command, pool *pgxpool.Pool, ob *outbox.Outbox, cfg relay.Config, sc sinkConfig) error {
 	if _, err := relay.New(pool, ob, relay.NewRouter(), cfg); err != nil {
 		return relayConfigError(err)
