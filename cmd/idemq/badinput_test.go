@@ -43,11 +43,11 @@ func deadCount(t *testing.T, ob *outbox.Outbox) int64 {
 	return outboxStats(t, ob).Dead
 }
 
-// TestDLQNegativeAgeIsAUsageError: a negative (or zero) --older-than or
+// TestBadInputDLQNegativeAgeIsAUsageError: a negative (or zero) --older-than or
 // --newer-than used to be dropped, so that purge deleted every dead
 // letter. It is a usage error, for the outbox and the inbox, in every dlq
 // command, and nothing is touched.
-func TestDLQNegativeAgeIsAUsageError(t *testing.T) {
+func TestBadInputDLQNegativeAgeIsAUsageError(t *testing.T) {
 	t.Parallel()
 	url, ob, _ := deadLetters(t, "payments", "emails")
 	for _, args := range [][]string{
@@ -70,10 +70,10 @@ func TestDLQNegativeAgeIsAUsageError(t *testing.T) {
 	}
 }
 
-// TestDLQPurgeNeedsAFilterOrAll: purge with no filter is refused; --all
+// TestBadInputDLQPurgeNeedsAFilterOrAll: purge with no filter is refused; --all
 // with a filter is refused; --dry-run lists and counts what would go and
 // changes nothing; --all purges everything.
-func TestDLQPurgeNeedsAFilterOrAll(t *testing.T) {
+func TestBadInputDLQPurgeNeedsAFilterOrAll(t *testing.T) {
 	t.Parallel()
 	url, ob, ids := deadLetters(t, "payments", "payments", "emails")
 	for _, args := range [][]string{
@@ -126,9 +126,9 @@ func TestDLQPurgeNeedsAFilterOrAll(t *testing.T) {
 	}
 }
 
-// TestDLQReplayOfAMissingIDChangesNothing: replay --id A --id B where B is
+// TestBadInputDLQReplayOfAMissingIDChangesNothing: replay --id A --id B where B is
 // no dead letter names B, exits 5 and replays nothing, A included.
-func TestDLQReplayOfAMissingIDChangesNothing(t *testing.T) {
+func TestBadInputDLQReplayOfAMissingIDChangesNothing(t *testing.T) {
 	t.Parallel()
 	url, ob, ids := deadLetters(t, "payments", "emails")
 	missing := uuid.Must(uuid.NewV7()).String()
@@ -150,10 +150,10 @@ func TestDLQReplayOfAMissingIDChangesNothing(t *testing.T) {
 	}
 }
 
-// TestRelayChecksItsFlagsBeforeTouchingTheDatabase: a bad route, lease or
+// TestBadInputRelayChecksItsFlagsBeforeTouchingTheDatabase: a bad route, lease or
 // --config is a usage error (2) found before --migrate migrates anything,
 // and also when the database does not answer.
-func TestRelayChecksItsFlagsBeforeTouchingTheDatabase(t *testing.T) {
+func TestBadInputRelayChecksItsFlagsBeforeTouchingTheDatabase(t *testing.T) {
 	t.Parallel()
 	url := testenv.PostgresURL(t)
 	nats := []string{"--nats-url", "nats://127.0.0.1:1"}
@@ -197,9 +197,9 @@ func TestRelayChecksItsFlagsBeforeTouchingTheDatabase(t *testing.T) {
 	}
 }
 
-// TestConfigFileWithOneObjectIsRead: the check for trailing data accepts a
+// TestBadInputConfigFileWithOneObjectIsRead: the check for trailing data accepts a
 // well-formed file with trailing blanks.
-func TestConfigFileWithOneObjectIsRead(t *testing.T) {
+func TestBadInputConfigFileWithOneObjectIsRead(t *testing.T) {
 	t.Parallel()
 	path := filepath.Join(t.TempDir(), "relay.json")
 	if err := os.WriteFile(path, []byte("{\"routes\": [\"orders.*=nats\"], \"nats_url\": \"nats://127.0.0.1:1\"}\n\n"), 0o600); err != nil {
@@ -212,9 +212,9 @@ func TestConfigFileWithOneObjectIsRead(t *testing.T) {
 	}
 }
 
-// TestConnectTimeoutThatRoundsToNothingIsRefused: --connect-timeout 1ns
+// TestBadInputConnectTimeoutThatRoundsToNothingIsRefused: --connect-timeout 1ns
 // reported every database as unreachable (exit 3).
-func TestConnectTimeoutThatRoundsToNothingIsRefused(t *testing.T) {
+func TestBadInputConnectTimeoutThatRoundsToNothingIsRefused(t *testing.T) {
 	t.Parallel()
 	url := testenv.PostgresURL(t)
 	for _, d := range []string{"1ns", "0s", "-1s"} {
@@ -225,10 +225,10 @@ func TestConnectTimeoutThatRoundsToNothingIsRefused(t *testing.T) {
 	}
 }
 
-// TestWebhookCommandsHideURLCredentials: a password (or a token as the
+// TestBadInputWebhookCommandsHideURLCredentials: a password (or a token as the
 // user) in an endpoint URL is not printed by add, list, enable or
 // disable.
-func TestWebhookCommandsHideURLCredentials(t *testing.T) {
+func TestBadInputWebhookCommandsHideURLCredentials(t *testing.T) {
 	t.Parallel()
 	url := testenv.PostgresURL(t)
 	mustRun(t, url, "migrate", "--components", "outbox,webhook") // enable makes the held rows due
@@ -252,10 +252,10 @@ func TestWebhookCommandsHideURLCredentials(t *testing.T) {
 	}
 }
 
-// TestWebhookAddRefusesNumbersItCannotKeep: NaN and infinite rates, a
+// TestBadInputWebhookAddRefusesNumbersItCannotKeep: NaN and infinite rates, a
 // timeout under the registry's millisecond (stored as 0, the default) and
 // a negative concurrency are usage errors, and nothing is registered.
-func TestWebhookAddRefusesNumbersItCannotKeep(t *testing.T) {
+func TestBadInputWebhookAddRefusesNumbersItCannotKeep(t *testing.T) {
 	t.Parallel()
 	url := testenv.PostgresURL(t)
 	mustRun(t, url, "migrate", "--components", "webhook")
@@ -277,11 +277,11 @@ func TestWebhookAddRefusesNumbersItCannotKeep(t *testing.T) {
 	}
 }
 
-// TestUnmigratedDatabaseSaysToMigrate: every command that needs the
+// TestBadInputUnmigratedDatabaseSaysToMigrate: every command that needs the
 // tables says to run `idemq migrate` and exits 4, instead of printing a
 // raw "relation does not exist (SQLSTATE 42P01)"; stats reports what is
 // migrated and names what is not.
-func TestUnmigratedDatabaseSaysToMigrate(t *testing.T) {
+func TestBadInputUnmigratedDatabaseSaysToMigrate(t *testing.T) {
 	t.Parallel()
 	url := testenv.PostgresURL(t)
 	id := uuid.Must(uuid.NewV7()).String()
@@ -335,11 +335,11 @@ func TestVersion(t *testing.T) {
 	}
 }
 
-// TestWebhookEnableWithoutOutboxChangesNothing: on a database with the
+// TestBadInputWebhookEnableWithoutOutboxChangesNothing: on a database with the
 // webhook tables but not the outbox's, `webhook enable` cannot make the
 // held rows due; it says to migrate (exit 4) and leaves the endpoint
 // disabled, instead of enabling it and then failing.
-func TestWebhookEnableWithoutOutboxChangesNothing(t *testing.T) {
+func TestBadInputWebhookEnableWithoutOutboxChangesNothing(t *testing.T) {
 	t.Parallel()
 	url := testenv.PostgresURL(t)
 	mustRun(t, url, "migrate", "--components", "webhook")

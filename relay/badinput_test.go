@@ -13,10 +13,10 @@ import (
 // Bad input to the relay's public API: each case is refused with an error
 // that names what to change, or handled the way the documentation says.
 
-// TestLeaseTTLBelowTheMinimumIsRefused: a lease of a few nanoseconds made
+// TestBadInputLeaseTTLBelowTheMinimumIsRefused: a lease of a few nanoseconds made
 // Run panic on time.NewTicker, and one under a microsecond was stored as
 // no lease at all; New refuses both.
-func TestLeaseTTLBelowTheMinimumIsRefused(t *testing.T) {
+func TestBadInputLeaseTTLBelowTheMinimumIsRefused(t *testing.T) {
 	b := setup(t)
 	for _, ttl := range []time.Duration{time.Nanosecond, 2 * time.Nanosecond, 999 * time.Nanosecond, relay.LeaseTTLMin - 1, -time.Second} {
 		_, err := relay.New(b.pool, b.ob, &recorder{}, relay.Config{LeaseTTL: ttl})
@@ -29,9 +29,9 @@ func TestLeaseTTLBelowTheMinimumIsRefused(t *testing.T) {
 	}
 }
 
-// TestRunWithCancelledContextReturnsNil: a relay whose context is done
+// TestBadInputRunWithCancelledContextReturnsNil: a relay whose context is done
 // before it starts stops cleanly, as the idemq.Service contract says.
-func TestRunWithCancelledContextReturnsNil(t *testing.T) {
+func TestBadInputRunWithCancelledContextReturnsNil(t *testing.T) {
 	b := setup(t)
 	r := newRelay(t, b, &recorder{}, relay.Config{})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -41,11 +41,11 @@ func TestRunWithCancelledContextReturnsNil(t *testing.T) {
 	}
 }
 
-// TestIntervalsBelowTheMinimumAreRefused: a PollInterval or StatsInterval
+// TestBadInputIntervalsBelowTheMinimumAreRefused: a PollInterval or StatsInterval
 // of a nanosecond made an idle relay poll or scan the outbox in a busy
 // loop; New refuses each below its minimum, naming the field, and accepts
 // the minimum itself.
-func TestIntervalsBelowTheMinimumAreRefused(t *testing.T) {
+func TestBadInputIntervalsBelowTheMinimumAreRefused(t *testing.T) {
 	b := setup(t)
 	for field, c := range map[string]struct {
 		least time.Duration
