@@ -66,3 +66,45 @@ func TestBadInputIntervalsBelowTheMinimumAreRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestBadInputTypedNilSinkIsRefused: a custom Sink that is a nil pointer
+// (a (*recorder)(nil), which sink == nil misses), a nil SinkFunc and a
+// nil *Router are refused by New and by the Router's routes with an
+// idemq.ErrConfig naming the sink, instead of panicking in the first
+// batch.
+func TestBadInputTypedNilSinkIsRefused(t *testing.T) {
+	b := setup(t)
+	var (
+		custom *recorder
+		fn     relay.SinkFunc
+		router *relay.Router
+	)
+	for name, sink := range map[string]relay.Sink{"nil": nil, "typed-nil custom Sink": custom, "nil SinkFunc": fn, "nil *Router": router} {
+		_, err := relay.New(b.pool, b.ob, sink, relay.Config{})
+		if ce, ok := errors.AsType[*idemq.ConfigError](err); !ok || ce.Field != "sink" || !errors.Is(err, idemq.ErrConfig) {
+			t.Errorf("New(%s) = %v, want an idemq.ErrConfig naming the sink", name, err)
+		}
+		r := relay.NewRouter()
+		if err := r.Route("orders", sink); !errors.Is(err, idemq.ErrConfig) {
+			t.Errorf("Router.Route(%s) = %v, want an idemq.ErrConfig", name, err)
+		}
+		if err := r.RoutePrefix("orders.", sink); !errors.Is(err, idemq.ErrConfig) {
+			t.Errorf("Router.RoutePrefix(%s) = %v, want an idemq.ErrConfig", name, err)
+		}
+		if s := r.Lookup("orders"); s != nil {
+			t.Errorf("a refused %s route was kept", name)
+		}
+	}
+	r := relay.NewRouter()
+	for _, err := range []error{r.Route("", &recorder{}), router.Route("orders", &recorder{}), router.RoutePrefix("orders.", &recorder{})} {
+		if !errors.Is(err, idemq.ErrConfig) {
+			t.Errorf("Route with an empty destination or on a nil *Router = %v, want an idemq.ErrConfig", err)
+		}
+	}
+	if err := r.Route("orders", &recorder{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Route("orders", &recorder{}); !errors.Is(err, idemq.ErrConfig) {
+		t.Errorf("a destination routed twice: %v, want an idemq.ErrConfig", err)
+	}
+}
