@@ -8,6 +8,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -16,7 +17,9 @@ import (
 	"testing"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
+	"github.com/idemq/idemq/inbox"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/testenv"
 )
@@ -147,6 +150,67 @@ func TestBadInputDLQReplayOfAMissingIDChangesNothing(t *testing.T) {
 	mustJSON(t, url, &moved, "dlq", "replay", "--id", ids[0], "--id", ids[1])
 	if moved["replayed"] != 2 {
 		t.Fatalf("replay of two existing ids: %v", moved)
+	}
+}
+
+// TestBadInputDLQReplayOfAMissingInboxKeyChangesNothing: with --inbox, --id
+// names inbox keys (the message ids); replay or purge --inbox --id A --id
+// B where B is no dead letter names B, exits 5 and changes nothing, A
+// included. A --key that matches nothing exits 5 too.
+func TestBadInputDLQReplayOfAMissingInboxKeyChangesNothing(t *testing.T) {
+	t.Parallel()
+	url, pool, _ := database(t)
+	ctx := context.Background()
+	ib, err := inbox.New(pool, inbox.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{"order-1", "order-2"} {
+		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			_, err := ib.DeadLetterTx(ctx, tx, "billing", key, []byte("fp"), 3, errors.New("card declined"))
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stillDead := func(when string) {
+		t.Helper()
+		for _, key := range []string{"order-1", "order-2"} {
+			if rec, err := ib.Get(ctx, "billing", key); err != nil || rec.Status != inbox.FailedFinal {
+				t.Fatalf("%s: %s is %+v, %v; want it still a dead letter", when, key, rec, err)
+			}
+		}
+	}
+	for _, verb := range []string{"replay", "purge"} {
+		r := wantCode(t, url, exitNotFound, "dlq", verb, "--inbox", "--id", "order-1", "--id", "order-9")
+		if !strings.Contains(r.stderr, `"order-9"`) || strings.Contains(r.stderr, "order-1") {
+			t.Errorf("dlq %s --inbox: stderr %q, want it to name order-9 alone", verb, r.stderr)
+		}
+		// A key that exists but that another filter excludes is missing too.
+		wantCode(t, url, exitNotFound, "dlq", verb, "--inbox", "--id", "order-1", "--scope", "shipping")
+		wantCode(t, url, exitNotFound, "dlq", verb, "--inbox", "--id", "order-1", "--conflicts")
+		r = wantCode(t, url, exitNotFound, "dlq", verb, "--inbox", "--key", "order-9")
+		if !strings.Contains(r.stderr, "order-9") {
+			t.Errorf("dlq %s --inbox --key order-9: stderr %q, want it to name the key", verb, r.stderr)
+		}
+		wantCode(t, url, exitUsage, "dlq", verb, "--inbox", "--id", "order-1", "--key", "order-2")
+		stillDead("after refused " + verb)
+	}
+	var dry map[string]any
+	mustJSON(t, url, &dry, "dlq", "purge", "--inbox", "--id", "order-1", "--id", "order-2", "--dry-run")
+	if dry["would_have_purged"] != float64(2) {
+		t.Fatalf("purge --inbox --id --id --dry-run: %v, want 2", dry)
+	}
+	stillDead("after a dry run")
+	var moved map[string]int64
+	mustJSON(t, url, &moved, "dlq", "replay", "--inbox", "--id", "order-1", "--id", "order-2")
+	if moved["replayed"] != 2 {
+		t.Fatalf("replay --inbox of two existing keys: %v", moved)
+	}
+	for _, key := range []string{"order-1", "order-2"} {
+		if rec, err := ib.Get(ctx, "billing", key); err != nil || rec.Status != inbox.FailedRetryable {
+			t.Errorf("%s after replay: %+v, %v; want FAILED_RETRYABLE", key, rec, err)
+		}
 	}
 }
 
