@@ -261,6 +261,63 @@ func TestBadInputRelayChecksItsFlagsBeforeTouchingTheDatabase(t *testing.T) {
 	}
 }
 
+// TestBadInputRefusedValuesNameTheirFlag: a value a library constructor
+// refuses is reported by the flag that set it, not the Go field, and a
+// "leave it 0 for the default" meant for Go callers is said as leaving the
+// flag out (--lease-ttl 0s is refused). Table and schema flags are usage
+// errors whether or not the database answers.
+func TestBadInputRefusedValuesNameTheirFlag(t *testing.T) {
+	t.Parallel()
+	url := testenv.PostgresURL(t)
+	unreachable := []string{"--database-url", "postgres://postgres@127.0.0.1:1/none", "--connect-timeout", "3s"}
+	nats := []string{"--route", "orders=nats", "--nats-url", "nats://127.0.0.1:1"}
+	for _, tc := range []struct{ flag, value, field string }{
+		{"lease-ttl", "50ms", "LeaseTTL"},
+		{"poll-interval", "1us", "PollInterval"},
+		{"stats-interval", "5ms", "StatsInterval"},
+	} {
+		args := append([]string{"relay", "--" + tc.flag, tc.value}, nats...)
+		for _, db := range [][]string{{"--database-url", url}, unreachable} {
+			r := runIdemq(t, url, append(db, args...)...)
+			want := "--" + tc.flag + ": " + strings.Replace(tc.value, "us", "µs", 1) + " is below the minimum of "
+			if r.code != exitUsage || !strings.Contains(r.stderr, want) || !strings.Contains(r.stderr, "leave --"+tc.flag+" out for the default") ||
+				strings.Contains(r.stderr, "leave it 0") || strings.Contains(r.stderr, tc.field) {
+				t.Errorf("idemq %v: exit %d, stderr %q; want exit 2 naming --%s and to leave it out", args, r.code, r.stderr, tc.flag)
+			}
+		}
+		// What the message says to do works: the flag given as 0 is refused
+		// (it would silently be the default), and naming it.
+		r := runIdemq(t, url, append(unreachable, append([]string{"relay", "--" + tc.flag, "0s"}, nats...)...)...)
+		if r.code != exitUsage || !strings.Contains(r.stderr, "--"+tc.flag) || !strings.Contains(r.stderr, "leave it out for the default") {
+			t.Errorf("--%s 0s: exit %d, stderr %q; want exit 2 saying to leave it out", tc.flag, r.code, r.stderr)
+		}
+	}
+	for _, tc := range []struct {
+		flag string
+		args []string
+	}{
+		{"schema", []string{"stats"}},
+		{"outbox-table", []string{"stats"}},
+		{"inbox-table", []string{"dlq", "list", "--inbox"}},
+		{"webhook-table", []string{"webhook", "list"}},
+		{"outbox-table", append([]string{"relay"}, nats...)},
+		{"requests-table", []string{"gc"}},
+	} {
+		var args []string
+		if tc.flag == "requests-table" {
+			args = append(append([]string{}, tc.args...), "--requests-table", "bad name")
+		} else {
+			args = append([]string{"--" + tc.flag, "bad name"}, tc.args...)
+		}
+		for _, db := range [][]string{{"--database-url", url}, unreachable} {
+			r := runIdemq(t, url, append(db, args...)...)
+			if r.code != exitUsage || !strings.HasPrefix(r.stderr, "idemq: --"+tc.flag+": ") || strings.Contains(r.stderr, "Table") {
+				t.Errorf("idemq %v (%s): exit %d, stderr %q; want exit 2 naming --%s", args, db[1], r.code, r.stderr, tc.flag)
+			}
+		}
+	}
+}
+
 // TestBadInputConfigFileWithOneObjectIsRead: the check for trailing data accepts a
 // well-formed file with trailing blanks.
 func TestBadInputConfigFileWithOneObjectIsRead(t *testing.T) {
