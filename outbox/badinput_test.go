@@ -23,14 +23,14 @@ func TestBadInputTypedNilTxIsRefused(t *testing.T) {
 	ctx := context.Background()
 	var typed *pgxpool.Tx
 	for name, tx := range map[string]pgx.Tx{"nil": nil, "typed nil": typed} {
-		if err := b.ob.EnqueueTx(ctx, tx, outbox.Message{Destination: "orders", Payload: []byte("{}")}); err == nil {
-			t.Errorf("EnqueueTx(%s tx) = nil, want an error", name)
+		if err := b.ob.EnqueueTx(ctx, tx, outbox.Message{Destination: "orders", Payload: []byte("{}")}); !errors.Is(err, idemq.ErrConfig) {
+			t.Errorf("EnqueueTx(%s tx) = %v, want an idemq.ErrConfig", name, err)
 		}
-		if _, err := b.ob.ReplayTx(ctx, tx, outbox.DeadFilter{}); err == nil {
-			t.Errorf("ReplayTx(%s tx) = nil, want an error", name)
+		if _, err := b.ob.ReplayTx(ctx, tx, outbox.DeadFilter{}); !errors.Is(err, idemq.ErrConfig) {
+			t.Errorf("ReplayTx(%s tx) = %v, want an idemq.ErrConfig", name, err)
 		}
-		if _, err := b.ob.PurgeTx(ctx, tx, outbox.DeadFilter{}); err == nil {
-			t.Errorf("PurgeTx(%s tx) = nil, want an error", name)
+		if _, err := b.ob.PurgeTx(ctx, tx, outbox.DeadFilter{}); !errors.Is(err, idemq.ErrConfig) {
+			t.Errorf("PurgeTx(%s tx) = %v, want an idemq.ErrConfig", name, err)
 		}
 	}
 }
