@@ -78,14 +78,15 @@ type JetStreamSubscriberConfig struct {
 	MaxBatch int
 	// FetchWait bounds how long one fetch waits for MaxBatch messages; it
 	// is also how long Run may take to notice a cancelled context while
-	// the stream is idle. Defaults to [FetchWaitDefault].
+	// the stream is idle. At least 1ms. Defaults to [FetchWaitDefault].
 	FetchWait time.Duration
 
 	// InProgressInterval is how often the messages fetched and not yet
 	// acknowledged are reported in progress (jetstream.Msg.InProgress),
 	// which restarts their AckWait, so a long handler never makes the
 	// server deliver its message again in parallel. It must be below
-	// AckWait. Defaults to a third of the consumer's AckWait.
+	// AckWait, and at least 1ms. Defaults to a third of the consumer's
+	// AckWait.
 	InProgressInterval time.Duration
 
 	// DeadLetterSubject, if set, receives a copy of every dead letter and
@@ -214,12 +215,26 @@ func (c JetStreamSubscriberConfig) withDefaults(ackWait time.Duration) JetStream
 }
 
 func (c JetStreamSubscriberConfig) validate(component string, ackWait time.Duration) error {
+	if err := checkHeaderName(component, "IDHeader", c.IDHeader); err != nil {
+		return err
+	}
+	if c.DeadLetterSubject != "" {
+		if err := checkSubject(component, "DeadLetterSubject", c.DeadLetterSubject, false); err != nil {
+			return err
+		}
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"FetchWait", c.FetchWait}, {"InProgressInterval", c.InProgressInterval}} {
+		if err := checkDuration(component, d.name, d.v); err != nil {
+			return err
+		}
+	}
 	switch {
 	case c.MaxBatch < 0:
 		return idemq.NewConfigError(component, "MaxBatch", "%d is negative", c.MaxBatch)
-	case c.FetchWait < 0:
-		return idemq.NewConfigError(component, "FetchWait", "%v is negative", c.FetchWait)
-	case c.InProgressInterval <= 0 || c.InProgressInterval >= ackWait:
+	case c.InProgressInterval >= ackWait:
 		return idemq.NewConfigError(component, "InProgressInterval", "%v must be positive and below the consumer's AckWait %v", c.InProgressInterval, ackWait)
 	case c.ShutdownGrace < 0:
 		return idemq.NewConfigError(component, "ShutdownGrace", "%v is negative", c.ShutdownGrace)
