@@ -18,6 +18,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/inbox"
 	"github.com/idemq/idemq/outbox"
@@ -38,6 +39,26 @@ func deadLetters(t *testing.T, dests ...string) (url string, ob *outbox.Outbox, 
 	}
 	deadLetter(t, pool, ob, len(dests))
 	return url, ob, ids
+}
+
+// inboxDeadLetterSet makes an inbox dead letter of each key in scope, each
+// after 3 failures with the error "card declined", and returns the inbox.
+func inboxDeadLetterSet(t *testing.T, pool *pgxpool.Pool, scope string, keys ...string) *inbox.Store {
+	t.Helper()
+	ctx := context.Background()
+	ib, err := inbox.New(pool, inbox.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range keys {
+		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			_, err := ib.DeadLetterTx(ctx, tx, scope, key, []byte("fp"), 3, errors.New("card declined"))
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return ib
 }
 
 // deadCount is the number of outbox dead letters.
@@ -161,18 +182,7 @@ func TestBadInputDLQReplayOfAMissingInboxKeyChangesNothing(t *testing.T) {
 	t.Parallel()
 	url, pool, _ := database(t)
 	ctx := context.Background()
-	ib, err := inbox.New(pool, inbox.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, key := range []string{"order-1", "order-2"} {
-		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			_, err := ib.DeadLetterTx(ctx, tx, "billing", key, []byte("fp"), 3, errors.New("card declined"))
-			return err
-		}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	ib := inboxDeadLetterSet(t, pool, "billing", "order-1", "order-2")
 	stillDead := func(when string) {
 		t.Helper()
 		for _, key := range []string{"order-1", "order-2"} {
