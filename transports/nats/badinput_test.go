@@ -3,6 +3,7 @@ package nats_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -119,6 +120,23 @@ func TestBadInputDurations(t *testing.T) {
 	}
 	_, err := idemqnats.NewJetStreamSink(w.e.js, idemqnats.SinkConfig{MaxInFlight: -1})
 	wantConfigError(t, "MaxInFlight = -1", err, "MaxInFlight")
+}
+
+// TestBadInputBatchAboveTheConsumersLimit: a MaxBatch above the JetStream
+// consumer's MaxRequestBatch (the default 100 above a limit of 10, too)
+// made the server refuse every fetch, which Run retried forever; it is
+// refused at construction, and the limit itself is accepted.
+func TestBadInputBatchAboveTheConsumersLimit(t *testing.T) {
+	w := newWorld(t)
+	c := w.consumer(consumer.Config{}, nil)
+	cons := w.durable("small", jetstream.ConsumerConfig{MaxRequestBatch: 10})
+	for _, n := range []int{0, 11, -1} {
+		_, err := idemqnats.NewJetStreamSubscriber(c, cons, w.e.js, idemqnats.JetStreamSubscriberConfig{MaxBatch: n})
+		wantConfigError(t, fmt.Sprintf("MaxBatch = %d", n), err, "MaxBatch")
+	}
+	if _, err := idemqnats.NewJetStreamSubscriber(c, cons, w.e.js, idemqnats.JetStreamSubscriberConfig{MaxBatch: 10}); err != nil {
+		t.Fatalf("MaxBatch = MaxRequestBatch: %v, want it accepted", err)
+	}
 }
 
 // TestBadInputSubjectsAndNames: a subject the server would refuse, a

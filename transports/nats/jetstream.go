@@ -73,7 +73,8 @@ type JetStreamSubscriberConfig struct {
 	// Defaults to false: consumer.Process, one transaction per message,
 	// each acknowledged after its commit.
 	Batch bool
-	// MaxBatch bounds the messages one fetch asks for. Defaults to
+	// MaxBatch bounds the messages one fetch asks for; at most the
+	// JetStream consumer's MaxRequestBatch, if it has one. Defaults to
 	// [MaxBatchDefault].
 	MaxBatch int
 	// FetchWait bounds how long one fetch waits for MaxBatch messages; it
@@ -192,6 +193,11 @@ func NewJetStreamSubscriber(c *consumer.Consumer, cons jetstream.Consumer, js je
 	cfg = cfg.withDefaults(ackWait)
 	if err := cfg.validate(component, ackWait); err != nil {
 		return nil, err
+	}
+	if most := info.Config.MaxRequestBatch; most > 0 && cfg.MaxBatch > most {
+		// The server would refuse every fetch, and Run retry it forever.
+		return nil, idemq.NewConfigError(component, "MaxBatch", "%d is above the JetStream consumer's MaxRequestBatch %d: set MaxBatch to at most %d",
+			cfg.MaxBatch, most, most)
 	}
 	s := &JetStreamSubscriber{
 		c: c, cons: cons, cfg: cfg, js: js,
