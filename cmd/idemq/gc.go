@@ -41,17 +41,12 @@ func runGC(ctx context.Context, cmd *cli.Command) error {
 	if err != nil {
 		return flagConfigError(err, map[string]string{"Schema": flagSchema, "Table": "requests-table"})
 	}
-	pool.Close()
-	if pool, err = connect(ctx, cmd); err != nil {
-		return err
-	}
-	defer pool.Close()
 	_, ib, err := stores(cmd, pool)
 	if err != nil {
 		return err
 	}
-	if requests, err = pgstore.New(pool, pgstore.Config{Schema: cmd.String(flagSchema), Table: cmd.String("requests-table")}); err != nil {
-		return configError(err)
+	if err := ping(ctx, cmd, pool); err != nil {
+		return err
 	}
 	// Store.GC reports only its total, so the progress line shows the time
 	// spent until it returns.
