@@ -273,12 +273,7 @@ var relayFlags = map[string]string{"Workers": "workers", "BatchSize": "batch-siz
 
 // relayConfigError is configError naming the flag, not the Go field, of a
 // value relay.New refused.
-func relayConfigError(err error) error {
-	if ce, ok := errors.AsType[*idemq.ConfigError](err); ok && relayFlags[ce.Field] != "" {
-		return usageError("--%s: %s", relayFlags[ce.Field], ce.Reason)
-	}
-	return configError(err)
-}
+func relayConfigError(err error) error { return flagConfigError(err, relayFlags) }
 
 // explicitZeros refuses a relay flag given as 0 (or less): relay.Config
 // takes zero for its default, so --shutdown-grace 0 would silently be 10
