@@ -45,7 +45,7 @@ type Handler func(ctx context.Context, tx pgx.Tx, msg *Message) error
 // HTTP call, an email) while the consumer holds a lease on its key. Pass
 // lease.Key and lease.Token downstream so the far side can deduplicate and
 // reject a stale writer. ctx is cancelled if the lease is lost.
-type LeasedHandler func(ctx context.Context, msg *Message, lease inbox.Lease) error
+type LeasedHandler func(ctx context.Context, msg *Message, lease idemq.Lease) error
 
 // DeadLetterFunc is called when a message becomes a dead letter or a
 // conflict, inside the transaction that records it, so it can enqueue the

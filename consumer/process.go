@@ -241,7 +241,7 @@ func (c *Consumer) tryLeased(ctx context.Context, msg *Message, key string, fing
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.LeaseTTL)
 	defer cancel()
 	if handlerErr != nil {
-		if errors.Is(handlerErr, inbox.ErrLeaseLost) {
+		if errors.Is(handlerErr, idemq.ErrLeaseLost) {
 			return retryLater(key, handlerErr), nil // another worker holds the key now
 		}
 		if ctx.Err() != nil {
@@ -268,7 +268,7 @@ func (c *Consumer) tryLeased(ctx context.Context, msg *Message, key string, fing
 
 // underLease runs fn while extending the lease every third of its
 // duration; fn's context is cancelled if the lease is lost.
-func (c *Consumer) underLease(ctx context.Context, lease inbox.Lease, fn func(context.Context) error) error {
+func (c *Consumer) underLease(ctx context.Context, lease idemq.Lease, fn func(context.Context) error) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	done := make(chan struct{})
@@ -282,7 +282,7 @@ func (c *Consumer) underLease(ctx context.Context, lease inbox.Lease, fn func(co
 			case <-done:
 				return
 			case <-ticker.C:
-				if _, err := c.store.Extend(ctx, lease, c.cfg.LeaseTTL); errors.Is(err, inbox.ErrLeaseLost) {
+				if _, err := c.store.Extend(ctx, lease, c.cfg.LeaseTTL); errors.Is(err, idemq.ErrLeaseLost) {
 					cancel(err)
 					return
 				}
@@ -292,7 +292,7 @@ func (c *Consumer) underLease(ctx context.Context, lease inbox.Lease, fn func(co
 	err := fn(ctx)
 	close(done)
 	<-stopped
-	if cause := context.Cause(ctx); errors.Is(cause, inbox.ErrLeaseLost) {
+	if cause := context.Cause(ctx); errors.Is(cause, idemq.ErrLeaseLost) {
 		return errors.Join(err, cause)
 	}
 	return err

@@ -10,6 +10,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/google/uuid"
+
+	"github.com/idemq/idemq"
 )
 
 // Status is where a record stands in the state machine
@@ -54,7 +56,7 @@ type Record struct {
 	// Attempts counts the claims of the key: every claim, takeover and
 	// failed attempt adds one.
 	Attempts int
-	// Token is the fencing token of the latest leased claim ([Lease]), 0
+	// Token is the fencing token of the latest leased claim ([idemq.Lease]), 0
 	// when the key was never leased.
 	Token int64
 	// Failures counts the attempts whose handler failed. Crashes, lost
@@ -99,32 +101,13 @@ type BatchClaim struct {
 type AcquireResult struct {
 	ClaimResult
 	// Lease is the caller's hold on the key when New.
-	Lease Lease
-}
-
-// Lease is a leased worker's hold on a key.
-type Lease struct {
-	Scope string
-	Key   string
-	Owner string
-	// Token is the fencing token: it grows with every claim and takeover
-	// of the key, also across GC. Each claim sets it to the larger of the
-	// previous token + 1 and the database's clock in Unix microseconds, so
-	// a record GC deleted starts again above every token handed out before
-	// (the record lived at least its retention since its last claim).
-	// Pass it downstream so the far side can reject a writer whose lease
-	// was taken over.
-	Token int64
-	Until time.Time
+	Lease idemq.Lease
 }
 
 var (
 	// ErrInvalidKey reports an empty key, a key over the limit, or one that
 	// is not valid UTF-8 or contains NUL.
 	ErrInvalidKey = errors.New("inbox: invalid key")
-	// ErrLeaseLost reports a finalize or extend by a worker whose lease was
-	// taken over (its fencing token is stale) or already finalized.
-	ErrLeaseLost = errors.New("inbox: lease lost")
 	// ErrNotFound reports that no record exists for the key.
 	ErrNotFound = errors.New("inbox: record not found")
 )

@@ -496,7 +496,7 @@ func TestNilTxIsAnError(t *testing.T) {
 	b := setup(t, inbox.Config{})
 	ctx := context.Background()
 	var tx pgx.Tx
-	lease := inbox.Lease{Scope: "orders", Key: "k", Token: 1}
+	lease := idemq.Lease{Scope: "orders", Key: "k", Token: 1}
 	calls := map[string]func() error{
 		"ClaimTx": func() error { _, err := b.store.ClaimTx(ctx, tx, "orders", "k", nil); return err },
 		"ClaimBatchTx": func() error {

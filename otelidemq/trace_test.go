@@ -19,7 +19,6 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/inbox"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
 	"github.com/idemq/idemq/testenv"
@@ -295,7 +294,7 @@ func TestLeasedHandlerContinuesTheTrace(t *testing.T) {
 	ctx := t.Context()
 	tel := newTelemetry(t)
 	var inHandler trace.SpanContext
-	c, err := consumer.NewLeased(testenv.Postgres(t), "mailer", tel.LeasedHandler("nats", "mails", func(ctx context.Context, msg *consumer.Message, lease inbox.Lease) error {
+	c, err := consumer.NewLeased(testenv.Postgres(t), "mailer", tel.LeasedHandler("nats", "mails", func(ctx context.Context, msg *consumer.Message, lease idemq.Lease) error {
 		inHandler = trace.SpanContextFromContext(ctx)
 		return nil
 	}), consumer.Config{Logger: quiet})

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/internal/outboxsql"
 )
 
@@ -218,8 +219,9 @@ func (r *Relay) beat(ctx context.Context, beats *pgxpool.Pool, stmt string, ids 
 // answer arrives.
 
 // errFenced is the error of a batch that did not publish because its
-// owner may have been succeeded.
-var errFenced = errors.New("relay: the batch's claim is fenced off")
+// owner may have been succeeded. It matches idemq.ErrLeaseLost: the
+// partition leases are fenced leases like every other in idemq.
+var errFenced = fmt.Errorf("relay: the batch's claim is fenced off: %w", idemq.ErrLeaseLost)
 
 // fenceTimeout is the server's bound on a batch transaction left idle:
 // PublishTimeout for the Sink and a heartbeat period (LeaseTTL/3) for the

@@ -232,11 +232,11 @@ type Attempt struct {
 	done   chan struct{}
 
 	mu    sync.Mutex
-	lease Lease
+	lease idemq.Lease
 }
 
 // start begins renewing lease in the background.
-func (g *Guard) start(ctx context.Context, lease Lease) *Attempt {
+func (g *Guard) start(ctx context.Context, lease idemq.Lease) *Attempt {
 	a := &Attempt{g: g, done: make(chan struct{}), lease: lease}
 	a.ctx, a.cancel = context.WithCancelCause(ctx)
 	renewCtx, stop := context.WithCancel(a.ctx)
@@ -268,22 +268,22 @@ func (a *Attempt) renew(ctx context.Context) {
 			a.mu.Lock()
 			a.lease = lease
 			a.mu.Unlock()
-		case errors.Is(err, ErrLeaseLost):
-			a.cancel(ErrLeaseLost)
+		case errors.Is(err, idemq.ErrLeaseLost):
+			a.cancel(idemq.ErrLeaseLost)
 			return
 		}
 	}
 }
 
 // Lease returns the attempt's current lease.
-func (a *Attempt) Lease() Lease {
+func (a *Attempt) Lease() idemq.Lease {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.lease
 }
 
 // Context is the context to run the request under: Begin's context,
-// cancelled with the cause ErrLeaseLost (see context.Cause) when a renewal
+// cancelled with the cause idemq.ErrLeaseLost (see context.Cause) when a renewal
 // finds the key taken over, because the attempt's outcome will be refused
 // and its work should stop. It ends when the attempt is finished.
 func (a *Attempt) Context() context.Context { return a.ctx }
@@ -309,7 +309,7 @@ func (a *Attempt) finishContext() (context.Context, context.CancelFunc) {
 
 // Complete stores resp as the request's outcome; a response over the
 // store's limit ([ResponseLimiter]) is stored without its body, marked
-// Omitted. It returns ErrLeaseLost when the key was taken over meanwhile
+// Omitted. It returns idemq.ErrLeaseLost when the key was taken over meanwhile
 // (the successor's outcome stands), also after its record expired and a
 // new claim created it again (tokens never go back), or an ErrUnavailable.
 func (a *Attempt) Complete(resp Response) error {
@@ -324,14 +324,14 @@ func (a *Attempt) Complete(resp Response) error {
 // outcome stored by the caller: in its own transaction, with
 // pgstore.Store.CompleteTx, so that the request's writes and its record
 // commit together. Call Release afterwards: it hands the key back if that
-// transaction rolled back, and returns ErrLeaseLost if it committed.
-func (a *Attempt) CompleteWith(complete func(Lease) error) error {
+// transaction rolled back, and returns idemq.ErrLeaseLost if it committed.
+func (a *Attempt) CompleteWith(complete func(idemq.Lease) error) error {
 	a.halt()
 	return complete(a.Lease())
 }
 
 // Release hands the key back without an outcome, so that a retry runs the
-// request again. It returns ErrLeaseLost when the key was taken over or
+// request again. It returns idemq.ErrLeaseLost when the key was taken over or
 // completed (also after its record expired, as for Complete), or an
 // ErrUnavailable.
 func (a *Attempt) Release() error {
@@ -343,7 +343,7 @@ func (a *Attempt) Release() error {
 }
 
 func (g *Guard) finishErr(op string, err error) error {
-	if err == nil || errors.Is(err, ErrLeaseLost) {
+	if err == nil || errors.Is(err, idemq.ErrLeaseLost) {
 		return err
 	}
 	return unavailable(op, err)
