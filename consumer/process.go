@@ -271,29 +271,16 @@ func (c *Consumer) tryLeased(ctx context.Context, msg *Message, key string, fing
 func (c *Consumer) underLease(ctx context.Context, lease idemq.Lease, fn func(context.Context) error) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	done := make(chan struct{})
-	stopped := make(chan struct{})
-	go func() {
-		defer close(stopped)
-		ticker := time.NewTicker(c.cfg.LeaseTTL / 3)
-		defer ticker.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-ticker.C:
-				if _, err := c.store.Extend(ctx, lease, c.cfg.LeaseTTL); errors.Is(err, idemq.ErrLeaseLost) {
-					cancel(err)
-					return
-				}
-			}
+	stop := lifecycle.KeepAlive(ctx, c.cfg.LeaseTTL/3, func(rctx context.Context) error {
+		_, err := c.store.Extend(rctx, lease, c.cfg.LeaseTTL)
+		if errors.Is(err, idemq.ErrLeaseLost) {
+			cancel(err)
 		}
-	}()
+		return err
+	})
 	err := fn(ctx)
-	close(done)
-	<-stopped
-	if cause := context.Cause(ctx); errors.Is(cause, idemq.ErrLeaseLost) {
-		return errors.Join(err, cause)
+	if lost := stop(); lost != nil {
+		return errors.Join(err, lost)
 	}
 	return err
 }

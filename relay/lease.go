@@ -171,20 +171,17 @@ func (r *Relay) joinAll(ctx context.Context, ids []uuid.UUID) (*pgxpool.Pool, er
 	return beats, nil
 }
 
-// heartbeatLoop keeps the workers ids alive every LeaseTTL/3 until ctx is
-// done.
-func (r *Relay) heartbeatLoop(ctx context.Context, beats *pgxpool.Pool, ids []uuid.UUID) {
-	t := time.NewTicker(r.cfg.LeaseTTL / 3)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		if err := r.beat(ctx, beats, r.sql.Beat, ids); err != nil && ctx.Err() == nil {
+// heartbeat keeps the workers ids alive, one beat per call, for
+// lifecycle.KeepAlive to run every LeaseTTL/3 until ctx is done. A failed
+// beat is logged and tried again at the next tick; the fence, not the
+// heartbeat, stops the workers once their leases may have run out.
+func (r *Relay) heartbeat(ctx context.Context, beats *pgxpool.Pool, ids []uuid.UUID) func(context.Context) error {
+	return func(bctx context.Context) error {
+		err := r.beat(bctx, beats, r.sql.Beat, ids)
+		if err != nil && ctx.Err() == nil {
 			r.log.Warn("relay heartbeat failed; the workers stop publishing once their leases may have run out", "err", err, "lease_ttl", r.cfg.LeaseTTL)
 		}
+		return err
 	}
 }
 

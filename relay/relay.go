@@ -397,7 +397,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	if r.cfg.VacuumEvery > 0 {
 		wg.Go(func() { r.vacuumLoop(ctx) })
 	}
-	wg.Go(func() { r.heartbeatLoop(ctx, beats, ids) })
+	stopBeats := lifecycle.KeepAlive(ctx, r.cfg.LeaseTTL/3, r.heartbeat(ctx, beats, ids))
 	var workers sync.WaitGroup
 	for i := range r.cfg.Workers {
 		workers.Go(func() { r.workerLoop(ctx, work, wakes[i], ids[i], fatal) })
@@ -405,6 +405,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	workers.Wait()
 	abandon()
 	wg.Wait()
+	_ = stopBeats() // a heartbeat never reports a loss: the fence does
 	if fatalErr != nil {
 		r.log.Error("relay stopped", "err", fatalErr)
 		return fatalErr

@@ -228,8 +228,7 @@ type Attempt struct {
 	g      *Guard
 	ctx    context.Context
 	cancel context.CancelCauseFunc
-	stop   context.CancelFunc
-	done   chan struct{}
+	stop   func() error // ends the renewals
 
 	mu    sync.Mutex
 	lease idemq.Lease
@@ -237,42 +236,30 @@ type Attempt struct {
 
 // start begins renewing lease in the background.
 func (g *Guard) start(ctx context.Context, lease idemq.Lease) *Attempt {
-	a := &Attempt{g: g, done: make(chan struct{}), lease: lease}
+	a := &Attempt{g: g, lease: lease}
 	a.ctx, a.cancel = context.WithCancelCause(ctx)
-	renewCtx, stop := context.WithCancel(a.ctx)
-	a.stop = stop
-	go a.renew(renewCtx)
+	a.stop = lifecycle.KeepAlive(a.ctx, g.cfg.Lease/3, a.renew)
 	return a
 }
 
-// renew extends the lease every Lease/3 until stopped or lost. A failed
-// extension is tried again at the next tick: the lease still has two
-// thirds of its time.
-func (a *Attempt) renew(ctx context.Context) {
-	defer close(a.done)
-	t := time.NewTicker(a.g.cfg.Lease / 3)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		// An extension that hangs must not eat the lease it renews: it
-		// gets a third of it, and the next tick tries again.
-		sctx, cancel := context.WithTimeout(ctx, min(a.g.cfg.StoreTimeout, a.g.cfg.Lease/3))
-		lease, err := a.g.store.Extend(sctx, a.Lease(), a.g.cfg.Lease)
-		cancel()
-		switch {
-		case err == nil:
-			a.mu.Lock()
-			a.lease = lease
-			a.mu.Unlock()
-		case errors.Is(err, idemq.ErrLeaseLost):
-			a.cancel(idemq.ErrLeaseLost)
-			return
-		}
+// renew extends the lease once; KeepAlive calls it every Lease/3 until the
+// attempt halts. A failed extension is tried again at the next tick: the
+// lease still has two thirds of its time. An extension that hangs must not
+// eat the lease it renews: KeepAlive gives it a third of it, StoreTimeout
+// may give less.
+func (a *Attempt) renew(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, a.g.cfg.StoreTimeout)
+	defer cancel()
+	lease, err := a.g.store.Extend(ctx, a.Lease(), a.g.cfg.Lease)
+	switch {
+	case err == nil:
+		a.mu.Lock()
+		a.lease = lease
+		a.mu.Unlock()
+	case errors.Is(err, idemq.ErrLeaseLost):
+		a.cancel(idemq.ErrLeaseLost)
 	}
+	return err
 }
 
 // Lease returns the attempt's current lease.
@@ -291,8 +278,7 @@ func (a *Attempt) Context() context.Context { return a.ctx }
 // halt stops renewal and waits for it, so that no extension races the
 // finish.
 func (a *Attempt) halt() {
-	a.stop()
-	<-a.done
+	_ = a.stop() // a loss already cancelled the attempt's context
 }
 
 // end halts the attempt and releases its context.

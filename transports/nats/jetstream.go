@@ -439,35 +439,24 @@ func Subject(msg *consumer.Message) string {
 	return ""
 }
 
-// inProgress reports fetched, unsettled messages in progress on a ticker.
+// inProgress reports fetched, unsettled messages in progress every
+// interval, on lifecycle.KeepAlive.
 type inProgress struct {
 	mu      sync.Mutex
 	pending map[jetstream.Msg]struct{}
-	quit    chan struct{}
-	wg      sync.WaitGroup
-	once    sync.Once
+	halt    func() error
 }
 
 func newInProgress(interval time.Duration) *inProgress {
-	p := &inProgress{pending: map[jetstream.Msg]struct{}{}, quit: make(chan struct{})}
-	p.wg.Add(1)
-	go func() {
-		defer p.wg.Done()
-		t := time.NewTicker(interval)
-		defer t.Stop()
-		for {
-			select {
-			case <-p.quit:
-				return
-			case <-t.C:
-				p.mu.Lock()
-				for m := range p.pending {
-					_ = m.InProgress()
-				}
-				p.mu.Unlock()
-			}
+	p := &inProgress{pending: map[jetstream.Msg]struct{}{}}
+	p.halt = lifecycle.KeepAlive(context.Background(), interval, func(context.Context) error {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		for m := range p.pending {
+			_ = m.InProgress()
 		}
-	}()
+		return nil
+	})
 	return p
 }
 
@@ -483,11 +472,9 @@ func (p *inProgress) done(m jetstream.Msg) {
 	p.mu.Unlock()
 }
 
-// stop ends the ticker and waits for it; safe to call more than once.
-func (p *inProgress) stop() {
-	p.once.Do(func() { close(p.quit) })
-	p.wg.Wait()
-}
+// stop ends the reports and waits for the one in flight; safe to call
+// more than once.
+func (p *inProgress) stop() { _ = p.halt() }
 
 func flatten(h nats.Header) map[string]string {
 	if len(h) == 0 {
