@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/inbox"
@@ -33,6 +34,15 @@ import (
 	"github.com/idemq/idemq/migrate"
 	"github.com/idemq/idemq/request"
 )
+
+// DB is the database handle a Store runs on: a *pgxpool.Pool (the usual
+// choice), a *pgx.Conn or a pgx.Tx all satisfy it.
+type DB interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
 
 // Config configures a Store. The zero value is valid.
 type Config struct {
@@ -76,7 +86,7 @@ var _ request.Store = (*Store)(nil)
 
 // New returns a Store on db (a *pgxpool.Pool); call [Store.Migrate] once
 // before use.
-func New(db inbox.DB, cfg Config) (*Store, error) {
+func New(db DB, cfg Config) (*Store, error) {
 	if pgtx.IsNil(db) {
 		return nil, idemq.NewConfigError(component, "db", "is nil (%T); pass a *pgxpool.Pool", db)
 	}
