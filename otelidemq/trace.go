@@ -21,7 +21,7 @@ import (
 
 // Sink wraps s so that every message it publishes gets a "send
 // <destination>" span, child of the trace context stored in the message's
-// headers by outbox.EnqueueTx, and carries that span's context in its
+// headers by outbox.EnqueueTx ([OutboxHeaders]), and carries that span's context in its
 // headers downstream. system names the broker in the spans'
 // messaging.system attribute ("kafka", "nats", "webhook").
 func (t *Telemetry) Sink(system string, s relay.Sink) relay.Sink {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/otelidemq"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
 	"github.com/idemq/idemq/testenv"
@@ -26,8 +27,9 @@ import (
 	idemqnats "github.com/idemq/idemq/transports/nats"
 )
 
-// W3C trace context through the global propagator, as outbox.EnqueueTx
-// uses it. Tests that set it do not run in parallel.
+// W3C trace context through the global propagator, which the Telemetry
+// and the outbox (OutboxHeaders(nil)) of these tests use. Tests that set
+// it do not run in parallel.
 func useTraceContext(t *testing.T) {
 	prev := otel.GetTextMapPropagator()
 	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}))
@@ -225,7 +227,7 @@ func TestTraceFromRequestThroughOutboxToConsumers(t *testing.T) {
 // newOutbox returns the default outbox on pool, migrated.
 func newOutbox(t *testing.T, pool *pgxpool.Pool) *outbox.Outbox {
 	t.Helper()
-	ob, err := outbox.New(pool, outbox.Config{})
+	ob, err := outbox.New(pool, outbox.Config{Headers: otelidemq.OutboxHeaders(nil)})
 	if err != nil {
 		t.Fatal(err)
 	}
