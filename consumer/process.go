@@ -83,6 +83,11 @@ func (c *Consumer) run(ctx context.Context, msg *Message, key string, fingerprin
 				return r
 			}
 		}
+		// A durable retry, so Retry.Delay rather than a backoff.BackOff: n
+		// is the inbox's count of failed attempts, which survives
+		// redeliveries and crashes, and the same n and delay decide between
+		// waiting, handing the message back (Redeliver) and dead-lettering
+		// it. A BackOff counts only the attempts of this loop.
 		n := failed.failures
 		hint, _ := idemq.RetryAfterHint(failed.err)
 		delay := c.cfg.Retry.Delay(n, hint)

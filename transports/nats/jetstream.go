@@ -248,7 +248,10 @@ func (s *JetStreamSubscriber) Run(ctx context.Context) error {
 	pctx, cancel := lifecycle.Grace(ctx, s.cfg.ShutdownGrace)
 	defer cancel()
 
-	failures := 0
+	// The loop runs on after a success, so it takes the delays of a
+	// BackOff rather than running under backoff.RetryNotify: Retry's
+	// delays without its bounds, since fetching never gives up.
+	back := idemq.Retry{BaseDelay: s.cfg.Retry.BaseDelay, MaxDelay: s.cfg.Retry.MaxDelay}.BackOff()
 	for ctx.Err() == nil {
 		batch, err := s.cons.Fetch(s.cfg.MaxBatch, jetstream.FetchMaxWait(s.cfg.FetchWait))
 		if err == nil {
@@ -257,7 +260,7 @@ func (s *JetStreamSubscriber) Run(ctx context.Context) error {
 		}
 		switch {
 		case err == nil:
-			failures = 0
+			back.Reset()
 			continue
 		case errors.Is(err, errCrash):
 			return err
@@ -265,8 +268,7 @@ func (s *JetStreamSubscriber) Run(ctx context.Context) error {
 			errors.Is(err, nats.ErrConnectionClosed):
 			return fmt.Errorf("idemq/nats: fetch: %w", err)
 		}
-		failures++
-		delay := s.cfg.Retry.Delay(failures, 0)
+		delay := back.NextBackOff()
 		s.log.Warn("idemq/nats: fetch failed; retrying", slog.Any("error", err), slog.Duration("delay", delay))
 		_ = lifecycle.Sleep(ctx, delay)
 	}
