@@ -84,6 +84,7 @@ type worker struct {
 	id     uuid.UUID
 	leases []lease // the partitions this worker owns, by part
 	live   int     // live workers at the last rebalance
+	stuck  bool    // the last rebalance could not give up every extra partition
 
 	rebalanceAt time.Time
 	cursors     map[int32]int64 // per partition (-1: unkeyed), the seq to scan from
@@ -239,7 +240,7 @@ func (w *worker) round(ctx, work context.Context) (int, bool, error) {
 	// 8. Move on.
 	moved := w.move(win)
 	more := len(win) >= r.cfg.BatchSize && moved
-	if len(w.leases) > w.target() && time.Now().Before(w.rebalanceAt) {
+	if len(w.leases) > w.target() && !w.stuck && time.Now().Before(w.rebalanceAt) {
 		w.rebalanceAt = time.Time{} // give up the extra partitions now
 	}
 	return len(rows), more, nil

@@ -74,6 +74,14 @@
 // the owner. The owner's claim takes nothing once the generations it read
 // moved, and its next batch reads its partitions again from the start, so
 // a replayed message still goes before the later messages of its key.
+// Nor does such a transaction stop the partitions changing hands: giving
+// partitions up and taking them skip the lease rows it holds (SKIP
+// LOCKED), so no worker waits for it. The one bound: a partition whose
+// lease row it holds keeps its owner until it ends. A live owner keeps
+// publishing it; a dead owner's (or one that stopped) is taken over
+// within LeaseTTL/10 after the operator commits or rolls back. A replay
+// of unkeyed dead letters holds every partition (every worker reads the
+// unkeyed rows), a keyed one those of its keys.
 //
 // # Writing a Sink
 //
