@@ -190,9 +190,12 @@
 // at start, with the statement that fixes them (outbox.Outbox.CheckSequence;
 // `idemq migrate validate` reports the same). A CACHE raised while the
 // relay runs ends Run; TRUNCATE (RESTART IDENTITY or not), VACUUM FULL,
-// CLUSTER or a restarted sequence, noticed within a second by a last value
-// below the one seen or a new file of the table, makes the workers read
-// the outbox from the start.
+// CLUSTER or a restarted sequence (ALTER SEQUENCE ... RESTART, setval),
+// noticed within a second by a new file of the table or of the sequence
+// (however many values were drawn since) or a last value below the one
+// seen, makes the workers drop the batch they read and read the outbox
+// from the start, or ends Run, as at start, when rows or dead letters
+// are left above the sequence.
 //
 // Vacuum is still what removes dead tuples: the migration sets aggressive
 // per-table autovacuum parameters. A server where autovacuum is off or too

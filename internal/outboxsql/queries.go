@@ -258,9 +258,11 @@ DELETE FROM ` + relays + ` WHERE owner = $1`,
 		Sequence: `SELECT pg_get_serial_sequence($1, 'seq')::regclass::oid`,
 		// The last seq handed out by sequence $1 (0 for none), the file
 		// node of table $2 (TRUNCATE, VACUUM FULL and CLUSTER give it a new
-		// one) and the sequence's CACHE.
+		// one), the sequence's CACHE and its file node (a restart, by
+		// ALTER SEQUENCE or TRUNCATE ... RESTART IDENTITY, gives it a new
+		// one; setval does not).
 		Top: `SELECT coalesce(pg_sequence_last_value($1::oid::regclass), 0), pg_relation_filenode($2::regclass)::int8,
-       (SELECT seqcache FROM pg_sequence WHERE seqrelid = $1::oid)`,
+       (SELECT seqcache FROM pg_sequence WHERE seqrelid = $1::oid), pg_relation_filenode($1::oid::regclass)::int8`,
 		// The other transactions that may insert into table $1: those that
 		// hold its RowExclusiveLock (taken before a row's seq is drawn),
 		// by virtual transaction id; and whether none of the transactions
