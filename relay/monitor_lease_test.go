@@ -7,17 +7,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"net"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/idemq/idemq/relay"
-	"github.com/idemq/idemq/testenv"
 )
 
 // jsonLog is a JSON slog handler's output, kept for a test to read back.
@@ -67,17 +62,7 @@ func (l *jsonLog) lines(t *testing.T, msg string) []map[string]any {
 func TestRelayLogsTakeoverAndLoss(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url := testenv.PostgresURL(t)
-	cfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := setupOn(t, openPool(t, cfg.Copy()))
-	proxy := testenv.NewProxy(t, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))))
-	host, port, _ := net.SplitHostPort(proxy.Addr())
-	pn, _ := strconv.Atoi(port)
-	acfg := cfg.Copy()
-	acfg.ConnConfig.Host, acfg.ConnConfig.Port = host, uint16(pn)
+	b, proxy, acfg := proxied(t)
 
 	var logA, logB jsonLog
 	rcfg := relay.Config{DisableListen: true, PollInterval: 20 * time.Millisecond, LeaseTTL: time.Second}

@@ -47,12 +47,7 @@ func TestOpenDeadLetterTransactionDuringRebalance(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
-			url := testenv.PostgresURL(t)
-			cfg, err := pgxpool.ParseConfig(url)
-			if err != nil {
-				t.Fatal(err)
-			}
-			b := setupOn(t, openPool(t, cfg.Copy()))
+			b, proxy, bcfg := proxied(t)
 
 			// The dead keys: one in every eighth partition, so that any
 			// eight partitions in a row a worker gives up include one.
@@ -83,12 +78,7 @@ func TestOpenDeadLetterTransactionDuringRebalance(t *testing.T) {
 			rcfg := relay.Config{BatchSize: 20, ParkFollowers: true, DisableListen: true, PollInterval: 20 * time.Millisecond, LeaseTTL: time.Second}
 			run(t, newRelay(t, b, rec, rcfg))
 
-			// B reaches the server through a proxy, to die by losing it.
-			proxy := testenv.NewProxy(t, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))))
-			host, port, _ := net.SplitHostPort(proxy.Addr())
-			pn, _ := strconv.Atoi(port)
-			bcfg := cfg.Copy()
-			bcfg.ConnConfig.Host, bcfg.ConnConfig.Port = host, uint16(pn)
+			// B reaches the server through the proxy, to die by losing it.
 			stopB := run(t, newRelay(t, bundle{ctx, openPool(t, bcfg), b.ob}, rec, rcfg))
 			waitFor(t, "A and B splitting the partitions", func() bool { return liveOwners(t, b) == 2 })
 
@@ -195,6 +185,22 @@ func TestOpenDeadLetterTransactionDuringRebalance(t *testing.T) {
 			t.Logf("%d rows of partitions with a live owner published while the replay was open; %d partitions waited for it (their owner was gone)", want, len(gone))
 		})
 	}
+}
+
+// proxied returns a fresh database with the outbox's tables, a proxy in
+// front of its server, and a pool configuration that goes through it.
+func proxied(t *testing.T) (bundle, *testenv.Proxy, *pgxpool.Config) {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(testenv.PostgresURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := setupOn(t, openPool(t, cfg.Copy()))
+	proxy := testenv.NewProxy(t, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))))
+	host, port, _ := net.SplitHostPort(proxy.Addr())
+	pn, _ := strconv.Atoi(port)
+	cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(pn)
+	return b, proxy, cfg
 }
 
 // keyIn returns a key prefix0, prefix1, ... in relay partition part.
