@@ -18,6 +18,7 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/idemqtest"
 	"github.com/idemq/idemq/relay"
 	"github.com/idemq/idemq/testenv"
 	idemqnats "github.com/idemq/idemq/transports/nats"
@@ -30,6 +31,7 @@ type world struct {
 	ctx  context.Context
 	e    *env
 	pool *pgxpool.Pool
+	fx   *idemqtest.Effects // the handler's side effects
 
 	mu       sync.Mutex
 	outcomes map[consumer.Outcome]int
@@ -40,9 +42,7 @@ func newWorld(t *testing.T) *world {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	t.Cleanup(cancel)
 	w := &world{t: t, ctx: ctx, e: newEnv(t, jetstream.StreamConfig{}), pool: testenv.Postgres(t), outcomes: map[consumer.Outcome]int{}}
-	if _, err := w.pool.Exec(ctx, `CREATE TABLE effects (seq bigserial PRIMARY KEY, msg_id text NOT NULL)`); err != nil {
-		t.Fatal(err)
-	}
+	w.fx = idemqtest.NewEffects(t, w.pool)
 	return w
 }
 
@@ -66,8 +66,7 @@ func (w *world) consumer(cfg consumer.Config, extra func(ctx context.Context, ms
 				return err
 			}
 		}
-		_, err := tx.Exec(ctx, `INSERT INTO effects (msg_id) VALUES ($1)`, msg.ID)
-		return err
+		return w.fx.Record(ctx, tx, msg.ID)
 	}, cfg)
 	if err != nil {
 		w.t.Fatal(err)
@@ -86,34 +85,18 @@ func (w *world) count(o consumer.Outcome) int {
 
 func (w *world) effects() map[string]int {
 	w.t.Helper()
-	rows, err := w.pool.Query(w.ctx, `SELECT msg_id FROM effects`)
-	if err != nil {
-		w.t.Fatal(err)
-	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		w.t.Fatal(err)
-	}
-	m := map[string]int{}
-	for _, id := range ids {
-		m[id]++
-	}
-	return m
+	return w.fx.Counts(w.t)
 }
 
-// waitFor polls cond; the deadline is a deadlock guard, not a timing
-// assertion.
+// waitFor polls cond until it holds, or fails the test when the world's
+// context ends; it reports the outcomes so far.
 func (w *world) waitFor(what string, cond func() bool) {
 	w.t.Helper()
-	for !cond() {
-		if w.ctx.Err() != nil {
-			w.mu.Lock()
-			state := fmt.Sprint(w.outcomes)
-			w.mu.Unlock()
-			w.t.Fatalf("gave up waiting for %s; outcomes %s", what, state)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	idemqtest.WaitFor(w.t, what, cond, idemqtest.Until(w.ctx), idemqtest.Explain(func() string {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		return fmt.Sprint("outcomes ", w.outcomes)
+	}))
 }
 
 // publish publishes raw messages with the given ids ("" = no header).
