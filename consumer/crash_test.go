@@ -249,8 +249,10 @@ func fingerprint(payload string) []byte {
 // sixth and dead-lettered the message), and the seventh applies the
 // message exactly once.
 func TestKilledConsumersNeverDeadLetterAMessage(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []string{"single", "batch"} {
 		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
 			b := crashSetup(t)
 			ctx := context.Background()
 			for delivery := 1; delivery <= 4; delivery++ {
@@ -285,6 +287,7 @@ func TestKilledConsumersNeverDeadLetterAMessage(t *testing.T) {
 // Killed deliveries leave the key with no counted attempt; one real
 // handler failure counts one.
 func TestAttemptsCountOnlyHandlerFailures(t *testing.T) {
+	t.Parallel()
 	b := crashSetup(t)
 	ctx := context.Background()
 	for delivery := 1; delivery <= 3; delivery++ {
@@ -316,6 +319,7 @@ func TestAttemptsCountOnlyHandlerFailures(t *testing.T) {
 // seconds, so the next owner of the key proceeds while the lock the dead
 // handler waited for is still held.
 func TestOrphanedClaimOfAKilledConsumerIsReleased(t *testing.T) {
+	// Not parallel: a crash test timed by the server's 2s client_connection_check_interval; parallel load makes it flaky.
 	for _, mode := range []string{"single", "batch"} {
 		t.Run(mode, func(t *testing.T) {
 			pool := setup(t)

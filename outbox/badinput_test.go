@@ -19,6 +19,7 @@ import (
 // (*pgxpool.Tx)(nil) that a plain == nil misses, are refused by every
 // call that takes the caller's transaction, instead of panicking.
 func TestBadInputTypedNilTxIsRefused(t *testing.T) {
+	t.Parallel()
 	b := setup(t, outbox.Config{})
 	ctx := context.Background()
 	var typed *pgxpool.Tx

@@ -129,6 +129,7 @@ func idHeader(id string) []kafka.Header {
 }
 
 func TestSubscriberHandsRecordAndHeadersToHandler(t *testing.T) {
+	t.Parallel()
 	st := newSetup(t)
 	st.produce(t,
 		kafka.Message{Key: []byte("order-1"), Value: []byte("a"), Headers: append(idHeader("id-a"), kafka.Header{Key: "traceparent", Value: []byte("00-1-2-01")})},
@@ -160,12 +161,14 @@ func TestSubscriberHandsRecordAndHeadersToHandler(t *testing.T) {
 }
 
 func TestSubscriberBadInputNeverStallsThePartition(t *testing.T) {
+	t.Parallel()
 	for _, fallback := range []bool{false, true} {
 		name := "DeadLetter"
 		if fallback {
 			name = "FallbackOnInvalidID"
 		}
 		t.Run(name, func(t *testing.T) {
+			t.Parallel()
 			st := newSetup(t)
 			key := []byte("one-partition")
 			bad := []kafka.Message{
@@ -215,6 +218,7 @@ func TestSubscriberBadInputNeverStallsThePartition(t *testing.T) {
 }
 
 func TestSubscriberGracefulShutdownCommits(t *testing.T) {
+	// Not parallel: it counts the process's goroutines, which parallel tests change.
 	st := newSetup(t)
 	before := runtime.NumGoroutine()
 	var msgs []kafka.Message
@@ -250,6 +254,7 @@ func TestSubscriberGracefulShutdownCommits(t *testing.T) {
 }
 
 func TestSubscriberRecoversWhenTheBrokerReturns(t *testing.T) {
+	t.Parallel()
 	st := newSetup(t)
 	if st.k.External() {
 		t.Skip("stopping the broker needs the in-process one; " + testenv.KafkaBrokersEnv + " is set")
@@ -271,6 +276,7 @@ func TestSubscriberRecoversWhenTheBrokerReturns(t *testing.T) {
 }
 
 func TestNewSubscriberValidates(t *testing.T) {
+	t.Parallel()
 	st := newSetup(t)
 	good := subscriberConfig(st.k, "g")
 	for name, mutate := range map[string]func(*idemqkafka.SubscriberConfig){
@@ -303,8 +309,9 @@ func TestNewSubscriberValidates(t *testing.T) {
 }
 
 func TestSubscriberRedeliverModeCountsDeliveries(t *testing.T) {
+	t.Parallel()
 	for _, batch := range []bool{false, true} {
-		t.Run(fmt.Sprint("batch=", batch), func(t *testing.T) { testRedeliverMode(t, batch) })
+		t.Run(fmt.Sprint("batch=", batch), func(t *testing.T) { t.Parallel(); testRedeliverMode(t, batch) })
 	}
 }
 
@@ -367,6 +374,7 @@ func testRedeliverMode(t *testing.T, batch bool) {
 }
 
 func TestSubscriberAppliesEmptyAndTombstoneRecords(t *testing.T) {
+	t.Parallel()
 	st := newSetup(t)
 	st.produce(t,
 		kafka.Message{Key: []byte("k"), Value: nil, Headers: idHeader("tombstone")},
@@ -385,6 +393,7 @@ func TestSubscriberAppliesEmptyAndTombstoneRecords(t *testing.T) {
 }
 
 func TestSubscriberWarnsOnceAboutIDHeaderCase(t *testing.T) {
+	t.Parallel()
 	st := newSetup(t)
 	logs := &captured{}
 	for i := range 3 {
@@ -438,6 +447,7 @@ func (c *captured) count(level slog.Level, substr string) int {
 // (the first Run closed its own), refuses a concurrent Run, and is Ready
 // once it joined the group.
 func TestSubscriberRunsAgainAfterRun(t *testing.T) {
+	t.Parallel()
 	st := newSetup(t)
 	cfg := subscriberConfig(st.k, st.k.Group("g"))
 	cfg.DeadLetterTopic = st.k.Topic("orders.dlq")
@@ -461,6 +471,7 @@ func TestSubscriberRunsAgainAfterRun(t *testing.T) {
 // A Run after a crashed Run starts clean: the crash of the first (a
 // Test.BeforeCommit veto) does not stop the second from committing.
 func TestSubscriberRunsAgainAfterACrash(t *testing.T) {
+	t.Parallel()
 	st := newSetup(t)
 	errKilled := errors.New("killed")
 	var crashed atomic.Bool

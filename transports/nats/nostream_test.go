@@ -23,6 +23,7 @@ import (
 // rounds, no dead letter, nothing lost), and once the stream is created
 // they are delivered, in order.
 func TestJetStreamSinkNoStreamIsRetriedUntilCreated(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	e := newEnv(t, jetstream.StreamConfig{})
 	pool := testenv.Postgres(t)

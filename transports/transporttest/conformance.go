@@ -30,7 +30,8 @@ const waitTimeout = 90 * time.Second
 
 // Run runs every scenario against a transport. newHarness is called once
 // per scenario, with that scenario's t, and must return a Harness on a
-// fresh stream. Scenarios run one after the other; with Features.Batch
+// fresh stream, sharing no state with another scenario's harness: the
+// scenarios of a mode run in parallel (t.Parallel). With Features.Batch
 // each runs in per-message and in batch mode.
 func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 	modes := []mode{{name: "PerMessage"}}
@@ -63,6 +64,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		t.Run(m.name, func(t *testing.T) {
 			for _, sc := range scenarios {
 				t.Run(sc.name, func(t *testing.T) {
+					t.Parallel() // each scenario has its own database and stream
 					sc.fn(newFixture(t, newHarness(t), m))
 				})
 			}
