@@ -40,6 +40,7 @@ func TestBadInputTypedNilTxIsRefused(t *testing.T) {
 // such as (*pgxpool.Pool)(nil), which a plain == nil misses, with an
 // idemq.ErrConfig naming db, instead of panicking on the first query.
 func TestBadInputTypedNilDBIsRefused(t *testing.T) {
+	t.Parallel()
 	var (
 		pool *pgxpool.Pool
 		conn *pgx.Conn
