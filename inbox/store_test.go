@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/idemqtest"
 	"github.com/idemq/idemq/inbox"
 	"github.com/idemq/idemq/internal/inboxsql"
 	"github.com/idemq/idemq/testenv"
@@ -226,19 +227,15 @@ func concurrentClaims(t *testing.T, failedBefore, commit bool) {
 // waitForLockWait returns once some backend of the test database waits on a lock.
 func waitForLockWait(t *testing.T, pool *pgxpool.Pool) {
 	t.Helper()
-	for range 500 {
+	idemqtest.WaitFor(t, "a claim waiting on the first transaction's lock", func() bool {
 		var waiting bool
 		err := pool.QueryRow(context.Background(), `SELECT EXISTS (SELECT FROM pg_stat_activity
 			WHERE datname = current_database() AND wait_event_type = 'Lock')`).Scan(&waiting)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if waiting {
-			return
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Fatal("no claim ever waited on the first transaction's lock")
+		return waiting
+	})
 }
 
 func TestKeysAreStoredNativelyWhenTheyAreUUIDs(t *testing.T) {

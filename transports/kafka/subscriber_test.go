@@ -243,14 +243,12 @@ func TestSubscriberGracefulShutdownCommits(t *testing.T) {
 	}
 	// No goroutine outlives Run beyond kafka-go's shared transport pool,
 	// which idles out: allow a little slack, wait for it.
-	deadline := time.Now().Add(10 * time.Second)
-	for runtime.NumGoroutine() > before {
-		if time.Now().After(deadline) {
-			buf := make([]byte, 1<<20)
-			t.Fatalf("%d goroutines outlive Run (%d before):\n%s", runtime.NumGoroutine(), before, buf[:runtime.Stack(buf, true)])
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	idemqtest.WaitFor(t, fmt.Sprintf("the goroutines of Run to end (%d before)", before), func() bool {
+		return runtime.NumGoroutine() <= before
+	}, idemqtest.Within(10*time.Second), idemqtest.Explain(func() string {
+		buf := make([]byte, 1<<20)
+		return fmt.Sprintf("%d goroutines:\n%s", runtime.NumGoroutine(), buf[:runtime.Stack(buf, true)])
+	}))
 }
 
 func TestSubscriberRecoversWhenTheBrokerReturns(t *testing.T) {
