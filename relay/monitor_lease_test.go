@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/idemqtest"
 	"github.com/idemq/idemq/relay"
 )
 
@@ -68,13 +69,13 @@ func TestRelayLogsTakeoverAndLoss(t *testing.T) {
 	rcfg := relay.Config{DisableListen: true, PollInterval: 20 * time.Millisecond, LeaseTTL: time.Second}
 	rcfg.Logger = logA.logger()
 	run(t, newRelay(t, bundle{ctx, openPool(t, acfg), b.ob}, &recorder{}, rcfg))
-	waitFor(t, "A acquiring every partition", func() bool { return len(logA.lines(t, "relay: partitions acquired")) == 1 })
+	idemqtest.WaitFor(t, "A acquiring every partition", func() bool { return len(logA.lines(t, "relay: partitions acquired")) == 1 })
 	workerA := logA.lines(t, "relay: partitions acquired")[0]["worker"].(string)
 
 	proxy.Stop()
 	rcfg.Logger = logB.logger()
 	run(t, newRelay(t, b, &recorder{}, rcfg))
-	waitFor(t, "B taking A's partitions over", func() bool { return len(logB.lines(t, "relay: partitions taken over")) > 0 })
+	idemqtest.WaitFor(t, "B taking A's partitions over", func() bool { return len(logB.lines(t, "relay: partitions taken over")) > 0 })
 	over := logB.lines(t, "relay: partitions taken over")
 	if len(over) != 1 {
 		t.Fatalf("%d lines for one takeover: %v", len(over), over)
@@ -97,7 +98,7 @@ func TestRelayLogsTakeoverAndLoss(t *testing.T) {
 	}
 
 	proxy.Start()
-	waitFor(t, "A noticing its loss", func() bool { return len(logA.lines(t, "relay: partitions lost")) > 0 })
+	idemqtest.WaitFor(t, "A noticing its loss", func() bool { return len(logA.lines(t, "relay: partitions lost")) > 0 })
 	lost := logA.lines(t, "relay: partitions lost")
 	if len(lost) != 1 {
 		t.Fatalf("%d lines for one loss: %v", len(lost), lost)

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/idemqtest"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
 	"github.com/idemq/idemq/testenv"
@@ -80,7 +81,7 @@ func TestOpenDeadLetterTransactionDuringRebalance(t *testing.T) {
 
 			// B reaches the server through the proxy, to die by losing it.
 			stopB := run(t, newRelay(t, bundle{ctx, openPool(t, bcfg), b.ob}, rec, rcfg))
-			waitFor(t, "A and B splitting the partitions", func() bool { return liveOwners(t, b) == 2 })
+			idemqtest.WaitFor(t, "A and B splitting the partitions", func() bool { return liveOwners(t, b) == 2 })
 
 			// The dead letters: the head of every dead key (and an unkeyed
 			// message), with a follower each enqueued after it died.
@@ -92,7 +93,7 @@ func TestOpenDeadLetterTransactionDuringRebalance(t *testing.T) {
 				dead = append(dead, outbox.Message{Destination: "dl", Payload: []byte("unkeyed-dead")})
 			}
 			enqueue(t, b, dead...)
-			waitFor(t, "the dead letters", func() bool {
+			idemqtest.WaitFor(t, "the dead letters", func() bool {
 				d, err := b.ob.DeadLetters(ctx, outbox.DeadFilter{Limit: 1000})
 				return err == nil && len(d) == len(dead)
 			})
@@ -115,16 +116,16 @@ func TestOpenDeadLetterTransactionDuringRebalance(t *testing.T) {
 			// C joins: A and B must give partitions up, some of them held
 			// by the operator.
 			run(t, newRelay(t, b, rec, rcfg))
-			waitFor(t, "C joining", func() bool { return liveRelays(t, b) == 3 && (liveOwners(t, b) == 3 || tc.unkeyed) })
+			idemqtest.WaitFor(t, "C joining", func() bool { return liveRelays(t, b) == 3 && (liveOwners(t, b) == 3 || tc.unkeyed) })
 			if tc.die {
 				proxy.Stop() // B's connections and heartbeat are gone
 			} else {
 				stopB()
 			}
-			waitFor(t, "B gone", func() bool { return liveRelays(t, b) == 2 })
+			idemqtest.WaitFor(t, "B gone", func() bool { return liveRelays(t, b) == 2 })
 			// B's partitions change hands, but for those the operator holds.
 			var gone []int
-			waitFor(t, "B's partitions taken, but for those the operator holds", func() bool {
+			idemqtest.WaitFor(t, "B's partitions taken, but for those the operator holds", func() bool {
 				gone = ownedByGone(t, b)
 				return slices.Equal(gone, intersect(gone, locked))
 			})
@@ -151,7 +152,7 @@ func TestOpenDeadLetterTransactionDuringRebalance(t *testing.T) {
 				}
 				return want, got
 			}
-			waitFor(t, "every row of a partition with a live owner while the replay is open", func() bool {
+			idemqtest.WaitFor(t, "every row of a partition with a live owner while the replay is open", func() bool {
 				want, got := flowing()
 				return want == got
 			})
@@ -164,9 +165,9 @@ func TestOpenDeadLetterTransactionDuringRebalance(t *testing.T) {
 				t.Fatal(err)
 			}
 			committed := time.Now()
-			waitFor(t, "the partitions the operator held taken once it committed", func() bool { return len(ownedByGone(t, b)) == 0 })
+			idemqtest.WaitFor(t, "the partitions the operator held taken once it committed", func() bool { return len(ownedByGone(t, b)) == 0 })
 			t.Logf("partitions without a live owner taken %v after the commit", time.Since(committed).Round(time.Millisecond))
-			waitFor(t, "everything once the operator committed", func() bool {
+			idemqtest.WaitFor(t, "everything once the operator committed", func() bool {
 				return distinct(rec) == keys*per+len(dead)+len(followers) && pending(t, b) == 0
 			})
 			checkOrder(t, rec.deliveries())

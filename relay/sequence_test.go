@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/idemqtest"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
 )
@@ -43,7 +44,7 @@ func TestSequenceCacheRaisedWhileRunning(t *testing.T) {
 	rec := &recorder{}
 	wait := runErr(t, newRelay(t, b, rec, relay.Config{Workers: 2, DisableListen: true, PollInterval: 20 * time.Millisecond}))
 	enqueue(t, b, keyed("d", 50, 5, 0)...)
-	waitFor(t, "the first rows", func() bool { return distinct(rec) == 50 })
+	idemqtest.WaitFor(t, "the first rows", func() bool { return distinct(rec) == 50 })
 	if _, err := b.pool.Exec(b.ctx, `ALTER TABLE `+b.table()+` ALTER COLUMN seq SET CACHE 20`); err != nil {
 		t.Fatal(err)
 	}
@@ -76,7 +77,7 @@ func TestSequenceRestartedWhileRunning(t *testing.T) {
 		rec := &recorder{}
 		run(t, newRelay(t, b, rec, relay.Config{BatchSize: 50, DisableListen: true, PollInterval: 20 * time.Millisecond, RescanInterval: time.Hour}))
 		enqueue(t, b, keyed("d", 200, 10, 0)...)
-		waitFor(t, "the first 200", func() bool { return distinct(rec) == 200 && pending(t, b) == 0 })
+		idemqtest.WaitFor(t, "the first 200", func() bool { return distinct(rec) == 200 && pending(t, b) == 0 })
 		err := pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
 			if _, err := tx.Exec(b.ctx, restartSequence); err != nil {
 				return err
@@ -86,7 +87,7 @@ func TestSequenceRestartedWhileRunning(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, "the 300 enqueued after the restart", func() bool { return distinct(rec) == 500 })
+		idemqtest.WaitFor(t, "the 300 enqueued after the restart", func() bool { return distinct(rec) == 500 })
 		checkOrder(t, rec.deliveries())
 	})
 	t.Run("dead letter above", func(t *testing.T) {
@@ -104,7 +105,7 @@ func TestSequenceRestartedWhileRunning(t *testing.T) {
 		wait := runErr(t, newRelay(t, b, rec, relay.Config{DisableListen: true, PollInterval: 20 * time.Millisecond}))
 		enqueue(t, b, keyed("d", 20, 2, 0)...)
 		enqueue(t, b, outbox.Message{Destination: "d", Key: "k0", Payload: []byte("poison")})
-		waitFor(t, "the dead letter", func() bool {
+		idemqtest.WaitFor(t, "the dead letter", func() bool {
 			d, err := b.ob.DeadLetters(b.ctx, outbox.DeadFilter{})
 			return err == nil && len(d) == 1
 		})

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/idemqtest"
 	"github.com/idemq/idemq/testenv"
 )
 
@@ -33,7 +34,7 @@ func TestStandbyFailsAtStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(spool.Close)
-	waitFor(t, "the tables on the standby", func() bool {
+	idemqtest.WaitFor(t, "the tables on the standby", func() bool {
 		var ok bool
 		err := spool.QueryRow(ctx, `SELECT pg_is_in_recovery() AND to_regclass('idemq_outbox_lease') IS NOT NULL`).Scan(&ok)
 		return err == nil && ok
