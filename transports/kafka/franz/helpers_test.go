@@ -1,0 +1,106 @@
+package franz_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/idemq/idemq/internal/lifecycle"
+	"github.com/idemq/idemq/outbox"
+	"github.com/idemq/idemq/relay"
+	"github.com/idemq/idemq/testenv"
+	"github.com/idemq/idemq/transports/kafka/franz"
+)
+
+// readCommitted returns every committed record of topic, read from the
+// start to its last stable offset by a plain kgo consumer (no inbox).
+func readCommitted(ctx context.Context, k *testenv.KafkaCluster, topic string) ([]*kgo.Record, error) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers...), kgo.ConsumeTopics(topic),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchMaxWait(50*time.Millisecond))
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	var out []*kgo.Record
+	// Read until an empty poll: the records a test waits for were
+	// committed before it reads.
+	for {
+		pctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		fs := cl.PollFetches(pctx)
+		cancel()
+		if ctx.Err() != nil {
+			return out, ctx.Err()
+		}
+		n := 0
+		fs.EachRecord(func(r *kgo.Record) { out = append(out, r); n++ })
+		if n == 0 {
+			return out, nil
+		}
+	}
+}
+
+// receivedFn is relaytest.Target.Received on a read_committed consumer.
+func receivedFn(k *testenv.KafkaCluster) func(ctx context.Context, topic string, n int) ([]relay.Message, error) {
+	return func(ctx context.Context, topic string, n int) ([]relay.Message, error) {
+		for {
+			got, err := readCommitted(ctx, k, topic)
+			if err != nil || len(got) >= n {
+				return received(got), err
+			}
+			if err := lifecycle.Sleep(ctx, 20*time.Millisecond); err != nil {
+				return received(got), err
+			}
+		}
+	}
+}
+
+// received turns Kafka records back into the outbox messages they carry.
+func received(records []*kgo.Record) []relay.Message {
+	out := make([]relay.Message, len(records))
+	for i, r := range records {
+		m := outbox.Message{Destination: r.Topic, Key: string(r.Key), Payload: r.Value, Headers: map[string]string{}}
+		for _, h := range r.Headers {
+			m.Headers[h.Key] = string(h.Value)
+		}
+		m.ID, _ = uuid.Parse(m.Headers[franz.IDHeaderDefault])
+		out[i] = relay.Message{Message: m}
+	}
+	return out
+}
+
+// failTopic maps the destination "fail" to no topic.
+func failTopic(d string) string {
+	if d == "fail" {
+		return ""
+	}
+	return d
+}
+
+func newSink(t testing.TB, k *testenv.KafkaCluster) *franz.Sink {
+	s, err := franz.NewSink(franz.SinkConfig{Topic: failTopic}, kgo.SeedBrokers(k.Brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	return s
+}
+
+func newTxSink(t testing.TB, k *testenv.KafkaCluster, cfg franz.TxConfig) *franz.TxSink {
+	cfg.Topic = failTopic
+	if cfg.TransactionalIDPrefix == "" {
+		cfg.TransactionalIDPrefix = "idemq-test-" + uuid.NewString()[:8] + "-"
+	}
+	if cfg.WatermarkTopic == "" {
+		cfg.WatermarkTopic = k.Topic("wm")
+	}
+	s, err := franz.NewTxSink(cfg, kgo.SeedBrokers(k.Brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	return s
+}
