@@ -95,7 +95,7 @@ func newTxSink(t testing.TB, k *testenv.KafkaCluster, cfg franz.TxConfig) *franz
 		cfg.TransactionalIDPrefix = "idemq-test-" + uuid.NewString()[:8] + "-"
 	}
 	if cfg.WatermarkTopic == "" {
-		cfg.WatermarkTopic = k.Topic("wm")
+		cfg.WatermarkTopic = "idemq-watermarks-" + uuid.NewString()[:8] // created by the TxSink
 	}
 	s, err := franz.NewTxSink(cfg, kgo.SeedBrokers(k.Brokers...))
 	if err != nil {

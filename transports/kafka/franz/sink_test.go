@@ -21,7 +21,7 @@ func TestSinkConformance(t *testing.T) {
 
 func TestTxSinkConformance(t *testing.T) {
 	relaytest.TestSink(t, func(t *testing.T) relaytest.Target {
-		k := testenv.Kafka(t, 2, "a", "b", "wm")
+		k := testenv.Kafka(t, 2, "a", "b")
 		return relaytest.Target{Sink: newTxSink(t, k, franz.TxConfig{}), Destinations: []string{k.Topic("a"), k.Topic("b")}, Failing: "fail", Received: receivedFn(k)}
 	})
 }

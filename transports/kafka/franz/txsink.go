@@ -485,7 +485,25 @@ func (s *TxSink) readWatermark(ctx context.Context, cl *kgo.Client, p int) (rela
 		return relay.Watermark{}, err
 	}
 	wp := int32(p) % n
-	end, err := s.stableOffset(ctx, cl, wp)
+	// Everything p committed lies below the high watermark read after the
+	// InitProducerID; once the last stable offset reached it, every
+	// transaction there has ended. With a partition to itself (the
+	// watermark topic has 64 or more) p has none open and the wait is
+	// nil; a partition shared with another outbox partition may wait for
+	// that one's open transaction.
+	hwm, err := s.listOffset(ctx, cl, wp, 0)
+	if err != nil {
+		return relay.Watermark{}, err
+	}
+	end := int64(0)
+	for {
+		if end, err = s.listOffset(ctx, cl, wp, 1); err != nil || end >= hwm {
+			break
+		}
+		if err = lifecycle.Sleep(ctx, 20*time.Millisecond); err != nil {
+			break
+		}
+	}
 	if err != nil || end == 0 {
 		return relay.Watermark{Partition: p}, err
 	}
@@ -551,11 +569,11 @@ func (s *TxSink) scanWatermark(ctx context.Context, wp int32, start, end int64, 
 	}
 }
 
-// stableOffset returns the last stable offset of partition wp of
-// WatermarkTopic.
-func (s *TxSink) stableOffset(ctx context.Context, cl *kgo.Client, wp int32) (int64, error) {
+// listOffset returns the high watermark (isolation 0) or the last stable
+// offset (isolation 1) of partition wp of WatermarkTopic.
+func (s *TxSink) listOffset(ctx context.Context, cl *kgo.Client, wp int32, isolation int8) (int64, error) {
 	req := kmsg.NewPtrListOffsetsRequest()
-	req.IsolationLevel = 1 // read_committed: the last stable offset
+	req.IsolationLevel = isolation
 	rt := kmsg.NewListOffsetsRequestTopic()
 	rt.Topic = s.cfg.WatermarkTopic
 	rp := kmsg.NewListOffsetsRequestTopicPartition()
@@ -632,3 +650,6 @@ func (s *TxSink) watermarkTopic(ctx context.Context, cl *kgo.Client) (int32, err
 		}
 	}
 }
+
+// WatermarkTopic returns the topic of the watermark records.
+func (s *TxSink) WatermarkTopic() string { return s.cfg.WatermarkTopic }

@@ -38,7 +38,7 @@ func keyed(topic string, part int, token, seq int64, n int) []relay.Message {
 func TestTxSinkWatermark(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	k := testenv.Kafka(t, 2, "orders", "wm")
+	k := testenv.Kafka(t, 2, "orders")
 	old := newTxSink(t, k, franz.TxConfig{})
 	if wm, err := old.Watermark(ctx, 3, 1); err != nil || len(wm.Seqs) != 0 {
 		t.Fatalf("first Watermark: %+v, %v; want none", wm, err)
@@ -48,7 +48,7 @@ func TestTxSinkWatermark(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	next, err := franz.NewTxSink(franz.TxConfig{TransactionalIDPrefix: old.TransactionalID(3)[:len(old.TransactionalID(3))-1], WatermarkTopic: k.Topic("wm")}, kgo.SeedBrokers(k.Brokers...))
+	next, err := franz.NewTxSink(franz.TxConfig{TransactionalIDPrefix: old.TransactionalID(3)[:len(old.TransactionalID(3))-1], WatermarkTopic: old.WatermarkTopic()}, kgo.SeedBrokers(k.Brokers...))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +79,7 @@ func TestTxSinkWatermark(t *testing.T) {
 func TestTxSinkZombieFenced(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	k := testenv.Kafka(t, 2, "orders", "wm")
+	k := testenv.Kafka(t, 2, "orders")
 	prefix := "zombie-" + uuid.NewString()[:8] + "-"
 	reached, release := make(chan struct{}), make(chan struct{})
 	zombie := newTxSink(t, k, franz.TxConfig{TransactionalIDPrefix: prefix, Test: franz.TxTestConfig{
