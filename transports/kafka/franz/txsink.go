@@ -371,20 +371,24 @@ func (s *TxSink) transact(ctx context.Context, batch []relay.Message, recs []*kg
 		Key:       []byte(s.TransactionalID(p)),
 		Value:     value,
 	}
-	rs := make([]*kgo.Record, 0, len(send)+1)
+	// The watermark goes first: its partition then joins the transaction
+	// with the first records' partitions instead of in a round trip of
+	// its own after them.
+	rs := make([]*kgo.Record, 1, len(send)+1)
+	rs[0] = wmRec
 	for _, i := range send {
 		rs = append(rs, recs[i])
 	}
-	errs := produceAll(ctx, cl, append(rs, wmRec))
+	errs := produceAll(ctx, cl, rs)
 	var cause error
+	if err := errs[0]; err != nil {
+		cause = fmt.Errorf("idemq/franz: watermark record: %w", err)
+	}
 	for j, i := range send {
-		if err := errs[j]; err != nil {
+		if err := errs[j+1]; err != nil {
 			failed[i] = err
 			cause = cmp.Or(cause, err)
 		}
-	}
-	if err := errs[len(send)]; err != nil {
-		cause = cmp.Or(cause, fmt.Errorf("idemq/franz: watermark record: %w", err))
 	}
 	if cause == nil {
 		cause = ctx.Err()
