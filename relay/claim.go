@@ -215,6 +215,7 @@ func (w *worker) round(ctx, work context.Context) (int, bool, error) {
 		if err != nil {
 			return 0, false, err
 		}
+		pctx = withBatch(pctx)
 		failed, took = r.publish(pctx, rows, behind)
 		w.unmark(rows, failed)
 		if err := fenced(); err != nil {

@@ -33,7 +33,7 @@ import (
 const (
 	eosMessagesEnv = "IDEMQ_KAFKA_EOS_MESSAGES"
 	eosKillsEnv    = "IDEMQ_KAFKA_EOS_KILLS"
-	eosChildEnv    = "IDEMQ_KAFKA_EOS_CHILD" // sink kind|db url|brokers|topic|watermark topic|prefix
+	eosChildEnv    = "IDEMQ_KAFKA_EOS_CHILD" // sink kind|db url|brokers|topics|watermark topic|prefix
 	eosAppName     = "idemq-eos-relay"
 )
 
@@ -83,8 +83,10 @@ func eosRun(t *testing.T, kind string, n, kills int) (int, int) {
 	const relays, keys = 3, 200
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
-	k := testenv.Kafka(t, 8, "orders")
-	topic := k.Topic("orders")
+	// Two destinations behind a Router: a key keeps to one of them, and
+	// a batch reaches the sink in a call (a transaction) per destination.
+	k := testenv.Kafka(t, 8, "orders", "payments")
+	topics := []string{k.Topic("orders"), k.Topic("payments")}
 	url := testenv.PostgresURL(t)
 	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
@@ -98,7 +100,7 @@ func eosRun(t *testing.T, kind string, n, kills int) (int, int) {
 	if err := ob.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	spec := strings.Join([]string{kind, url, strings.Join(k.Brokers, ","), topic,
+	spec := strings.Join([]string{kind, url, strings.Join(k.Brokers, ","), strings.Join(topics, ","),
 		"idemq-watermarks-" + uuid.NewString()[:8], "eos-" + uuid.NewString()[:8] + "-"}, "|")
 
 	logs := &watermarkLog{}
@@ -139,7 +141,7 @@ func eosRun(t *testing.T, kind string, n, kills int) (int, int) {
 			msgs := make([]outbox.Message, min(100, n-from))
 			for j := range msgs {
 				key := rand.IntN(keys)
-				msgs[j] = outbox.Message{Destination: topic, Key: fmt.Sprint("key-", key), Payload: fmt.Appendf(nil, "key-%d/%d", key, next[key])}
+				msgs[j] = outbox.Message{Destination: topics[key%2], Key: fmt.Sprint("key-", key), Payload: fmt.Appendf(nil, "key-%d/%d", key, next[key])}
 				next[key]++
 			}
 			if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return ob.EnqueueTx(ctx, tx, msgs...) }); err != nil {
@@ -188,9 +190,13 @@ WHERE datname = current_database() AND application_name = $1`, eosAppName); err 
 		kill(i)
 	}
 
-	records, err := readCommitted(ctx, k, topic)
-	if err != nil {
-		t.Fatal(err)
+	var records []*kgo.Record
+	for _, topic := range topics {
+		recs, err := readCommitted(ctx, k, topic)
+		if err != nil {
+			t.Fatal(err)
+		}
+		records = append(records, recs...)
 	}
 	return checkExactlyOnce(t, records, n), logs.rows()
 }
@@ -271,7 +277,7 @@ func checkExactlyOnce(t *testing.T, records []*kgo.Record, n int) int {
 // until it is killed.
 func eosChild(t *testing.T, spec string) {
 	f := strings.Split(spec, "|")
-	kind, url, brokers, wmTopic, prefix := f[0], f[1], strings.Split(f[2], ","), f[4], f[5]
+	kind, url, brokers, topics, wmTopic, prefix := f[0], f[1], strings.Split(f[2], ","), strings.Split(f[3], ","), f[4], f[5]
 	ctx := context.Background()
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
@@ -301,7 +307,13 @@ func eosChild(t *testing.T, spec string) {
 		}
 		sink = s
 	}
-	r, err := relay.New(pool, ob, sink, relay.Config{
+	router := relay.NewRouter()
+	for _, topic := range topics {
+		if err := router.Route(topic, sink); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r, err := relay.New(pool, ob, router, relay.Config{
 		BatchSize: 200, LeaseTTL: time.Second, PollInterval: 20 * time.Millisecond, PublishTimeout: 5 * time.Second,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, nil)),
 	})

@@ -2,6 +2,7 @@ package franz_test
 
 import (
 	"context"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -104,3 +105,6 @@ func newTxSink(t testing.TB, k *testenv.KafkaCluster, cfg franz.TxConfig) *franz
 	t.Cleanup(s.Close)
 	return s
 }
+
+// quiet is a logger that discards everything.
+func quiet() *slog.Logger { return slog.New(slog.DiscardHandler) }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -133,6 +134,10 @@ type txPartition struct {
 	token int64 // the highest lease token seen
 	last  relay.Watermark
 	known bool // last is the partition's last committed watermark
+	// batch is the relay batch (relay.Batch) of the last transaction:
+	// the next transaction of the same batch names the rows of both in
+	// its watermark.
+	batch uint64
 }
 
 // NewTxSink returns a TxSink whose clients are made of opts (at least
@@ -359,6 +364,13 @@ func (s *TxSink) transact(ctx context.Context, batch []relay.Message, recs []*kg
 	if len(send) == 0 {
 		return failed
 	}
+	// Another destination's share of the same relay batch: its rows wait
+	// for the same delete, so the watermark names them too.
+	batchNo, inBatch := relay.Batch(ctx)
+	if inBatch && batchNo == tp.batch && tp.last.Token == token {
+		wm.Seq = max(wm.Seq, tp.last.Seq)
+		wm.Seqs = append(slices.Clip(tp.last.Seqs), wm.Seqs...)
+	}
 	cl := tp.cl
 	if err := cl.BeginTransaction(); err != nil {
 		tp.drop()
@@ -423,6 +435,7 @@ func (s *TxSink) transact(ctx context.Context, batch []relay.Message, recs []*kg
 	err = cl.EndTransaction(endCtx, kgo.TryCommit)
 	if err == nil {
 		tp.last = relay.Watermark{Partition: p, Token: token, Seq: wm.Seq, Seqs: wm.Seqs}
+		tp.batch = batchNo
 		return failed
 	}
 	// The commit was not attempted (the producer id had failed): abort.
