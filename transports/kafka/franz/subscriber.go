@@ -54,8 +54,8 @@ type SubscriberConfig struct {
 	// and commits once. Defaults to false: consumer.Process, one
 	// transaction per message, stopping at the first retried one.
 	Batch bool
-	// MaxBatch bounds the records taken in one poll. Defaults to
-	// [MaxBatchDefault].
+	// MaxBatch bounds the records of a partition processed (and
+	// committed) at once. Defaults to [MaxBatchDefault].
 	MaxBatch int
 	// DeadLetterTopic, if set, receives a copy of every message the
 	// consumer settles as DeadLettered or Conflict (with the
@@ -207,7 +207,7 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	defer cl.Close()
 	r := &run{redelivered: map[string]int{}}
 	for ctx.Err() == nil && r.crash() == nil {
-		fs := cl.PollRecords(ctx, s.cfg.MaxBatch)
+		fs := cl.PollFetches(ctx)
 		if ctx.Err() != nil || fs.IsClientClosed() {
 			cl.AllowRebalance()
 			break
@@ -223,7 +223,15 @@ func (s *Subscriber) Run(ctx context.Context) error {
 				return
 			}
 			wg.Go(func() {
-				s.partition(ctx, cl, p.Records, r)
+				// MaxBatch records at a time, in order; a rewind drops
+				// the rest (they are fetched again).
+				for recs := p.Records; len(recs) > 0 && r.crash() == nil; {
+					n := min(len(recs), s.cfg.MaxBatch)
+					if !s.partition(ctx, cl, recs[:n], r) {
+						return
+					}
+					recs = recs[n:]
+				}
 			})
 		})
 		wg.Wait()
@@ -256,9 +264,9 @@ func (r *run) crash() error {
 
 // partition processes one partition's polled records and commits the
 // settled ones; after the first unsettled one it rewinds the partition to
-// it, after its RetryAfter or a backoff. A Test.BeforeCommit veto crashes
-// the run.
-func (s *Subscriber) partition(ctx context.Context, cl *kgo.Client, recs []*kgo.Record, r *run) {
+// it, after its RetryAfter or a backoff, and reports false. A
+// Test.BeforeCommit veto crashes the run.
+func (s *Subscriber) partition(ctx context.Context, cl *kgo.Client, recs []*kgo.Record, r *run) bool {
 	workCtx, cancel := lifecycle.Grace(ctx, s.cfg.ShutdownGrace)
 	defer cancel()
 	msgs := make([]*consumer.Message, len(recs))
@@ -291,7 +299,7 @@ func (s *Subscriber) partition(ctx context.Context, cl *kgo.Client, recs []*kgo.
 			}
 		}
 		if r.crash() != nil {
-			return
+			return false
 		}
 		if err := cl.CommitRecords(workCtx, recs[settled-1]); err != nil {
 			// The work is durable; a redelivery is deduplicated.
@@ -309,7 +317,7 @@ func (s *Subscriber) partition(ctx context.Context, cl *kgo.Client, recs []*kgo.
 	}
 	r.mu.Unlock()
 	if settled == len(recs) {
-		return
+		return true
 	}
 	res, first := results[settled], recs[settled]
 	delay := res.RetryAfter
@@ -320,6 +328,7 @@ func (s *Subscriber) partition(ctx context.Context, cl *kgo.Client, recs []*kgo.
 		slog.String("key", res.Key), slog.Duration("after", delay), slog.Any("error", res.Err))
 	_ = lifecycle.Sleep(ctx, delay)
 	cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{first.Topic: {first.Partition: {Epoch: -1, Offset: first.Offset}}})
+	return false
 }
 
 // errNotAttempted marks the messages after a retried one in per-message
