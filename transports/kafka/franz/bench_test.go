@@ -131,11 +131,7 @@ func BenchmarkSubscribers(b *testing.B) {
 }
 
 func benchPool(b *testing.B) *pgxpool.Pool {
-	pool, err := pgxpool.New(context.Background(), testenv.PostgresURL(b))
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(pool.Close)
+	pool := benchOutboxPool(b)
 	if _, err := pool.Exec(context.Background(), `CREATE TABLE orders (id text NOT NULL, payload text NOT NULL)`); err != nil {
 		b.Fatal(err)
 	}

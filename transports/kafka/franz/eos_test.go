@@ -88,18 +88,7 @@ func eosRun(t *testing.T, kind string, n, kills int) (int, int) {
 	k := testenv.Kafka(t, 8, "orders", "payments")
 	topics := []string{k.Topic("orders"), k.Topic("payments")}
 	url := testenv.PostgresURL(t)
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	ob, err := outbox.New(pool, outbox.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ob.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	pool, ob := newOutbox(t, ctx, url)
 	spec := strings.Join([]string{kind, url, strings.Join(k.Brokers, ","), strings.Join(topics, ","),
 		"idemq-watermarks-" + uuid.NewString()[:8], "eos-" + uuid.NewString()[:8] + "-"}, "|")
 
@@ -190,14 +179,7 @@ WHERE datname = current_database() AND application_name = $1`, eosAppName); err 
 		kill(i)
 	}
 
-	var records []*kgo.Record
-	for _, topic := range topics {
-		recs, err := readCommitted(ctx, k, topic)
-		if err != nil {
-			t.Fatal(err)
-		}
-		records = append(records, recs...)
-	}
+	records := readAllCommitted(t, ctx, k, topics)
 	return checkExactlyOnce(t, records, n), logs.rows()
 }
 

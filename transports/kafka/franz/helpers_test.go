@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/idemq/idemq/internal/lifecycle"
@@ -17,18 +18,37 @@ import (
 )
 
 // readCommitted returns every committed record of topic, read from the
-// start to its last stable offset by a plain kgo consumer (no inbox).
+// start by a plain kgo consumer (no inbox) until a poll finds nothing:
+// the records a test waits for were committed before it reads.
 func readCommitted(ctx context.Context, k *testenv.KafkaCluster, topic string) ([]*kgo.Record, error) {
+	return readTopic(ctx, k, topic, kgo.ReadCommitted())
+}
+
+// readAllCommitted returns the committed records of topics, one topic
+// after the other.
+func readAllCommitted(t testing.TB, ctx context.Context, k *testenv.KafkaCluster, topics []string) []*kgo.Record {
+	t.Helper()
+	var records []*kgo.Record
+	for _, topic := range topics {
+		recs, err := readCommitted(ctx, k, topic)
+		if err != nil {
+			t.Fatal(err)
+		}
+		records = append(records, recs...)
+	}
+	return records
+}
+
+// readTopic reads topic like readCommitted, at isolation level.
+func readTopic(ctx context.Context, k *testenv.KafkaCluster, topic string, level kgo.IsolationLevel) ([]*kgo.Record, error) {
 	cl, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers...), kgo.ConsumeTopics(topic),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchIsolationLevel(level), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.FetchMaxWait(50*time.Millisecond))
 	if err != nil {
 		return nil, err
 	}
 	defer cl.Close()
 	var out []*kgo.Record
-	// Read until an empty poll: the records a test waits for were
-	// committed before it reads.
 	for {
 		pctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 		fs := cl.PollFetches(pctx)
@@ -42,6 +62,25 @@ func readCommitted(ctx context.Context, k *testenv.KafkaCluster, topic string) (
 			return out, nil
 		}
 	}
+}
+
+// newOutbox returns a pool on the database at url and its migrated
+// default outbox.
+func newOutbox(t testing.TB, ctx context.Context, url string) (*pgxpool.Pool, *outbox.Outbox) {
+	t.Helper()
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	ob, err := outbox.New(pool, outbox.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ob.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return pool, ob
 }
 
 // receivedFn is relaytest.Target.Received on a read_committed consumer.

@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/idemq/idemq"
@@ -29,18 +28,7 @@ func TestTxSinkRelayCrashAcrossDestinations(t *testing.T) {
 	defer cancel()
 	k := testenv.Kafka(t, 2, "orders", "payments")
 	topics := []string{k.Topic("orders"), k.Topic("payments")}
-	pool, err := pgxpool.New(ctx, testenv.PostgresURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	ob, err := outbox.New(pool, outbox.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ob.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	pool, ob := newOutbox(t, ctx, testenv.PostgresURL(t))
 	const n = 200
 	// Each key has messages on both destinations, so a partition's rows
 	// of the batch go out in two transactions.
@@ -120,14 +108,7 @@ func TestTxSinkRelayCrashAcrossDestinations(t *testing.T) {
 			t.Fatal("the outbox never drained")
 		}
 	}
-	var records []*kgo.Record
-	for _, topic := range topics {
-		recs, err := readCommitted(ctx, k, topic)
-		if err != nil {
-			t.Fatal(err)
-		}
-		records = append(records, recs...)
-	}
+	records := readAllCommitted(t, ctx, k, topics)
 	if dups := checkExactlyOnce(t, records, n); dups != 0 {
 		t.Fatalf("%d duplicates", dups)
 	}

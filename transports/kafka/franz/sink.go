@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
 	"sync"
 
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/relay"
+	"github.com/idemq/idemq/transports/internal/outbound"
 )
 
 // IDHeaderDefault is the header that carries a message's idempotency key,
@@ -240,19 +240,7 @@ func record(cfg SinkConfig, m *relay.Message) (*kgo.Record, error) {
 		r.Key = []byte(m.Key)
 	}
 	r.Headers = make([]kgo.RecordHeader, 0, len(m.Headers)+1)
-	if len(m.Headers) > 0 {
-		names := make([]string, 0, len(m.Headers))
-		for k := range m.Headers {
-			if k != cfg.IDHeader {
-				names = append(names, k)
-			}
-		}
-		sort.Strings(names)
-		for _, k := range names {
-			r.Headers = append(r.Headers, kgo.RecordHeader{Key: k, Value: []byte(m.Headers[k])})
-		}
-	}
-	r.Headers = append(r.Headers, kgo.RecordHeader{Key: cfg.IDHeader, Value: []byte(m.ID.String())})
+	outbound.Headers(m, cfg.IDHeader, func(k string, v []byte) { r.Headers = append(r.Headers, kgo.RecordHeader{Key: k, Value: v}) })
 	if n := recordSize(r); n > cfg.MaxRecordBytes {
 		return nil, idemq.Permanent(fmt.Errorf("idemq/franz: message %s is %d bytes, over MaxRecordBytes %d: %w",
 			m.ID, n, cfg.MaxRecordBytes, kerr.MessageTooLarge))

@@ -14,7 +14,6 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/internal/errtext"
 	"github.com/idemq/idemq/internal/lifecycle"
 	"github.com/idemq/idemq/transports/internal/inbound"
 )
@@ -108,10 +107,8 @@ func (c SubscriberConfig) validate() error {
 	case c.ShutdownGrace < 0:
 		return idemq.NewConfigError(subscriberComponent, "ShutdownGrace", "%v is negative", c.ShutdownGrace)
 	}
-	for _, t := range c.Topics {
-		if t == "" || t == c.DeadLetterTopic {
-			return idemq.NewConfigError(subscriberComponent, "Topics", "topic %q is empty or the dead-letter topic", t)
-		}
+	if err := inbound.CheckTopics(subscriberComponent, c.Topics, c.DeadLetterTopic); err != nil {
+		return err
 	}
 	return c.Retry.Validate(subscriberComponent)
 }
@@ -338,10 +335,7 @@ var errNotAttempted = errors.New("idemq/franz: an earlier message of the partiti
 // settle returns how many leading records are settled and may be
 // committed, after publishing the dead letters among them.
 func (s *Subscriber) settle(ctx context.Context, cl *kgo.Client, recs []*kgo.Record, results []consumer.Result) int {
-	n := 0
-	for n < len(results) && results[n].Settled() {
-		n++
-	}
+	n := inbound.Settled(results)
 	if s.cfg.DeadLetterTopic == "" {
 		return n
 	}
@@ -369,31 +363,14 @@ func (s *Subscriber) deadLetter(r *kgo.Record, res consumer.Result) *kgo.Record 
 	if !hasID {
 		headers = append(headers, kgo.RecordHeader{Key: s.cfg.IDHeader, Value: []byte(FallbackID(r))})
 	}
-	headers = append(headers,
-		kgo.RecordHeader{Key: consumer.HeaderDeadLetterReason, Value: []byte(errtext.Of(res.Err))},
-		kgo.RecordHeader{Key: consumer.HeaderDeadLetterOutcome, Value: []byte(res.Outcome.String())},
-		kgo.RecordHeader{Key: consumer.HeaderDeadLetterSource, Value: []byte(FallbackID(r))},
-	)
+	for _, h := range inbound.DeadLetterHeaders(res, FallbackID(r)) {
+		headers = append(headers, kgo.RecordHeader{Key: h[0], Value: []byte(h[1])})
+	}
 	return &kgo.Record{Topic: s.cfg.DeadLetterTopic, Key: r.Key, Value: r.Value, Headers: headers}
 }
 
 // message converts a record, choosing its id.
 func (s *Subscriber) message(r *kgo.Record) *consumer.Message {
-	msg := &consumer.Message{Payload: r.Value, Source: r}
-	if msg.Payload == nil {
-		msg.Payload = []byte{} // a tombstone is a valid message with an empty payload
-	}
-	if len(r.Headers) > 0 {
-		msg.Headers = make(map[string]string, len(r.Headers))
-	}
-	var id string
-	found := false
-	for _, h := range r.Headers {
-		msg.Headers[h.Key] = string(h.Value)
-		if h.Key == s.cfg.IDHeader {
-			found, id = true, string(h.Value)
-		}
-	}
-	msg.ID = inbound.ID(s.c, id, found, s.cfg.FallbackOnInvalidID, func() string { return FallbackID(r) })
-	return msg
+	return inbound.Message(s.c, r.Value, r, r.Headers, func(h kgo.RecordHeader) (string, []byte) { return h.Key, h.Value },
+		s.cfg.IDHeader, s.cfg.FallbackOnInvalidID, func() string { return FallbackID(r) }, nil)
 }

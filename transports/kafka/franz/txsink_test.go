@@ -136,31 +136,11 @@ func TestTxSinkZombieFenced(t *testing.T) {
 		t.Fatalf("read_committed consumer saw %d records, want the new owner's 10", len(got))
 	}
 	// The zombie's records are in the log, aborted.
-	all, err := readUncommitted(ctx, k, topic)
+	all, err := readTopic(ctx, k, topic, kgo.ReadUncommitted())
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(all) != 20 {
 		t.Fatalf("read_uncommitted consumer saw %d records, want 20 (10 aborted)", len(all))
-	}
-}
-
-func readUncommitted(ctx context.Context, k *testenv.KafkaCluster, topic string) ([]*kgo.Record, error) {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers...), kgo.ConsumeTopics(topic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(50*time.Millisecond))
-	if err != nil {
-		return nil, err
-	}
-	defer cl.Close()
-	var out []*kgo.Record
-	for {
-		pctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
-		fs := cl.PollFetches(pctx)
-		cancel()
-		n := 0
-		fs.EachRecord(func(r *kgo.Record) { out = append(out, r); n++ })
-		if n == 0 || ctx.Err() != nil {
-			return out, ctx.Err()
-		}
 	}
 }
