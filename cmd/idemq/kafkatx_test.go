@@ -58,3 +58,25 @@ func TestRelayFranzAndKafkaTxRoutes(t *testing.T) {
 		sameSet(t, c.topic, got, c.want)
 	}
 }
+
+// The kafka-tx routes share one TxSink, whose topic is the target of the
+// route the Router picked: an exact route over any prefix, the longest
+// prefix otherwise.
+func TestKafkaTxTopicOfRoutes(t *testing.T) {
+	var routes []route
+	for _, spec := range []string{"orders.*=kafka-tx:ORDERS", "orders.eu.*=kafka-tx:ORDERS_EU", "orders.special=kafka-tx", "pay.*=kafka-tx"} {
+		r, err := parseRoute(spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		routes = append(routes, r)
+	}
+	topic := topicOf(routes)
+	for dest, want := range map[string]string{
+		"orders.created": "ORDERS", "orders.eu.created": "ORDERS_EU", "orders.special": "orders.special", "pay.1": "pay.1",
+	} {
+		if got := topic(dest); got != want {
+			t.Errorf("topic(%q) = %q, want %q", dest, got, want)
+		}
+	}
+}
