@@ -112,9 +112,13 @@ func producerOpts(cfg SinkConfig) []kgo.Opt {
 // [idemq.Permanent]; the rest (leader moves, timeouts, a broker that went
 // away, a cancelled context) are retryable. Once a message of a key
 // failed, the later ones of that key in the batch are reported as
-// [relay.ErrSkipped]: the Sink checks every record before producing any,
-// produces a key that moves between topics in a later round, and kgo
-// fails the records buffered behind a failed one in its partition.
+// [relay.ErrSkipped]: the Sink checks every record before producing any
+// (so a message that cannot go never breaks its key's order), produces a
+// key that moves between topics in a later round, and the idempotent
+// producer writes a partition's records in order, retrying in place. Like
+// the kafka-go Sink, it cannot take back a later record of a key that the
+// broker accepted after refusing an earlier one for good (a non-retriable
+// error on one produce request of a partition and success on the next).
 //
 // A Sink is safe for concurrent use. Close closes its client.
 type Sink struct {
