@@ -240,7 +240,7 @@ func notMigrated(err error) error {
 }
 
 // errNilTx reports a nil transaction passed to a Tx method.
-var errNilTx = errors.New("inbox: nil transaction")
+var errNilTx = idemq.NewConfigError("inbox", "tx", "is nil: pass the caller's transaction, or use the call without Tx")
 
 // ClaimTx records key in tx as applied (SUCCEEDED). The record commits or
 // rolls back with tx, so it exists exactly when the message's side effects

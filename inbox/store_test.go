@@ -520,9 +520,12 @@ func TestNilTxIsAnError(t *testing.T) {
 			return err
 		},
 	}
-	for name, call := range calls {
-		if err := call(); err == nil {
-			t.Errorf("%s with a nil tx succeeded", name)
+	for _, nilTx := range []pgx.Tx{nil, (*pgxpool.Tx)(nil)} {
+		tx = nilTx
+		for name, call := range calls {
+			if err := call(); !errors.Is(err, idemq.ErrConfig) {
+				t.Errorf("%s with a %T(nil) tx: %v, want an idemq.ErrConfig", name, tx, err)
+			}
 		}
 	}
 }

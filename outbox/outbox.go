@@ -311,7 +311,7 @@ func (o *Outbox) EnqueueTx(ctx context.Context, tx pgx.Tx, msgs ...Message) erro
 		return nil
 	}
 	if nilcheck.IsNil(tx) {
-		return errors.New("outbox: EnqueueTx: nil tx; pass the business transaction, or use Enqueue")
+		return idemq.NewConfigError("outbox", "tx", "is nil: EnqueueTx needs the business transaction; use Enqueue for a transaction of its own")
 	}
 	msgs = withTraceContext(ctx, msgs)
 	rows, err := o.prepare(msgs)

@@ -245,18 +245,7 @@ func TestInboxDeadLetters(t *testing.T) {
 	t.Parallel()
 	url, pool, _ := database(t)
 	ctx := context.Background()
-	ib, err := inbox.New(pool, inbox.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, key := range []string{"order-1", "order-2"} {
-		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			_, err := ib.DeadLetterTx(ctx, tx, "billing", key, []byte("fp"), 3, errors.New("card declined"))
-			return err
-		}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	ib := inboxDeadLetterSet(t, pool, "billing", "order-1", "order-2")
 	var dead []inboxDead
 	mustJSON(t, url, &dead, "dlq", "list", "--inbox", "--scope", "billing")
 	if len(dead) != 2 || dead[0].Key != "order-1" || dead[0].Failures != 3 || dead[0].LastError != "card declined" {

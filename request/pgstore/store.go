@@ -85,7 +85,10 @@ func New(db inbox.DB, cfg Config) (*Store, error) {
 		return nil, err
 	}
 	in, err := inbox.New(db, inbox.Config{Schema: cfg.Schema, Table: cfg.Table, Retention: cfg.RecordTTL, MaxKeyLen: 1024})
-	if err != nil {
+	if ce, ok := errors.AsType[*idemq.ConfigError](err); ok {
+		// Blame this Store's setting, not the inbox underneath.
+		return nil, idemq.NewConfigError(component, ce.Field, "%s", ce.Reason)
+	} else if err != nil {
 		return nil, err
 	}
 	var owner [6]byte
@@ -134,7 +137,11 @@ func (s *Store) Claim(ctx context.Context, id request.ID, fingerprint []byte, le
 
 // Complete implements [request.Store.Complete].
 func (s *Store) Complete(ctx context.Context, lease request.Lease, resp request.Response) error {
-	return s.CompleteTx(ctx, nil, lease, resp)
+	body, err := resp.MarshalBinary()
+	if err != nil {
+		return err
+	}
+	return leaseErr(s.in.Complete(ctx, inboxLease(lease), body))
 }
 
 // CompleteTx is [Store.Complete] in the caller's transaction tx: the
@@ -142,18 +149,19 @@ func (s *Store) Complete(ctx context.Context, lease request.Lease, resp request.
 // request.ErrLeaseLost when the key was taken over; roll tx back then, so
 // that the stale attempt's writes are undone and the successor's stand.
 // Until tx ends, the record's row stays locked: a concurrent claim of the
-// key waits for it.
+// key waits for it. A nil tx is refused (idemq.ErrConfig): use
+// [Store.Complete] for a transaction of its own.
 func (s *Store) CompleteTx(ctx context.Context, tx pgx.Tx, lease request.Lease, resp request.Response) error {
+	if pgtx.IsNil(tx) {
+		// Completing in a transaction of its own instead would store the
+		// response whether or not the caller's work commits.
+		return idemq.NewConfigError("pgstore", "tx", "is nil: pass the transaction of the handler's work, or use Complete")
+	}
 	body, err := resp.MarshalBinary()
 	if err != nil {
 		return err
 	}
-	if tx == nil {
-		err = s.in.Complete(ctx, inboxLease(lease), body)
-	} else {
-		err = s.in.CompleteTx(ctx, tx, inboxLease(lease), body)
-	}
-	return leaseErr(err)
+	return leaseErr(s.in.CompleteTx(ctx, tx, inboxLease(lease), body))
 }
 
 var errReleased = errors.New("released by the front end")

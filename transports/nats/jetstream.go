@@ -73,19 +73,21 @@ type JetStreamSubscriberConfig struct {
 	// Defaults to false: consumer.Process, one transaction per message,
 	// each acknowledged after its commit.
 	Batch bool
-	// MaxBatch bounds the messages one fetch asks for. Defaults to
+	// MaxBatch bounds the messages one fetch asks for; at most the
+	// JetStream consumer's MaxRequestBatch, if it has one. Defaults to
 	// [MaxBatchDefault].
 	MaxBatch int
 	// FetchWait bounds how long one fetch waits for MaxBatch messages; it
 	// is also how long Run may take to notice a cancelled context while
-	// the stream is idle. Defaults to [FetchWaitDefault].
+	// the stream is idle. At least 1ms. Defaults to [FetchWaitDefault].
 	FetchWait time.Duration
 
 	// InProgressInterval is how often the messages fetched and not yet
 	// acknowledged are reported in progress (jetstream.Msg.InProgress),
 	// which restarts their AckWait, so a long handler never makes the
 	// server deliver its message again in parallel. It must be below
-	// AckWait. Defaults to a third of the consumer's AckWait.
+	// AckWait, and at least 1ms. Defaults to a third of the consumer's
+	// AckWait.
 	InProgressInterval time.Duration
 
 	// DeadLetterSubject, if set, receives a copy of every dead letter and
@@ -192,6 +194,11 @@ func NewJetStreamSubscriber(c *consumer.Consumer, cons jetstream.Consumer, js je
 	if err := cfg.validate(component, ackWait); err != nil {
 		return nil, err
 	}
+	if most := info.Config.MaxRequestBatch; most > 0 && cfg.MaxBatch > most {
+		// The server would refuse every fetch, and Run retry it forever.
+		return nil, idemq.NewConfigError(component, "MaxBatch", "%d is above the JetStream consumer's MaxRequestBatch %d: set MaxBatch to at most %d",
+			cfg.MaxBatch, most, most)
+	}
 	s := &JetStreamSubscriber{
 		c: c, cons: cons, cfg: cfg, js: js,
 		log: cfg.Logger.With(slog.String("stream", info.Stream), slog.String("consumer", info.Name), slog.String("scope", c.Scope())),
@@ -214,12 +221,26 @@ func (c JetStreamSubscriberConfig) withDefaults(ackWait time.Duration) JetStream
 }
 
 func (c JetStreamSubscriberConfig) validate(component string, ackWait time.Duration) error {
+	if err := checkHeaderName(component, "IDHeader", c.IDHeader); err != nil {
+		return err
+	}
+	if c.DeadLetterSubject != "" {
+		if err := checkSubject(component, "DeadLetterSubject", c.DeadLetterSubject, false); err != nil {
+			return err
+		}
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"FetchWait", c.FetchWait}, {"InProgressInterval", c.InProgressInterval}} {
+		if err := checkDuration(component, d.name, d.v); err != nil {
+			return err
+		}
+	}
 	switch {
 	case c.MaxBatch < 0:
 		return idemq.NewConfigError(component, "MaxBatch", "%d is negative", c.MaxBatch)
-	case c.FetchWait < 0:
-		return idemq.NewConfigError(component, "FetchWait", "%v is negative", c.FetchWait)
-	case c.InProgressInterval <= 0 || c.InProgressInterval >= ackWait:
+	case c.InProgressInterval >= ackWait:
 		return idemq.NewConfigError(component, "InProgressInterval", "%v must be positive and below the consumer's AckWait %v", c.InProgressInterval, ackWait)
 	case c.ShutdownGrace < 0:
 		return idemq.NewConfigError(component, "ShutdownGrace", "%v is negative", c.ShutdownGrace)

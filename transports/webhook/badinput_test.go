@@ -149,12 +149,12 @@ func TestBadInputPublisher(t *testing.T) {
 		t.Fatalf("NewPublisher(reg, nil): %v, want ErrConfig", err)
 	}
 	ok := event("k", 1)
-	if _, err := b.pub.PublishTx(b.ctx, nil, ok); err == nil || !strings.Contains(err.Error(), "nil tx") {
-		t.Fatalf("PublishTx(nil tx): %v, want an error", err)
+	if _, err := b.pub.PublishTx(b.ctx, nil, ok); !errors.Is(err, idemq.ErrConfig) || !strings.Contains(err.Error(), "tx is nil") {
+		t.Fatalf("PublishTx(nil tx): %v, want an idemq.ErrConfig", err)
 	}
 	var nilTx pgx.Tx = (*nilTxType)(nil)
-	if _, err := b.pub.PublishTx(b.ctx, nilTx, ok); err == nil {
-		t.Fatal("PublishTx(typed nil tx) accepted it")
+	if _, err := b.pub.PublishTx(b.ctx, nilTx, ok); !errors.Is(err, idemq.ErrConfig) {
+		t.Fatalf("PublishTx(typed nil tx): %v, want an idemq.ErrConfig", err)
 	}
 	// Two endpoints: event 1's rows are rows 2 and 3.
 	addEndpoint(t, b, "https://a.example", nil)
