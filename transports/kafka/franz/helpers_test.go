@@ -8,7 +8,9 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/idemq/idemq/internal/lifecycle"
 	"github.com/idemq/idemq/outbox"
@@ -18,8 +20,8 @@ import (
 )
 
 // readCommitted returns every committed record of topic, read from the
-// start by a plain kgo consumer (no inbox) until a poll finds nothing:
-// the records a test waits for were committed before it reads.
+// start by a plain kgo consumer (no inbox) up to the topic's last stable
+// offsets at the time of the call.
 func readCommitted(ctx context.Context, k *testenv.KafkaCluster, topic string) ([]*kgo.Record, error) {
 	return readTopic(ctx, k, topic, kgo.ReadCommitted())
 }
@@ -39,29 +41,60 @@ func readAllCommitted(t testing.TB, ctx context.Context, k *testenv.KafkaCluster
 	return records
 }
 
-// readTopic reads topic like readCommitted, at isolation level.
+// readTopic reads topic like readCommitted, at isolation level, up to the
+// end offsets of that level (control records are read to see the end,
+// and left out).
 func readTopic(ctx context.Context, k *testenv.KafkaCluster, topic string, level kgo.IsolationLevel) ([]*kgo.Record, error) {
 	cl, err := kgo.NewClient(kgo.SeedBrokers(k.Brokers...), kgo.ConsumeTopics(topic),
 		kgo.FetchIsolationLevel(level), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.FetchMaxWait(50*time.Millisecond))
+		kgo.KeepControlRecords(), kgo.FetchMaxWait(50*time.Millisecond))
 	if err != nil {
 		return nil, err
 	}
 	defer cl.Close()
+	req := kmsg.NewPtrListOffsetsRequest()
+	if level == kgo.ReadCommitted() {
+		req.IsolationLevel = 1
+	}
+	rt := kmsg.NewListOffsetsRequestTopic()
+	rt.Topic = topic
+	for p := range int32(k.Partitions) {
+		rp := kmsg.NewListOffsetsRequestTopicPartition()
+		rp.Partition, rp.Timestamp = p, -1
+		rt.Partitions = append(rt.Partitions, rp)
+	}
+	req.Topics = append(req.Topics, rt)
+	resp, err := req.RequestWith(ctx, cl)
+	if err != nil {
+		return nil, err
+	}
+	left := map[int32]int64{} // partition -> end offset not reached yet
+	for _, t := range resp.Topics {
+		for _, p := range t.Partitions {
+			if err := kerr.ErrorForCode(p.ErrorCode); err != nil {
+				return nil, err
+			}
+			if p.Offset > 0 {
+				left[p.Partition] = p.Offset
+			}
+		}
+	}
 	var out []*kgo.Record
-	for {
-		pctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
-		fs := cl.PollFetches(pctx)
-		cancel()
+	for len(left) > 0 {
+		fs := cl.PollFetches(ctx)
 		if ctx.Err() != nil {
 			return out, ctx.Err()
 		}
-		n := 0
-		fs.EachRecord(func(r *kgo.Record) { out = append(out, r); n++ })
-		if n == 0 {
-			return out, nil
-		}
+		fs.EachRecord(func(r *kgo.Record) {
+			if end, ok := left[r.Partition]; ok && r.Offset < end && !r.Attrs.IsControl() {
+				out = append(out, r)
+			}
+			if end, ok := left[r.Partition]; ok && r.Offset >= end-1 {
+				delete(left, r.Partition)
+			}
+		})
 	}
+	return out, nil
 }
 
 // newOutbox returns a pool on the database at url and its migrated
