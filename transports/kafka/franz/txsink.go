@@ -354,7 +354,11 @@ func (s *TxSink) transact(ctx context.Context, batch []relay.Message, recs []*kg
 		case m.LeaseToken < token:
 			failed[i] = fmt.Errorf("%w: message %s carries lease token %d, the batch %d", ErrFenced, m.ID, m.LeaseToken, token)
 		case m.Seq > 0 && delivered[m.Seq]:
-			// Committed by the last transaction; the relay deletes it.
+			// Committed by the last transaction: reported delivered, for
+			// the relay to delete, and named again in this transaction's
+			// watermark, as that delete is still to come.
+			wm.Seq = max(wm.Seq, m.Seq)
+			wm.Seqs = append(wm.Seqs, m.Seq)
 		default:
 			send = append(send, i)
 			wm.Seq = max(wm.Seq, m.Seq)
