@@ -144,3 +144,30 @@ func TestTxSinkZombieFenced(t *testing.T) {
 		t.Fatalf("read_uncommitted consumer saw %d records, want 20 (10 aborted)", len(all))
 	}
 }
+
+// A TxSink that is handed rows its partition's last committed watermark
+// names (a relay that did not delete them first: a Sink wrapper that hides
+// the Watermarker) reports them delivered without sending them again.
+func TestTxSinkSkipsWhatItsWatermarkNames(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	k := testenv.Kafka(t, 2, "orders")
+	first := newTxSink(t, k, franz.TxConfig{})
+	batch := keyed(k.Topic("orders"), 9, 1, 1, 5)
+	if err := first.Publish(ctx, batch); err != nil {
+		t.Fatal(err)
+	}
+	prefix := first.TransactionalID(9)[:len(first.TransactionalID(9))-1]
+	next := newTxSink(t, k, franz.TxConfig{TransactionalIDPrefix: prefix, WatermarkTopic: first.WatermarkTopic()})
+	again := keyed(k.Topic("orders"), 9, 2, 1, 6) // seqs 1-5 again, and 6
+	for i := range 5 {
+		again[i].Message = batch[i].Message
+	}
+	if err := next.Publish(ctx, again); err != nil {
+		t.Fatal(err)
+	}
+	got, err := readCommitted(ctx, k, k.Topic("orders"))
+	if err != nil || len(got) != 6 {
+		t.Fatalf("read %d committed records (%v), want the 5 of the first sink and 1 more", len(got), err)
+	}
+}
