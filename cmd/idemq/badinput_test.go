@@ -15,11 +15,14 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/inbox"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/testenv"
@@ -46,19 +49,20 @@ func deadLetters(t *testing.T, dests ...string) (url string, ob *outbox.Outbox, 
 func inboxDeadLetterSet(t *testing.T, pool *pgxpool.Pool, scope string, keys ...string) *inbox.Store {
 	t.Helper()
 	ctx := context.Background()
-	ib, err := inbox.New(pool, inbox.Config{})
+	// A handler that always fails, under one attempt: each key becomes a
+	// dead letter with its error.
+	c, err := consumer.New(pool, scope, func(context.Context, pgx.Tx, *consumer.Message) error {
+		return errors.New("card declined")
+	}, consumer.Config{Retry: idemq.Retry{MaxAttempts: 3, BaseDelay: time.Millisecond, MaxDelay: time.Millisecond}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, key := range keys {
-		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			_, err := ib.DeadLetterTx(ctx, tx, scope, key, []byte("fp"), 3, errors.New("card declined"))
-			return err
-		}); err != nil {
-			t.Fatal(err)
+		if r := c.Process(ctx, &consumer.Message{ID: key, Payload: []byte("fp")}); r.Outcome != consumer.DeadLettered {
+			t.Fatalf("%s: %+v, want DeadLettered", key, r)
 		}
 	}
-	return ib
+	return c.Store()
 }
 
 // deadCount is the number of outbox dead letters.

@@ -35,6 +35,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/request"
 	"github.com/idemq/idemq/request/idemhttp"
 	"github.com/idemq/idemq/request/pgstore"
@@ -83,7 +84,7 @@ func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
 			return err
 		}
 		// The response is recorded under the key in this transaction.
-		return idemhttp.Record(r, func(l request.Lease, resp request.Response) error {
+		return idemhttp.Record(r, func(l idemq.Lease, resp request.Response) error {
 			return a.store.CompleteTx(ctx, tx, l, resp)
 		})
 	})

@@ -269,7 +269,10 @@ func (s *JetStreamSubscriber) Run(ctx context.Context) error {
 	pctx, cancel := lifecycle.Grace(ctx, s.cfg.ShutdownGrace)
 	defer cancel()
 
-	failures := 0
+	// The loop runs on after a success, so it takes the delays of a
+	// BackOff rather than running under backoff.RetryNotify: Retry's
+	// delays without its bounds, since fetching never gives up.
+	back := idemq.Retry{BaseDelay: s.cfg.Retry.BaseDelay, MaxDelay: s.cfg.Retry.MaxDelay}.BackOff()
 	for ctx.Err() == nil {
 		batch, err := s.cons.Fetch(s.cfg.MaxBatch, jetstream.FetchMaxWait(s.cfg.FetchWait))
 		if err == nil {
@@ -278,7 +281,7 @@ func (s *JetStreamSubscriber) Run(ctx context.Context) error {
 		}
 		switch {
 		case err == nil:
-			failures = 0
+			back.Reset()
 			continue
 		case errors.Is(err, errCrash):
 			return err
@@ -286,8 +289,7 @@ func (s *JetStreamSubscriber) Run(ctx context.Context) error {
 			errors.Is(err, nats.ErrConnectionClosed):
 			return fmt.Errorf("idemq/nats: fetch: %w", err)
 		}
-		failures++
-		delay := s.cfg.Retry.Delay(failures, 0)
+		delay := back.NextBackOff()
 		s.log.Warn("idemq/nats: fetch failed; retrying", slog.Any("error", err), slog.Duration("delay", delay))
 		_ = lifecycle.Sleep(ctx, delay)
 	}
@@ -460,35 +462,24 @@ func Subject(msg *consumer.Message) string {
 	return ""
 }
 
-// inProgress reports fetched, unsettled messages in progress on a ticker.
+// inProgress reports fetched, unsettled messages in progress every
+// interval, on lifecycle.KeepAlive.
 type inProgress struct {
 	mu      sync.Mutex
 	pending map[jetstream.Msg]struct{}
-	quit    chan struct{}
-	wg      sync.WaitGroup
-	once    sync.Once
+	halt    func() error
 }
 
 func newInProgress(interval time.Duration) *inProgress {
-	p := &inProgress{pending: map[jetstream.Msg]struct{}{}, quit: make(chan struct{})}
-	p.wg.Add(1)
-	go func() {
-		defer p.wg.Done()
-		t := time.NewTicker(interval)
-		defer t.Stop()
-		for {
-			select {
-			case <-p.quit:
-				return
-			case <-t.C:
-				p.mu.Lock()
-				for m := range p.pending {
-					_ = m.InProgress()
-				}
-				p.mu.Unlock()
-			}
+	p := &inProgress{pending: map[jetstream.Msg]struct{}{}}
+	p.halt = lifecycle.KeepAlive(context.Background(), interval, func(context.Context) error {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		for m := range p.pending {
+			_ = m.InProgress()
 		}
-	}()
+		return nil
+	})
 	return p
 }
 
@@ -504,11 +495,9 @@ func (p *inProgress) done(m jetstream.Msg) {
 	p.mu.Unlock()
 }
 
-// stop ends the ticker and waits for it; safe to call more than once.
-func (p *inProgress) stop() {
-	p.once.Do(func() { close(p.quit) })
-	p.wg.Wait()
-}
+// stop ends the reports and waits for the one in flight; safe to call
+// more than once.
+func (p *inProgress) stop() { _ = p.halt() }
 
 func flatten(h nats.Header) map[string]string {
 	if len(h) == 0 {

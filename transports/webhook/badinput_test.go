@@ -17,7 +17,6 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/inbox"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
 	"github.com/idemq/idemq/transports/webhook"
@@ -53,7 +52,7 @@ func TestBadInputReceiverConfig(t *testing.T) {
 	}
 	// Issue 23 item 4: a lease of 1 ns was accepted and one webhook applied
 	// two or three times.
-	leased := webhook.HandleLeased(func(context.Context, webhook.Delivery, inbox.Lease) error { return nil })
+	leased := webhook.HandleLeased(func(context.Context, webhook.Delivery, idemq.Lease) error { return nil })
 	_, err = consumer.NewLeased(b.pool, "webhook", leased, consumer.Config{LeaseTTL: time.Nanosecond})
 	var ce *idemq.ConfigError
 	if !errors.As(err, &ce) || ce.Field != "LeaseTTL" {
