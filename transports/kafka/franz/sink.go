@@ -186,7 +186,7 @@ func produce(ctx context.Context, cl *kgo.Client, recs []*kgo.Record, send []int
 		rs[j] = recs[i]
 	}
 	var failed map[int]error
-	for j, err := range produceAll(ctx, cl, rs) {
+	for j, err := range produceAll(ctx, cl, rs, false) {
 		if err != nil {
 			if failed == nil {
 				failed = map[int]error{}
@@ -198,8 +198,9 @@ func produce(ctx context.Context, cl *kgo.Client, recs []*kgo.Record, send []int
 }
 
 // produceAll sends rs and waits for them; it returns each record's
-// classified error.
-func produceAll(ctx context.Context, cl *kgo.Client, rs []*kgo.Record) []error {
+// classified error. A client of its own (a TxSink partition's, which
+// lingers) drops what it still buffers when ctx ends before the flush.
+func produceAll(ctx context.Context, cl *kgo.Client, rs []*kgo.Record, own bool) []error {
 	errs := make([]error, len(rs))
 	var wg sync.WaitGroup
 	wg.Add(len(rs))
@@ -208,6 +209,11 @@ func produceAll(ctx context.Context, cl *kgo.Client, rs []*kgo.Record) []error {
 			errs[j] = classify(err)
 			wg.Done()
 		})
+	}
+	// Send what lingers (a TxSink's clients buffer a transaction's records
+	// to send them together); the promises report the outcome.
+	if err := cl.Flush(ctx); err != nil && own {
+		_ = cl.AbortBufferedRecords(context.WithoutCancel(ctx))
 	}
 	wg.Wait()
 	return errs

@@ -248,6 +248,9 @@ func (s *TxSink) ensure(ctx context.Context, tp *txPartition, p int, token int64
 	cl, err := kgo.NewClient(append(append([]kgo.Opt{}, s.opts...),
 		kgo.TransactionalID(s.TransactionalID(p)),
 		kgo.TransactionTimeout(s.cfg.TransactionTimeout),
+		// A transaction's records are produced at once and flushed: one
+		// request (and one AddPartitionsToTxn) for all of them.
+		kgo.ProducerLinger(time.Second),
 	)...)
 	if err != nil {
 		return err
@@ -395,7 +398,7 @@ func (s *TxSink) transact(ctx context.Context, batch []relay.Message, recs []*kg
 	for _, i := range send {
 		rs = append(rs, recs[i])
 	}
-	errs := produceAll(ctx, cl, rs)
+	errs := produceAll(ctx, cl, rs, true)
 	var cause error
 	if err := errs[0]; err != nil {
 		cause = fmt.Errorf("idemq/franz: watermark record: %w", err)
@@ -410,8 +413,8 @@ func (s *TxSink) transact(ctx context.Context, batch []relay.Message, recs []*kg
 		cause = ctx.Err()
 	}
 	if cause == nil {
-		// Flush before EndTransaction (every promise came back, so this
-		// returns at once).
+		// Flush before EndTransaction (produceAll flushed and every
+		// promise came back, so this returns at once).
 		cause = cl.Flush(ctx)
 	}
 	if cause == nil {

@@ -171,3 +171,38 @@ func TestTxSinkSkipsWhatItsWatermarkNames(t *testing.T) {
 		t.Fatalf("read %d committed records (%v), want the 5 of the first sink and 1 more", len(got), err)
 	}
 }
+
+// A Publish whose context ends while its transaction is being produced
+// returns at once, and the transaction is all or nothing for a
+// read_committed reader.
+func TestTxSinkCancelledMidTransaction(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	k := testenv.Kafka(t, 2, "orders")
+	s := newTxSink(t, k, franz.TxConfig{})
+	if _, err := s.Watermark(ctx, 4, 1); err != nil {
+		t.Fatal(err)
+	}
+	for round := range 5 {
+		pctx, stop := context.WithCancel(ctx)
+		time.AfterFunc(time.Duration(round)*time.Millisecond, stop)
+		start := time.Now()
+		err := s.Publish(pctx, keyed(k.Topic("orders"), 4, 1, int64(1+round*2000), 2000))
+		if took := time.Since(start); took > 5*time.Second {
+			t.Fatalf("round %d: Publish took %v after its context ended", round, took)
+		}
+		stop()
+		t.Logf("round %d: %v", round, err != nil)
+	}
+	got, err := readCommitted(ctx, k, k.Topic("orders"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got)%2000 != 0 {
+		t.Fatalf("%d committed records: a transaction was cut", len(got))
+	}
+	// The sink still works.
+	if err := s.Publish(ctx, keyed(k.Topic("orders"), 4, 1, 20001, 10)); err != nil {
+		t.Fatalf("after the cancellations: %v", err)
+	}
+}
