@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -87,7 +88,7 @@ func producerOpts(cfg SinkConfig) []kgo.Opt {
 		kgo.RequiredAcks(kgo.AllISRAcks()),
 		kgo.RecordPartitioner(partitioner{manual: cfg.manualTopic}),
 		kgo.ProducerBatchMaxBytes(int32(cfg.MaxRecordBytes + recordOverhead)),
-		kgo.ProducerLinger(0),
+		kgo.ProducerLinger(time.Second), // Publish flushes
 	}
 }
 
@@ -128,8 +129,9 @@ type Sink struct {
 
 // NewSink returns a Sink on a new kgo client made of opts (at least
 // kgo.SeedBrokers; TLS, SASL, client id as needed) and the producer
-// options the Sink needs, which come last and win. It does not contact the
-// brokers.
+// options the Sink needs, which come last and win (among them a linger of
+// a second: Publish flushes a batch's records at once). It does not
+// contact the brokers.
 func NewSink(cfg SinkConfig, opts ...kgo.Opt) (*Sink, error) {
 	const c = "franz.Sink"
 	cfg = cfg.withDefaults()
@@ -198,8 +200,10 @@ func produce(ctx context.Context, cl *kgo.Client, recs []*kgo.Record, send []int
 }
 
 // produceAll sends rs and waits for them; it returns each record's
-// classified error. A client of its own (a TxSink partition's, which
-// lingers) drops what it still buffers when ctx ends before the flush.
+// classified error. The clients linger, so the records go out together
+// when it flushes. A client of its own (a TxSink partition's) drops what
+// it still buffers when ctx ends before the flush; on a shared client
+// those records go out when the linger ends, within a second.
 func produceAll(ctx context.Context, cl *kgo.Client, rs []*kgo.Record, own bool) []error {
 	errs := make([]error, len(rs))
 	var wg sync.WaitGroup
@@ -210,8 +214,7 @@ func produceAll(ctx context.Context, cl *kgo.Client, rs []*kgo.Record, own bool)
 			wg.Done()
 		})
 	}
-	// Send what lingers (a TxSink's clients buffer a transaction's records
-	// to send them together); the promises report the outcome.
+	// Send what lingers; the promises report the outcome.
 	if err := cl.Flush(ctx); err != nil && own {
 		_ = cl.AbortBufferedRecords(context.WithoutCancel(ctx))
 	}

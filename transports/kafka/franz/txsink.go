@@ -248,9 +248,6 @@ func (s *TxSink) ensure(ctx context.Context, tp *txPartition, p int, token int64
 	cl, err := kgo.NewClient(append(append([]kgo.Opt{}, s.opts...),
 		kgo.TransactionalID(s.TransactionalID(p)),
 		kgo.TransactionTimeout(s.cfg.TransactionTimeout),
-		// A transaction's records are produced at once and flushed: one
-		// request (and one AddPartitionsToTxn) for all of them.
-		kgo.ProducerLinger(time.Second),
 	)...)
 	if err != nil {
 		return err
