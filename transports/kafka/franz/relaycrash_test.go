@@ -53,7 +53,7 @@ func TestTxSinkRelayCrashAcrossDestinations(t *testing.T) {
 		}
 		return r
 	}
-	rcfg := relay.Config{BatchSize: n, LeaseTTL: 300 * time.Millisecond, PollInterval: 10 * time.Millisecond, ShutdownGrace: 10 * time.Millisecond, Logger: quiet()}
+	rcfg := relay.Config{BatchSize: n, LeaseTTL: 3 * time.Second, PollInterval: 10 * time.Millisecond, ShutdownGrace: 10 * time.Millisecond, Logger: quiet()}
 
 	first, err := franz.NewTxSink(cfg, kgo.SeedBrokers(k.Brokers...))
 	if err != nil {
