@@ -23,9 +23,10 @@ import (
 // <destination>" span, child of the trace context stored in the message's
 // headers by outbox.EnqueueTx ([OutboxHeaders]), and carries that span's context in its
 // headers downstream. system names the broker in the spans'
-// messaging.system attribute ("kafka", "nats", "webhook").
+// messaging.system attribute ("kafka", "nats", "webhook"). When s is a
+// relay.Watermarker (a transactional Kafka sink), so is the wrapper.
 func (t *Telemetry) Sink(system string, s relay.Sink) relay.Sink {
-	return relay.SinkFunc(func(ctx context.Context, batch []relay.Message) error {
+	send := relay.SinkFunc(func(ctx context.Context, batch []relay.Message) error {
 		spans := make([]trace.Span, len(batch))
 		for i := range batch {
 			m := &batch[i]
@@ -67,6 +68,16 @@ func (t *Telemetry) Sink(system string, s relay.Sink) relay.Sink {
 		}
 		return err
 	})
+	if wm, ok := s.(relay.Watermarker); ok {
+		return watermarkSink{send, wm}
+	}
+	return send
+}
+
+// watermarkSink is a traced Sink that keeps its Watermarker.
+type watermarkSink struct {
+	relay.SinkFunc
+	relay.Watermarker
 }
 
 // Handler wraps h so that every attempt at a message runs in a "process

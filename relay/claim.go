@@ -99,6 +99,7 @@ type worker struct {
 	pendingTop int64    // a candidate horizon, once pending have ended
 	pending    []string // virtual transaction ids; nil: no candidate
 	seqs       sequenceWatch
+	marked     map[int32]int64 // partition -> lease token whose Watermarker watermark was applied
 }
 
 // rewind is the lowest seq of the rows the worker left behind the cursor
@@ -176,6 +177,9 @@ func (w *worker) round(ctx, work context.Context) (int, bool, error) {
 		}
 	}
 	w.rewindDue()
+	if err := w.watermarks(ctx); err != nil {
+		return 0, false, err
+	}
 
 	// 2. Fence and scan.
 	conn, err := r.pool.Acquire(ctx)
@@ -220,7 +224,9 @@ func (w *worker) round(ctx, work context.Context) (int, bool, error) {
 		if err != nil {
 			return 0, false, err
 		}
+		pctx = withBatch(pctx)
 		failed, took = r.publish(pctx, rows, behind)
+		w.unmark(rows, failed)
 		if err := fenced(); err != nil {
 			return 0, false, err
 		}

@@ -95,6 +95,14 @@
 // publishes (order, fences, loss), for which a Sink records each
 // [Message]'s Seq, Partition and LeaseToken.
 //
+// A Sink that commits each batch in a broker transaction fenced by the
+// partition's lease token (the transactional Kafka sink of package
+// transports/kafka/franz) implements [Watermarker]: when a worker takes a
+// partition, and after a failed round or publish of it, the relay deletes
+// without publishing the rows the partition's last committed watermark
+// names, so a crash between the broker's commit and the relay's delete
+// publishes nothing twice.
+//
 // # Waking up
 //
 // The relay LISTENs on a dedicated connection (not from the pool, so the

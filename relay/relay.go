@@ -499,6 +499,7 @@ func (r *Relay) workerLoop(ctx, work context.Context, wake <-chan struct{}, id u
 	for ctx.Err() == nil {
 		claimed, more, err := w.round(ctx, work)
 		if err != nil {
+			w.unmark(nil, nil)
 			if ctx.Err() != nil {
 				return
 			}

@@ -249,6 +249,8 @@ func TestBadInputRelayChecksItsFlagsBeforeTouchingTheDatabase(t *testing.T) {
 		{"empty target", "empty TARGET", append([]string{"--route", "orders.*=nats:"}, nats...)},
 		{"duplicate route", "orders", append([]string{"--route", "orders=nats", "--route", "orders=jetstream"}, nats...)},
 		{"route without broker", "--kafka-brokers", []string{"--route", "orders=kafka"}},
+		{"kafka-tx route without broker", "--kafka-brokers", []string{"--route", "orders=kafka-tx"}},
+		{"franz route without broker", "--kafka-brokers", []string{"--route", "orders.*=franz:ORDERS"}},
 		{"bad network", "--webhook-allow-network", []string{"--webhooks", "--webhook-allow-network", "10.0.0.0/33"}},
 		{"lease of 1ns", "--lease-ttl: 1ns is below the minimum of 100ms", append([]string{"--route", "orders=nats", "--lease-ttl", "1ns"}, nats...)},
 		{"lease of 2ns", "--lease-ttl", append([]string{"--route", "orders=nats", "--lease-ttl", "2ns"}, nats...)},

@@ -32,6 +32,9 @@ func relayCommand() *cli.Command {
 		Name:  "relay",
 		Usage: "run the outbox relay: publish outbox messages to Kafka, NATS and webhook endpoints",
 		Description: "Routes map destinations to sinks: --route 'orders.*=kafka' --route 'shipping.*=jetstream:SHIPPING.in'.\n" +
+			"Kafka sinks: kafka (kafka-go, the default), franz (franz-go, idempotent producer), kafka-tx (franz-go, one Kafka\n" +
+			"transaction per outbox partition and batch, fenced by the relay's leases: exactly once for read_committed consumers;\n" +
+			"--kafka-tx-id-prefix and --kafka-watermark-topic must be unique to the outbox).\n" +
 			"SIGTERM or Ctrl-C stops claiming; batches in flight get --shutdown-grace to finish, the rest is released, not lost.\n" +
 			"--http-addr serves /metrics (Prometheus), /healthz (the relay loop is running) and /readyz\n" +
 			"(database reachable, schema current, relay claiming).\n" +
@@ -40,15 +43,19 @@ func relayCommand() *cli.Command {
 			"It exits 4 when migrations are pending, unless --migrate applies them first.\n" +
 			"--check validates the flags, environment and --config file without contacting anything: exit 0 or 2.",
 		Flags: []cli.Flag{
-			&cli.StringSliceFlag{Name: "route", Usage: "PATTERN=SINK[:TARGET]; SINK is kafka, jetstream or nats; PATTERN may end in *",
+			&cli.StringSliceFlag{Name: "route", Usage: "PATTERN=SINK[:TARGET]; SINK is kafka, franz, kafka-tx, jetstream or nats; PATTERN may end in *",
 				Sources: cli.EnvVars("IDEMQ_ROUTES")},
 			&cli.StringSliceFlag{Name: "kafka-brokers", Usage: "Kafka bootstrap brokers host:port", Sources: cli.EnvVars("IDEMQ_KAFKA_BROKERS")},
+			&cli.StringFlag{Name: "kafka-tx-id-prefix", Value: kafkaTxIDPrefixDefault, Usage: "kafka-tx routes: transactional.id prefix (+ outbox partition)",
+				Sources: cli.EnvVars("IDEMQ_KAFKA_TX_ID_PREFIX")},
+			&cli.StringFlag{Name: "kafka-watermark-topic", Value: kafkaWatermarkTopicDefault, Usage: "kafka-tx routes: compacted topic of the watermarks (created if missing)",
+				Sources: cli.EnvVars("IDEMQ_KAFKA_WATERMARK_TOPIC")},
 			&cli.StringFlag{Name: "nats-url", Usage: "NATS server URL", Sources: cli.EnvVars("IDEMQ_NATS_URL", "NATS_URL")},
 			&cli.BoolFlag{Name: "webhooks", Usage: "deliver webhook/<endpoint> destinations to the registered webhook endpoints",
 				Sources: cli.EnvVars("IDEMQ_WEBHOOKS")},
 			&cli.StringSliceFlag{Name: "webhook-allow-network", Usage: "CIDR the webhook SSRF guard lets through (repeatable)",
 				Sources: cli.EnvVars("IDEMQ_WEBHOOK_ALLOW_NETWORKS")},
-			&cli.StringFlag{Name: "config", Usage: "JSON file with routes, kafka_brokers, nats_url, webhooks and webhook_allow_networks, for what the flags leave unset",
+			&cli.StringFlag{Name: "config", Usage: "JSON file with routes, kafka_brokers, kafka_tx_id_prefix, kafka_watermark_topic, nats_url, webhooks and webhook_allow_networks, for what the flags leave unset",
 				Sources: cli.EnvVars("IDEMQ_CONFIG")},
 			&cli.StringFlag{Name: "http-addr", Usage: "address for /metrics, /healthz and /readyz (empty: none)",
 				Sources: cli.EnvVars("IDEMQ_HTTP_ADDR")},
@@ -296,6 +303,7 @@ func explicitZeros(cmd *cli.Command) error {
 // the --config file.
 func relaySinkConfig(cmd *cli.Command) (sinkConfig, error) {
 	sc := sinkConfig{Routes: cmd.StringSlice("route"), KafkaBrokers: cmd.StringSlice("kafka-brokers"), NATSURL: cmd.String("nats-url"),
+		KafkaTxIDPrefix: cmd.String("kafka-tx-id-prefix"), KafkaWatermarkTopic: cmd.String("kafka-watermark-topic"),
 		Webhooks: cmd.Bool("webhooks"), WebhookAllowNetworks: cmd.StringSlice("webhook-allow-network")}
 	path := cmd.String("config")
 	if path == "" {
@@ -313,6 +321,12 @@ func relaySinkConfig(cmd *cli.Command) (sinkConfig, error) {
 	}
 	if !cmd.IsSet("nats-url") {
 		sc.NATSURL = file.NATSURL
+	}
+	if !cmd.IsSet("kafka-tx-id-prefix") && file.KafkaTxIDPrefix != "" {
+		sc.KafkaTxIDPrefix = file.KafkaTxIDPrefix
+	}
+	if !cmd.IsSet("kafka-watermark-topic") && file.KafkaWatermarkTopic != "" {
+		sc.KafkaWatermarkTopic = file.KafkaWatermarkTopic
 	}
 	if !cmd.IsSet("webhooks") {
 		sc.Webhooks = file.Webhooks

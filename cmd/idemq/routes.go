@@ -14,10 +14,12 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	kafkago "github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/idemq/idemq/otelidemq"
 	"github.com/idemq/idemq/relay"
 	"github.com/idemq/idemq/transports/kafka"
+	"github.com/idemq/idemq/transports/kafka/franz"
 	natssink "github.com/idemq/idemq/transports/nats"
 	"github.com/idemq/idemq/transports/webhook"
 )
@@ -26,17 +28,25 @@ import (
 // sinks, and the brokers those sinks use. It comes from the flags and,
 // for what the flags leave unset, from a JSON file (--config):
 //
-//	{"routes": ["orders.*=kafka", "shipping.*=jetstream"],
+//	{"routes": ["orders.*=kafka", "shipping.*=jetstream", "payments.*=kafka-tx"],
 //	 "kafka_brokers": ["kafka:9092"], "nats_url": "nats://nats:4222",
+//	 "kafka_tx_id_prefix": "billing-outbox-", "kafka_watermark_topic": "billing-outbox-watermarks",
 //	 "webhooks": true, "webhook_allow_networks": ["10.0.0.0/8"]}
 type sinkConfig struct {
 	// Routes are PATTERN=SINK[:TARGET]. A PATTERN ending in * matches
 	// destinations with that prefix, otherwise the destination exactly.
-	// SINK is kafka, jetstream or nats (core NATS). TARGET is a fixed topic or
+	// SINK is kafka (kafka-go), franz (franz-go, idempotent), kafka-tx
+	// (franz-go, transactional: exactly once for read_committed
+	// consumers), jetstream or nats (core NATS). TARGET is a fixed topic or
 	// subject; without it the destination is the topic or subject.
 	Routes       []string `json:"routes"`
 	KafkaBrokers []string `json:"kafka_brokers"`
-	NATSURL      string   `json:"nats_url"`
+	// KafkaTxIDPrefix and KafkaWatermarkTopic configure the kafka-tx
+	// routes' transactional ids (prefix + outbox partition) and watermark
+	// topic; both must be unique to the outbox.
+	KafkaTxIDPrefix     string `json:"kafka_tx_id_prefix"`
+	KafkaWatermarkTopic string `json:"kafka_watermark_topic"`
+	NATSURL             string `json:"nats_url"`
 	// Webhooks routes the destinations webhook/<endpoint id> to the
 	// webhook Sink, which reads the endpoint registry.
 	Webhooks bool `json:"webhooks"`
@@ -44,6 +54,13 @@ type sinkConfig struct {
 	// guard lets through (private networks are refused by default).
 	WebhookAllowNetworks []string `json:"webhook_allow_networks"`
 }
+
+// The defaults of the kafka-tx routes' transactional id prefix and
+// watermark topic, for one outbox per Kafka cluster.
+const (
+	kafkaTxIDPrefixDefault     = "idemq-relay-"
+	kafkaWatermarkTopicDefault = "idemq-relay-watermarks"
+)
 
 // readSinkConfig reads a --config file.
 func readSinkConfig(path string) (sinkConfig, error) {
@@ -93,11 +110,49 @@ func parseRoute(s string) (route, error) {
 		r.pattern, r.prefix = p, true
 	}
 	switch r.sink {
-	case "kafka", "jetstream", "nats":
+	case "kafka", "franz", "kafka-tx", "jetstream", "nats":
 	default:
-		return route{}, usageError("route %q: unknown sink %q (want kafka, jetstream or nats)", s, r.sink)
+		return route{}, usageError("route %q: unknown sink %q (want kafka, franz, kafka-tx, jetstream or nats)", s, r.sink)
 	}
 	return r, nil
+}
+
+// kafka reports whether r's sink publishes to Kafka.
+func (r route) kafka() bool { return r.sink == "kafka" || r.sink == "franz" || r.sink == "kafka-tx" }
+
+// matches reports whether r routes destination; the longer pattern wins
+// among prefixes, an exact one over any prefix (as relay.Router decides).
+func (r route) matches(destination string) bool {
+	if r.prefix {
+		return strings.HasPrefix(destination, r.pattern)
+	}
+	return destination == r.pattern
+}
+
+// topicOf returns the Topic function of the kafka-tx routes' one TxSink:
+// the target of the route the Router picked for a destination, or the
+// destination itself.
+func topicOf(routes []route) func(string) string {
+	return func(dest string) string {
+		var best *route
+		for i := range routes {
+			r := &routes[i]
+			switch {
+			case !r.matches(dest):
+			case !r.prefix:
+				best = r
+			case best == nil || best.prefix && len(r.pattern) > len(best.pattern):
+				best = r
+			}
+			if best != nil && !best.prefix {
+				break
+			}
+		}
+		if best == nil || best.target == "" {
+			return dest
+		}
+		return best.target
+	}
 }
 
 // add routes r's pattern to sink on router.
@@ -145,9 +200,9 @@ func (c sinkConfig) plan() (sinkPlan, error) {
 		switch {
 		case err != nil:
 			return p, err
-		case r.sink == "kafka" && len(c.KafkaBrokers) == 0:
+		case r.kafka() && len(c.KafkaBrokers) == 0:
 			return p, usageError("route %q needs --kafka-brokers", spec)
-		case r.sink != "kafka" && c.NATSURL == "":
+		case !r.kafka() && c.NATSURL == "":
 			return p, usageError("route %q needs --nats-url", spec)
 		}
 		if err := r.add(scratch, nop); err != nil {
@@ -189,7 +244,14 @@ func buildSinks(p sinkPlan, router *relay.Router, reg *webhook.Registry, tel *ot
 		writer *kafkago.Writer
 		nc     *nats.Conn
 		js     jetstream.JetStream
+		txSink *franz.TxSink // one for every kafka-tx route: one transactional id per outbox partition
+		txs    []route
 	)
+	for _, r := range p.routes {
+		if r.sink == "kafka-tx" {
+			txs = append(txs, r)
+		}
+	}
 	for _, r := range p.routes {
 		topic := func(dest string) string { return dest }
 		if r.target != "" {
@@ -207,6 +269,26 @@ func buildSinks(p sinkPlan, router *relay.Router, reg *webhook.Registry, tel *ot
 				s.closers = append(s.closers, func() { writer.Close() })
 			}
 			sink, err = kafka.NewSink(writer, kafka.SinkConfig{Topic: topic})
+		case "franz":
+			system = "kafka"
+			var fs *franz.Sink
+			if fs, err = franz.NewSink(franz.SinkConfig{Topic: topic}, kgo.SeedBrokers(p.KafkaBrokers...)); err == nil {
+				s.closers = append(s.closers, fs.Close)
+				sink = fs
+			}
+		case "kafka-tx":
+			system = "kafka"
+			if txSink == nil {
+				txSink, err = franz.NewTxSink(franz.TxConfig{
+					SinkConfig:            franz.SinkConfig{Topic: topicOf(txs)},
+					TransactionalIDPrefix: cmp(p.KafkaTxIDPrefix, func() string { return kafkaTxIDPrefixDefault }),
+					WatermarkTopic:        cmp(p.KafkaWatermarkTopic, func() string { return kafkaWatermarkTopicDefault }),
+				}, kgo.SeedBrokers(p.KafkaBrokers...))
+				if err == nil {
+					s.closers = append(s.closers, txSink.Close)
+				}
+			}
+			sink = txSink
 		case "jetstream", "nats":
 			system = "nats"
 			if nc == nil {

@@ -119,6 +119,10 @@ type Queries struct {
 	// comments below and the relay package's claim.go and lease.go.
 	Join, Beat, Live, Take, Release, Leave, Hold, Lock, Sequence, Top, Writers string
 	Scan, ScanAll, Claim, ClaimParked, PutBack, Bury, Park                     string
+	// Delivered deletes the rows of partition $1 with seq in $2: rows a
+	// transactional Sink's last committed transaction delivered (see the
+	// relay's Watermarker), which a crash or a failed commit left behind.
+	Delivered string
 
 	// ListDead lists dead letters by the DeadFilter parameters ($1-$6) up
 	// to $7. LockDead locks them (seq, key) for Replay and Purge,
@@ -327,6 +331,7 @@ FROM unnest($1::int8[], $2::uuid[], $3::timestamptz[], $4::int4[], $5::text[], $
 WHERE ` + partition + ` IN (SELECT ` + fmt.Sprintf(partOf, "k") + ` FROM unnest($1::text[]) AS k)
   AND o.available_at <> 'infinity'
   AND EXISTS (SELECT 1 FROM unnest($1::text[], $2::text[]) AS u(k, d) WHERE u.k = o.key AND (u.d IS NULL OR u.d = o.destination))`,
+		Delivered: `DELETE FROM ` + table + ` WHERE ` + partition + ` = $1 AND seq = ANY($2::int8[])`,
 		// Rows at ctids $1 (from Scan) are locked, skipping those another
 		// session holds, deleted and returned, unless the gens of
 		// partitions $2 are no longer $3 (a dead-letter operation moved

@@ -34,6 +34,13 @@
 // order survives into the partition). [NewWriter] returns a Writer
 // configured for it.
 //
+// kafka-go has no idempotent or transactional producer: a relay crash
+// between publish and delete publishes a row again (with the same id,
+// which a receiving inbox drops). Package transports/kafka/franz has a
+// franz-go Sink with an idempotent producer and a transactional TxSink
+// that delivers each keyed outbox message exactly once to consumers
+// reading committed data.
+//
 // # Why kafka-go's ConsumerGroup and partition Readers
 //
 // kafka-go's group-mode Reader commits offsets by itself and hides

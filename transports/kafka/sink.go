@@ -5,11 +5,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
 	"time"
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/relay"
+	"github.com/idemq/idemq/transports/internal/outbound"
 	"github.com/segmentio/kafka-go"
 )
 
@@ -234,19 +234,7 @@ func (s *Sink) message(m *relay.Message) (kafka.Message, error) {
 		km.Key = []byte(m.Key)
 	}
 	km.Headers = make([]kafka.Header, 0, len(m.Headers)+1)
-	if len(m.Headers) > 0 {
-		names := make([]string, 0, len(m.Headers))
-		for k := range m.Headers {
-			if k != s.idHeader {
-				names = append(names, k)
-			}
-		}
-		sort.Strings(names)
-		for _, k := range names {
-			km.Headers = append(km.Headers, kafka.Header{Key: k, Value: []byte(m.Headers[k])})
-		}
-	}
-	km.Headers = append(km.Headers, kafka.Header{Key: s.idHeader, Value: []byte(m.ID.String())})
+	outbound.Headers(m, s.idHeader, func(k string, v []byte) { km.Headers = append(km.Headers, kafka.Header{Key: k, Value: v}) })
 	return km, nil
 }
 

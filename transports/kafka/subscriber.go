@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"math"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -18,7 +17,6 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/internal/errtext"
 	"github.com/idemq/idemq/internal/lifecycle"
 	"github.com/idemq/idemq/transports/internal/inbound"
 )
@@ -201,10 +199,8 @@ func (c SubscriberConfig) validate() error {
 		return idemq.NewConfigError(component, "HeartbeatInterval", "%v is not below SessionTimeout %v: the group would evict the member between heartbeats",
 			c.HeartbeatInterval, c.SessionTimeout)
 	}
-	for _, t := range c.Topics {
-		if t == "" || t == c.DeadLetterTopic {
-			return idemq.NewConfigError(component, "Topics", "topic %q is empty or the dead-letter topic", t)
-		}
+	if err := inbound.CheckTopics(component, c.Topics, c.DeadLetterTopic); err != nil {
+		return err
 	}
 	return c.Retry.Validate(component)
 }
@@ -616,10 +612,7 @@ func (s *Subscriber) process(ctx context.Context, batch []kafka.Message, redeliv
 // settle returns how many leading messages of batch are settled and may be
 // committed, after publishing the dead letters among them.
 func (r *run) settle(ctx context.Context, log *slog.Logger, batch []kafka.Message, results []consumer.Result) int {
-	n := 0
-	for n < len(results) && results[n].Settled() {
-		n++
-	}
+	n := inbound.Settled(results)
 	if r.dlq == nil {
 		return n
 	}
@@ -665,35 +658,16 @@ func (s *Subscriber) deadLetter(m kafka.Message, r consumer.Result) kafka.Messag
 	if !hasID {
 		headers = append(headers, kafka.Header{Key: s.cfg.IDHeader, Value: []byte(FallbackID(m))})
 	}
-	headers = append(headers,
-		kafka.Header{Key: consumer.HeaderDeadLetterReason, Value: []byte(errtext.Of(r.Err))},
-		kafka.Header{Key: consumer.HeaderDeadLetterOutcome, Value: []byte(r.Outcome.String())},
-		kafka.Header{Key: consumer.HeaderDeadLetterSource, Value: []byte(FallbackID(m))},
-	)
+	for _, h := range inbound.DeadLetterHeaders(r, FallbackID(m)) {
+		headers = append(headers, kafka.Header{Key: h[0], Value: []byte(h[1])})
+	}
 	return kafka.Message{Topic: s.cfg.DeadLetterTopic, Key: m.Key, Value: m.Value, Headers: headers}
 }
 
 // message converts a record, choosing its id.
 func (s *Subscriber) message(m kafka.Message) *consumer.Message {
-	msg := &consumer.Message{Payload: m.Value, Source: m}
-	if msg.Payload == nil {
-		msg.Payload = []byte{} // a tombstone is a valid message with an empty payload
-	}
-	if len(m.Headers) > 0 {
-		msg.Headers = make(map[string]string, len(m.Headers))
-	}
-	var id string
-	found := false
-	for _, h := range m.Headers {
-		msg.Headers[h.Key] = string(h.Value)
-		if h.Key == s.cfg.IDHeader {
-			found, id = true, string(h.Value)
-		} else if strings.EqualFold(h.Key, s.cfg.IDHeader) {
-			s.warnIDCase(h.Key)
-		}
-	}
-	msg.ID = inbound.ID(s.c, id, found, s.cfg.FallbackOnInvalidID, func() string { return FallbackID(m) })
-	return msg
+	return inbound.Message(s.c, m.Value, m, m.Headers, func(h kafka.Header) (string, []byte) { return h.Key, h.Value },
+		s.cfg.IDHeader, s.cfg.FallbackOnInvalidID, func() string { return FallbackID(m) }, s.warnIDCase)
 }
 
 // warnIDCase warns, once per Subscriber, about an id header spelled in
