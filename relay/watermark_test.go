@@ -7,6 +7,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/idemq/idemq/idemqtest"
 	"github.com/idemq/idemq/relay"
 )
 
@@ -72,7 +73,7 @@ func TestWatermarkerRowsDeletedUnpublished(t *testing.T) {
 		t.Fatal(err)
 	}
 	run(t, newRelay(t, b, router, relay.Config{BatchSize: 50}))
-	waitFor(t, "an empty outbox", func() bool { return pending(t, b) == 0 })
+	idemqtest.WaitFor(t, "an empty outbox", func() bool { return pending(t, b) == 0 })
 
 	next := map[string]int{}
 	for _, m := range sink.deliveries() {

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/idemqtest"
 	"github.com/idemq/idemq/testenv"
 )
 
@@ -27,7 +28,7 @@ func TestRelayFranzAndKafkaTxRoutes(t *testing.T) {
 	p := start(t, url, "relay", "--shutdown-grace", "5s", "--kafka-brokers", strings.Join(kc.Brokers, ","),
 		"--route", plain+"=franz", "--route", tx+"=kafka-tx",
 		"--kafka-tx-id-prefix", kc.Group("tx-")+"-", "--kafka-watermark-topic", kc.Group("watermarks"))
-	eventually(t, "outbox drained", func() error {
+	idemqtest.WaitForNoError(t, "outbox drained", func() error {
 		if n := pending(t, ob); n > 0 {
 			return fmt.Errorf("%d pending", n)
 		}

@@ -160,7 +160,6 @@ func NewSubscriber(c *consumer.Consumer, cfg SubscriberConfig, opts ...kgo.Opt) 
 		kgo.BlockRebalanceOnPoll(),
 		kgo.FetchIsolationLevel(isolation),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.RequireStableFetchOffsets(),
 		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)),
 	)
 	return s, nil
