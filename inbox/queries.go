@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/idemq/idemq/internal/errclass"
 	"github.com/idemq/idemq/internal/pgutil"
 )
 
@@ -14,6 +15,7 @@ type queries struct {
 	acquire, complete, fail, extend, abandon                                 string
 	listDead, releaseDead, purgeDead, stats, gcConflicts                     string
 	recordConflict, listConflicts, releaseConflicts, purgeConflicts, unclaim string
+	deadGroups, unclassified, classify                                       string
 }
 
 // recordColumns are the stored columns a Record is read from, in the order
@@ -111,13 +113,13 @@ SELECT (SELECT count(*) FROM gone) + (SELECT count(*) FROM back)`),
 
 		// A dead letter also takes over a record whose attempts failed.
 		// $1 scope, $2 key id, $3 fingerprint, $4 key text, $5 retention,
-		// $6 failures, $7 error.
+		// $6 failures, $7 error, $8 its class (internal/errclass).
 		deadLetter: render(`
-INSERT INTO {{table}} AS r (expires_at, key_id, scope_id, status, fingerprint, key_text, failures, last_error)
-VALUES (now() + $5::interval, $2, $1, {{failed_final}}, $3, $4, $6, $7)
+INSERT INTO {{table}} AS r (expires_at, key_id, scope_id, status, fingerprint, key_text, failures, last_error, error_class)
+VALUES (now() + $5::interval, $2, $1, {{failed_final}}, $3, $4, $6, $7, $8)
 ON CONFLICT (scope_id, key_id) DO UPDATE
 SET status = excluded.status, failures = greatest(r.failures, excluded.failures), last_error = excluded.last_error,
-	updated_at = now(), expires_at = excluded.expires_at
+	error_class = excluded.error_class, updated_at = now(), expires_at = excluded.expires_at
 WHERE r.status = {{failed_retryable}} AND r.fingerprint = excluded.fingerprint`),
 
 		// Keys are inserted in key order so that concurrent batches lock
@@ -188,15 +190,42 @@ RETURNING lease_until`),
 		// Dead letters selected by a DeadFilter (see deadWhere), oldest
 		// first.
 		listDead: render(`
-SELECT s.name, r.key_id, r.key_text, {{columns}} FROM {{table}} r JOIN {{scopes}} s ON s.id = r.scope_id
+SELECT s.name, r.key_id, r.key_text, {{columns}}, coalesce(r.error_class, '` + errclass.Unclassified + `')
+FROM {{table}} r JOIN {{scopes}} s ON s.id = r.scope_id
 WHERE ` + deadWhere + `
 ORDER BY r.updated_at, r.key_id
 LIMIT $5`),
 
+		// Dead letters grouped by error class and scope, through the
+		// partial (scope_id, error_class, updated_at) index of migration
+		// 0006, with a sample (the oldest key of the group), most
+		// numerous first, up to $5 groups.
+		deadGroups: render(`
+SELECT g.class, s.name, g.n, g.first, g.last, k.key_id, k.key_text, k.last_error
+FROM (SELECT r.scope_id, r.error_class AS class, count(*) AS n, min(r.updated_at) AS first, max(r.updated_at) AS last
+      FROM {{table}} r JOIN {{scopes}} s ON s.id = r.scope_id
+      WHERE ` + deadWhere + `
+      GROUP BY r.scope_id, r.error_class) AS g
+JOIN {{scopes}} s ON s.id = g.scope_id
+CROSS JOIN LATERAL (SELECT r.key_id, r.key_text, r.last_error FROM {{table}} r
+      WHERE r.scope_id = g.scope_id AND r.status = {{failed_final}} AND r.error_class IS NOT DISTINCT FROM g.class
+      ORDER BY r.updated_at LIMIT 1) AS k
+ORDER BY g.n DESC, g.class, s.name
+LIMIT $5`),
+		// Up to $1 dead letters stored without a class (scope, key id,
+		// error); classify sets the classes $3 of keys ($1, $2).
+		unclassified: render(`
+SELECT scope_id, key_id, coalesce(last_error, '') FROM {{table}}
+WHERE status = {{failed_final}} AND error_class IS NULL LIMIT $1`),
+		classify: render(`
+UPDATE {{table}} r SET error_class = u.c
+FROM unnest($1::int4[], $2::uuid[], $3::text[]) AS u(s, k, c)
+WHERE r.scope_id = u.s AND r.key_id = u.k AND r.status = {{failed_final}} AND r.error_class IS NULL`),
+
 		// A released dead letter is FAILED_RETRYABLE with no failures: the
 		// next delivery takes it over and applies the message afresh.
 		releaseDead: render(`
-UPDATE {{table}} t SET status = {{failed_retryable}}, failures = 0, updated_at = now()
+UPDATE {{table}} t SET status = {{failed_retryable}}, failures = 0, error_class = NULL, updated_at = now()
 FROM (` + deadSelect + `) d
 WHERE t.scope_id = d.scope_id AND t.key_id = d.key_id`),
 
@@ -276,10 +305,12 @@ WHERE c.scope_id = d.scope_id AND c.key_id = d.key_id AND c.fingerprint = d.fing
 
 // deadWhere selects dead letters by a DeadFilter: static SQL whose
 // parameters are NULL when a filter field is unset. $1 scope, $2 key id,
-// $3 failed before, $4 failed at or after.
+// $3 failed before, $4 failed at or after, $6 error class (unclassified:
+// stored without one).
 const deadWhere = `r.status = {{failed_final}}
 	AND ($1::text IS NULL OR s.name = $1) AND ($2::uuid IS NULL OR r.key_id = $2)
-	AND ($3::timestamptz IS NULL OR r.updated_at < $3) AND ($4::timestamptz IS NULL OR r.updated_at >= $4)`
+	AND ($3::timestamptz IS NULL OR r.updated_at < $3) AND ($4::timestamptz IS NULL OR r.updated_at >= $4)
+	AND ($6::text IS NULL OR r.error_class = $6 OR ($6 = '` + errclass.Unclassified + `' AND r.error_class IS NULL))`
 
 // conflictWhere is deadWhere for the conflicts table, by when a conflict
 // was last seen.

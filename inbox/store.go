@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/internal/errclass"
 	"github.com/idemq/idemq/internal/errtext"
 	"github.com/idemq/idemq/internal/pgtx"
 	"github.com/idemq/idemq/internal/pgutil"
@@ -441,7 +442,7 @@ func (s *Store) DeadLetterTx(ctx context.Context, tx pgx.Tx, scope, key string, 
 		text = "dead letter"
 	}
 	for range 2 {
-		tag, err := tx.Exec(ctx, s.sql.deadLetter, append(k.args(s.cfg.Retention), failures, text)...)
+		tag, err := tx.Exec(ctx, s.sql.deadLetter, append(k.args(s.cfg.Retention), failures, text, errclass.Of(text))...)
 		if err != nil {
 			return ClaimResult{}, fmt.Errorf("inbox: dead-letter %q: %w", key, err)
 		}

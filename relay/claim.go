@@ -18,6 +18,7 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/internal/errtext"
+	"github.com/idemq/idemq/internal/errclass"
 	"github.com/idemq/idemq/internal/outboxsql"
 )
 
@@ -754,7 +755,7 @@ func (r *Relay) commit(ctx context.Context, tx *claimTx, d decision) error {
 	}
 	if len(d.dead.seqs) > 0 {
 		s := d.dead
-		b.Queue(r.sql.Bury, s.seqs, s.ids, s.created, s.attempts, s.dests, s.payloads, s.keys, s.headers, s.errs)
+		b.Queue(r.sql.Bury, s.seqs, s.ids, s.created, s.attempts, s.dests, s.payloads, s.keys, s.headers, s.errs, errclass.All(s.errs))
 	}
 	if len(d.parkKeys) > 0 {
 		b.Queue(r.sql.Park, d.parkKeys, d.parkDests)

@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"fmt"
 
+	"github.com/idemq/idemq/internal/errclass"
 	"github.com/idemq/idemq/internal/pgutil"
 )
 
@@ -120,25 +121,47 @@ type Queries struct {
 	Join, Beat, Live, Take, Release, Leave, Hold, Lock, Sequence, Top, Writers string
 	Scan, ScanAll, Claim, ClaimParked, PutBack, Bury, Park                     string
 
-	// ListDead lists dead letters by the DeadFilter parameters ($1-$6) up
-	// to $7. LockDead locks them (seq, key) for Replay and Purge,
+	// ListDead lists dead letters by the DeadFilter parameters ($1-$8) up
+	// to $9. LockDead locks them (seq, key) for Replay and Purge,
 	// LockPartitions bumps the gen of the partitions of the keys in $1
 	// (all of them if $2), in partition order, without waiting for their
 	// owners' batches; Replay moves the dead letters with seq in $1 back,
 	// Purge deletes them, and Unpark releases the rows parked behind keys
 	// in $1 that have no dead letter left on their destination.
 	ListDead, LockDead, LockPartitions, Replay, Purge, Unpark string
+
+	// DeadGroups groups the dead letters that match the DeadFilter
+	// parameters ($1-$8) by error class and destination: class (NULL:
+	// unclassified), destination, count, first and last failure, and the
+	// id and error of the oldest, most numerous groups first, up to $9.
+	DeadGroups string
+	// Unclassified returns up to $1 dead letters (seq, last_error) stored
+	// without an error class; Classify sets the classes $2 of seqs $1.
+	Unclassified, Classify string
+
+	// Audit writes an entry of the audit log (migration 0004): $1 actor,
+	// $2 action, $3 target, $4 filter (JSON text), $5 rows. AuditLog
+	// reads up to $2 entries older than id $1 (NULL: the latest), latest
+	// first.
+	Audit, AuditLog string
 }
 
 // deadWhere is the dead-letter filter: static SQL whose parameters are NULL
 // when a filter field is unset ($1 ids, $2 destination, $3 destination
-// prefix, $4 key, $5 failed before, $6 failed at or after).
+// prefix, $4 key, $5 failed before, $6 failed at or after, $7 error class,
+// where Unclassified matches rows stored without one, $8 key prefix).
 const deadWhere = `($1::uuid[] IS NULL OR id = ANY($1))
   AND ($2::text IS NULL OR destination = $2)
   AND ($3::text IS NULL OR starts_with(destination, $3))
   AND ($4::text IS NULL OR key = $4)
   AND ($5::timestamptz IS NULL OR failed_at < $5)
-  AND ($6::timestamptz IS NULL OR failed_at >= $6)`
+  AND ($6::timestamptz IS NULL OR failed_at >= $6)
+  AND ($7::text IS NULL OR error_class = $7 OR ($7 = '` + Unclassified + `' AND error_class IS NULL))
+  AND ($8::text IS NULL OR starts_with(key, $8))`
+
+// Unclassified is the error class of dead letters stored without one
+// (buried before migration 0003).
+const Unclassified = errclass.Unclassified
 
 // For validates schema and table and returns the statements on that table.
 func For(schema, table string) (Queries, error) {
@@ -151,7 +174,7 @@ func For(schema, table string) (Queries, error) {
 
 // New returns the statements on table t.
 func New(t pgutil.Table) Queries {
-	table, dead, lease, relays := t.String(), t.Ident("_dead"), t.Ident("_lease"), t.Ident("_relays")
+	table, dead, lease, relays, audit := t.String(), t.Ident("_dead"), t.Ident("_lease"), t.Ident("_relays"), t.Ident("_audit")
 	// live is true for a lease row whose owner is a live worker.
 	live := `EXISTS (SELECT 1 FROM ` + relays + ` AS w WHERE w.owner = l.owner AND w.expires_at > now())`
 	// claimable is true for the rows at ctids $1 that this transaction
@@ -301,10 +324,12 @@ SELECT s, i, c, CASE WHEN d < 0 THEN 'infinity'::timestamptz ELSE clock_timestam
        a, dst, p, k, h::jsonb, e
 FROM unnest($1::int8[], $2::uuid[], $3::timestamptz[], $4::int8[], $5::int4[], $6::text[], $7::bytea[], $8::text[], $9::text[], $10::text[])
      AS u(s, i, c, d, a, dst, p, k, h, e)`,
-		Bury: `INSERT INTO ` + dead + ` (seq, id, created_at, failed_at, attempts, destination, payload, key, headers, last_error)
-SELECT s, i, c, clock_timestamp(), a, dst, p, k, h::jsonb, e
-FROM unnest($1::int8[], $2::uuid[], $3::timestamptz[], $4::int4[], $5::text[], $6::bytea[], $7::text[], $8::text[], $9::text[])
-     AS u(s, i, c, a, dst, p, k, h, e)`,
+		// Bury writes dead letters with their error classes ($10, see
+		// internal/errclass).
+		Bury: `INSERT INTO ` + dead + ` (seq, id, created_at, failed_at, attempts, destination, payload, key, headers, last_error, error_class)
+SELECT s, i, c, clock_timestamp(), a, dst, p, k, h::jsonb, e, ec
+FROM unnest($1::int8[], $2::uuid[], $3::timestamptz[], $4::int4[], $5::text[], $6::bytea[], $7::text[], $8::text[], $9::text[], $10::text[])
+     AS u(s, i, c, a, dst, p, k, h, e, ec)`,
 		// The followers of keys $1 on destinations $2 (NULL: every
 		// destination) whose head became a dead letter wait
 		// (ParkFollowers).
@@ -326,10 +351,28 @@ RETURNING seq, id, destination, key, payload, headers, attempts, created_at`,
   AND (o.key IS NULL OR NOT EXISTS (SELECT 1 FROM ` + dead + ` AS d WHERE d.key = o.key AND ($4 OR d.destination = o.destination)))
 RETURNING seq, id, destination, key, payload, headers, attempts, created_at`,
 
-		ListDead: `SELECT id, destination, coalesce(key, ''), payload, headers, attempts, last_error, created_at, failed_at
-FROM ` + dead + ` WHERE ` + deadWhere + ` ORDER BY seq LIMIT $7`,
+		ListDead: `SELECT id, destination, coalesce(key, ''), payload, headers, attempts, last_error, created_at, failed_at,
+       coalesce(error_class, '` + Unclassified + `')
+FROM ` + dead + ` WHERE ` + deadWhere + ` ORDER BY seq LIMIT $9`,
 		LockDead: `SELECT seq, key FROM ` + dead + ` WHERE ` + deadWhere + `
-ORDER BY seq LIMIT $7 FOR UPDATE`,
+ORDER BY seq LIMIT $9 FOR UPDATE`,
+		// The aggregate reads the (error_class, destination, seq) INCLUDE
+		// (failed_at) index of migration 0003 alone (an index-only scan
+		// while the visibility map is current), then one primary-key probe
+		// per group for its sample.
+		DeadGroups: `SELECT g.class, g.destination, g.n, g.first, g.last, d.id, d.last_error
+FROM (SELECT error_class AS class, destination, count(*) AS n, min(failed_at) AS first, max(failed_at) AS last, min(seq) AS sample
+      FROM ` + dead + ` WHERE ` + deadWhere + `
+      GROUP BY error_class, destination) AS g
+JOIN ` + dead + ` AS d ON d.seq = g.sample
+ORDER BY g.n DESC, g.class, g.destination
+LIMIT $9`,
+		Unclassified: `SELECT seq, last_error FROM ` + dead + ` WHERE error_class IS NULL ORDER BY error_class, destination, seq LIMIT $1`,
+		Classify: `UPDATE ` + dead + ` AS d SET error_class = u.c
+FROM unnest($1::int8[], $2::text[]) AS u(s, c) WHERE d.seq = u.s AND d.error_class IS NULL`,
+		Audit: `INSERT INTO ` + audit + ` (actor, action, target, filter, rows) VALUES ($1, $2, $3, $4::jsonb, $5)`,
+		AuditLog: `SELECT id, at, actor, action, target, filter, rows FROM ` + audit + `
+WHERE $1::int8 IS NULL OR id < $1 ORDER BY id DESC LIMIT $2`,
 		LockPartitions: `UPDATE ` + lease + ` AS t SET gen = t.gen + 1
 FROM (SELECT part FROM ` + lease + `
       WHERE $2 OR part IN (SELECT ` + fmt.Sprintf(partOf, "k") + ` FROM unnest($1::text[]) AS k)
