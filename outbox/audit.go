@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemq/idemq/internal/nilcheck"
@@ -79,4 +80,29 @@ func (o *Outbox) AuditLog(ctx context.Context, before int64, limit int) ([]Audit
 		return nil, fmt.Errorf("outbox: audit log: %w", err)
 	}
 	return out, nil
+}
+
+// MarshalJSON writes the fields of f that are set, in snake case: the
+// form the audit log stores ({"destination":"billing","error_class":"…"}).
+func (f DeadFilter) MarshalJSON() ([]byte, error) {
+	type opt struct {
+		IDs               []uuid.UUID `json:"ids,omitempty"`
+		Destination       string      `json:"destination,omitempty"`
+		DestinationPrefix string      `json:"destination_prefix,omitempty"`
+		Key               string      `json:"key,omitempty"`
+		KeyPrefix         string      `json:"key_prefix,omitempty"`
+		ErrorClass        string      `json:"error_class,omitempty"`
+		FailedBefore      *time.Time  `json:"failed_before,omitempty"`
+		FailedAfter       *time.Time  `json:"failed_after,omitempty"`
+		Limit             int         `json:"limit,omitempty"`
+	}
+	o := opt{IDs: f.IDs, Destination: f.Destination, DestinationPrefix: f.DestinationPrefix, Key: f.Key, KeyPrefix: f.KeyPrefix,
+		ErrorClass: f.ErrorClass, Limit: f.Limit}
+	if !f.FailedBefore.IsZero() {
+		o.FailedBefore = &f.FailedBefore
+	}
+	if !f.FailedAfter.IsZero() {
+		o.FailedAfter = &f.FailedAfter
+	}
+	return json.Marshal(o)
 }

@@ -25,6 +25,8 @@ type deadSet struct {
 	of   outbox.DeadFilter
 	ib   *inbox.Store // nil without --inbox
 	inf  inbox.DeadFilter
+	// audited is the outbox whose audit log records the moves.
+	audited *outbox.Outbox
 }
 
 // openDeadSet reads the filter flags, refusing bad ones before it
@@ -51,6 +53,11 @@ func openDeadSet(ctx context.Context, cmd *cli.Command) (s *deadSet, done func()
 		s.ib = ib
 	} else {
 		s.ob = ob
+	}
+	s.audited = ob
+	if err := s.selectGroup(ctx); err != nil {
+		s.pool.Close()
+		return nil, nil, err
 	}
 	return s, s.pool.Close, nil
 }

@@ -25,12 +25,12 @@ type inboxDead struct {
 
 // inboxFilter reads the filter flags for inbox dead letters.
 func inboxFilter(cmd *cli.Command) (inbox.DeadFilter, error) {
-	for _, f := range []string{"destination", "destination-prefix", "id"} {
+	for _, f := range []string{"destination", "destination-prefix", "id", "key-prefix"} {
 		if cmd.IsSet(f) {
 			return inbox.DeadFilter{}, usageError("--%s selects outbox dead letters: drop --inbox", f)
 		}
 	}
-	f := inbox.DeadFilter{Scope: cmd.String("scope"), Key: cmd.String("key")}
+	f := inbox.DeadFilter{Scope: cmd.String("scope"), Key: cmd.String("key"), ErrorClass: cmd.String("class")}
 	var err error
 	if f.Limit, err = limitFlag(cmd); err != nil {
 		return f, err
