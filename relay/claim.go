@@ -17,8 +17,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq"
-	"github.com/idemq/idemq/internal/errtext"
 	"github.com/idemq/idemq/internal/errclass"
+	"github.com/idemq/idemq/internal/errtext"
 	"github.com/idemq/idemq/internal/outboxsql"
 )
 
