@@ -139,6 +139,12 @@ type Queries struct {
 	// without an error class; Classify sets the classes $2 of seqs $1.
 	Unclassified, Classify string
 
+	// GaugeEdges, GaugeSample, GaugeStats, GaugePartitions and
+	// GaugeRelays are the statements of outbox.Gauges, each reading index
+	// edges or a bounded slice of an index, never the whole table: see
+	// their comments below.
+	GaugeEdges, GaugeSample, GaugeStats, GaugePartitions, GaugeRelays string
+
 	// Audit writes an entry of the audit log (migration 0004): $1 actor,
 	// $2 action, $3 target, $4 filter (JSON text), $5 rows. AuditLog
 	// reads up to $2 entries older than id $1 (NULL: the latest), latest
@@ -370,6 +376,44 @@ LIMIT $9`,
 		Unclassified: `SELECT seq, last_error FROM ` + dead + ` WHERE error_class IS NULL ORDER BY error_class, destination, seq LIMIT $1`,
 		Classify: `UPDATE ` + dead + ` AS d SET error_class = u.c
 FROM unnest($1::int8[], $2::text[]) AS u(s, c) WHERE d.seq = u.s AND d.error_class IS NULL`,
+		// The lowest seq and its age and the highest seq (primary-key
+		// edges), and the planner's estimate of the rows in table $1:
+		// reltuples per page at the last vacuum or analyze times the pages
+		// now (NULL: never analyzed).
+		GaugeEdges: `SELECT lo.seq, extract(epoch FROM clock_timestamp() - lo.created_at)::float8,
+       (SELECT seq FROM ` + table + ` ORDER BY seq DESC LIMIT 1),
+       (SELECT CASE WHEN c.reltuples < 0 OR c.relpages = 0 THEN NULL
+                    ELSE (c.reltuples / c.relpages * (pg_relation_size(c.oid) / current_setting('block_size')::int8))::int8 END
+        FROM pg_class AS c WHERE c.oid = $1::regclass)
+FROM (SELECT 1) AS one LEFT JOIN LATERAL (SELECT seq, created_at FROM ` + table + ` ORDER BY seq LIMIT 1) AS lo ON true`,
+		// The oldest $2 rows (primary-key order) by destination: count, age
+		// of the oldest, how long the oldest due one has been due, and the
+		// rows held: parked behind a dead letter, no route ($1 = NoRoute),
+		// waiting for a retry or a sink.
+		GaugeSample: `SELECT destination, count(*),
+       extract(epoch FROM clock_timestamp() - min(created_at))::float8,
+       extract(epoch FROM clock_timestamp() - min(available_at) FILTER (WHERE available_at <= now()))::float8,
+       count(*) FILTER (WHERE available_at = 'infinity'),
+       count(*) FILTER (WHERE available_at > now() AND available_at < 'infinity' AND strpos(last_error, $1) > 0),
+       count(*) FILTER (WHERE available_at > now() AND available_at < 'infinity' AND coalesce(strpos(last_error, $1), 0) = 0)
+FROM (SELECT destination, created_at, available_at, last_error FROM ` + table + ` ORDER BY seq LIMIT $2) AS s
+GROUP BY destination ORDER BY destination`,
+		// The planner's statistics of the destination column of table $2
+		// in schema $1: its most common values and their frequencies.
+		GaugeStats: `SELECT coalesce(most_common_vals::text::text[], '{}'), coalesce(most_common_freqs, '{}')
+FROM pg_stats WHERE schemaname = $1 AND tablename = $2 AND attname = 'destination'`,
+		// Per partition (-1: unkeyed rows): owner and token, the head (its
+		// lowest seq and its age) and the tail (highest seq), two edges of
+		// the (partition, seq) index each.
+		GaugePartitions: `SELECT l.part, l.owner, coalesce(l.token, 0), h.seq, extract(epoch FROM clock_timestamp() - h.created_at)::float8, tl.seq
+FROM (SELECT part, owner, token FROM ` + lease + ` UNION ALL SELECT -1, NULL, NULL) AS l
+LEFT JOIN LATERAL (SELECT o.seq, o.created_at FROM ` + table + ` AS o WHERE ` + oPartition + ` = l.part
+                   ORDER BY ` + oPartition + `, o.seq LIMIT 1) AS h ON true
+LEFT JOIN LATERAL (SELECT o.seq FROM ` + table + ` AS o WHERE ` + oPartition + ` = l.part
+                   ORDER BY ` + oPartition + ` DESC, o.seq DESC LIMIT 1) AS tl ON true
+ORDER BY l.part`,
+		// The relay workers and when their liveness runs out.
+		GaugeRelays: `SELECT owner, expires_at, expires_at > now() FROM ` + relays + ` ORDER BY owner`,
 		Audit: `INSERT INTO ` + audit + ` (actor, action, target, filter, rows) VALUES ($1, $2, $3, $4::jsonb, $5)`,
 		AuditLog: `SELECT id, at, actor, action, target, filter, rows FROM ` + audit + `
 WHERE $1::int8 IS NULL OR id < $1 ORDER BY id DESC LIMIT $2`,
