@@ -123,7 +123,12 @@ func runRelay(ctx context.Context, cmd *cli.Command) error {
 	if err != nil {
 		return err
 	}
-	defer tel.shutdown()        //nolint:errcheck // best effort on exit
+	defer tel.shutdown() //nolint:errcheck // best effort on exit
+	// The backlog gauges (depth, oldest due, held, partitions, relays),
+	// read from index edges at each scrape.
+	if _, err := tel.ObserveOutbox(ob); err != nil {
+		return err
+	}
 	router := relay.NewRouter() // routed by buildSinks, before Run
 	r, err := relay.New(pool, ob, router, relay.Config{
 		Workers:          cmd.Int("workers"),
