@@ -65,3 +65,26 @@ func TestDeadGroups(t *testing.T) {
 		t.Fatalf("timeout groups %+v, %v; want one per scope", groups, err)
 	}
 }
+
+// TestLookup: a key's records in every scope, and none for an unknown key.
+func TestLookup(t *testing.T) {
+	t.Parallel()
+	b := setup(t, inbox.Config{})
+	ctx := context.Background()
+	for _, scope := range []string{"billing", "shipping"} {
+		err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+			_, err := b.store.ClaimTx(ctx, tx, scope, "order-7", fp("p"))
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	recs, err := b.store.Lookup(ctx, "order-7")
+	if err != nil || len(recs) != 2 || recs[0].Key != "order-7" || recs[0].Status != inbox.Succeeded {
+		t.Fatalf("Lookup: %+v, %v", recs, err)
+	}
+	if recs, err := b.store.Lookup(ctx, "nope"); err != nil || len(recs) != 0 {
+		t.Fatalf("Lookup of an unknown key: %+v, %v", recs, err)
+	}
+}

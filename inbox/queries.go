@@ -15,7 +15,7 @@ type queries struct {
 	acquire, complete, fail, extend, abandon                                 string
 	listDead, releaseDead, purgeDead, stats, gcConflicts                     string
 	recordConflict, listConflicts, releaseConflicts, purgeConflicts, unclaim string
-	deadGroups, unclassified, classify                                       string
+	deadGroups, unclassified, classify, lookup                               string
 }
 
 // recordColumns are the stored columns a Record is read from, in the order
@@ -212,6 +212,12 @@ CROSS JOIN LATERAL (SELECT r.key_id, r.key_text, r.last_error FROM {{table}} r
       ORDER BY r.updated_at LIMIT 1) AS k
 ORDER BY g.n DESC, g.class, s.name
 LIMIT $5`),
+		// The records of key id $1 in every scope: one primary-key probe
+		// per scope (scopes are few: consumers and request routes).
+		lookup: render(`
+SELECT s.name, coalesce(r.error_class, ''), {{columns}}
+FROM {{scopes}} s CROSS JOIN LATERAL (SELECT * FROM {{table}} r WHERE r.scope_id = s.id AND r.key_id = $1) r
+ORDER BY r.updated_at DESC`),
 		// Up to $1 dead letters stored without a class (scope, key id,
 		// error); classify sets the classes $3 of keys ($1, $2).
 		unclassified: render(`

@@ -15,7 +15,10 @@ import (
 // reads through the primary key: below it every figure is exact; above it
 // depths are estimates and per-destination ages and held counts describe
 // the oldest GaugeSample rows, the ones a relay works on next.
-const GaugeSample = 1000
+//
+// Reading the sample is the largest part of a scrape's cost (about 4 ms
+// for 1000 rows, 1 ms for 200, on a 10M-row outbox), hence its size.
+const GaugeSample = 200
 
 // Gauges is a snapshot of the outbox's backlog and of the relays draining
 // it, read from index edges, a bounded slice of the primary key and the
@@ -75,9 +78,6 @@ type PartitionGauge struct {
 	// Cursor is the seq of its oldest row, the next its owner publishes;
 	// 0 when it is empty.
 	Cursor int64
-	// Depth bounds its rows from above: the span of its seqs (rows of
-	// other partitions and drained ones interleave).
-	Depth int64
 	// Lag is the age of its oldest row; zero when it is empty.
 	Lag time.Duration
 }
@@ -103,8 +103,8 @@ type RelayGauge struct {
 //     frequencies, which autovacuum's analyze keeps fresh (the outbox's
 //     analyze threshold is 10,000 rows, migration 0001), for the depths
 //     of a large backlog;
-//   - two edges of the (partition, seq) index per partition: cursor, lag
-//     and the span of each;
+//   - one edge of the (partition, seq) index per partition: its cursor
+//     and lag;
 //   - the relay and lease tables (65 rows).
 //
 // Call it from a metrics scrape: its cost does not grow with the backlog
@@ -188,15 +188,15 @@ func readGauges(res pgx.BatchResults) (Gauges, error) {
 	}
 	var p PartitionGauge
 	var owner *uuid.UUID
-	var head, tail *int64
+	var head *int64
 	var lag *float64
-	if _, err := pgx.ForEachRow(rows, []any{&p.Partition, &owner, &p.Token, &head, &lag, &tail}, func() error {
-		p.Owner, p.Cursor, p.Depth, p.Lag = uuid.Nil, 0, 0, seconds(lag)
+	if _, err := pgx.ForEachRow(rows, []any{&p.Partition, &owner, &p.Token, &head, &lag}, func() error {
+		p.Owner, p.Cursor, p.Lag = uuid.Nil, 0, seconds(lag)
 		if owner != nil {
 			p.Owner = *owner
 		}
-		if head != nil && tail != nil {
-			p.Cursor, p.Depth = *head, *tail-*head+1
+		if head != nil {
+			p.Cursor = *head
 		}
 		g.Partitions = append(g.Partitions, p)
 		return nil

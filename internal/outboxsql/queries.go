@@ -402,15 +402,13 @@ GROUP BY destination ORDER BY destination`,
 		// in schema $1: its most common values and their frequencies.
 		GaugeStats: `SELECT coalesce(most_common_vals::text::text[], '{}'), coalesce(most_common_freqs, '{}')
 FROM pg_stats WHERE schemaname = $1 AND tablename = $2 AND attname = 'destination'`,
-		// Per partition (-1: unkeyed rows): owner and token, the head (its
-		// lowest seq and its age) and the tail (highest seq), two edges of
-		// the (partition, seq) index each.
-		GaugePartitions: `SELECT l.part, l.owner, coalesce(l.token, 0), h.seq, extract(epoch FROM clock_timestamp() - h.created_at)::float8, tl.seq
+		// Per partition (-1: unkeyed rows): owner and token, and the head
+		// (its lowest seq and its age), one edge of the (partition, seq)
+		// index each.
+		GaugePartitions: `SELECT l.part, l.owner, coalesce(l.token, 0), h.seq, extract(epoch FROM clock_timestamp() - h.created_at)::float8
 FROM (SELECT part, owner, token FROM ` + lease + ` UNION ALL SELECT -1, NULL, NULL) AS l
 LEFT JOIN LATERAL (SELECT o.seq, o.created_at FROM ` + table + ` AS o WHERE ` + oPartition + ` = l.part
                    ORDER BY ` + oPartition + `, o.seq LIMIT 1) AS h ON true
-LEFT JOIN LATERAL (SELECT o.seq FROM ` + table + ` AS o WHERE ` + oPartition + ` = l.part
-                   ORDER BY ` + oPartition + ` DESC, o.seq DESC LIMIT 1) AS tl ON true
 ORDER BY l.part`,
 		// The relay workers and when their liveness runs out.
 		GaugeRelays: `SELECT owner, expires_at, expires_at > now() FROM ` + relays + ` ORDER BY owner`,
