@@ -74,3 +74,19 @@ UPDATE idemq_outbox_lease SET owner = '`+owner.String()+`', token = 7`); err != 
 		t.Errorf("relays %+v", g.Relays)
 	}
 }
+
+// TestPendingByKey: a key's pending messages in order, parked ones marked.
+func TestPendingByKey(t *testing.T) {
+	b := setup(t, outbox.Config{})
+	if err := b.ob.Enqueue(b.ctx, outbox.Message{Destination: "a", Key: "k", Payload: []byte("1")},
+		outbox.Message{Destination: "b", Key: "k", Payload: []byte("2")}, outbox.Message{Destination: "a", Key: "other", Payload: []byte("3")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.pool.Exec(b.ctx, `UPDATE `+b.table()+` SET available_at = 'infinity' WHERE destination = 'b'`); err != nil {
+		t.Fatal(err)
+	}
+	got, err := b.ob.PendingByKey(b.ctx, "k", 0)
+	if err != nil || len(got) != 2 || got[0].Destination != "a" || got[0].Parked || !got[1].Parked || got[1].Destination != "b" {
+		t.Fatalf("PendingByKey: %+v, %v", got, err)
+	}
+}

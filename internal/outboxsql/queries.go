@@ -145,6 +145,11 @@ type Queries struct {
 	// their comments below.
 	GaugeEdges, GaugeSample, GaugeStats, GaugePartitions, GaugeRelays string
 
+	// ByKey lists up to $2 pending rows of key $1 in seq order, through
+	// the (partition, seq) index: seq, id, destination, attempts,
+	// created_at, available_at, last_error.
+	ByKey string
+
 	// Audit writes an entry of the audit log (migration 0004): $1 actor,
 	// $2 action, $3 target, $4 filter (JSON text), $5 rows. AuditLog
 	// reads up to $2 entries older than id $1 (NULL: the latest), latest
@@ -410,9 +415,12 @@ FROM (SELECT part, owner, token FROM ` + lease + ` UNION ALL SELECT -1, NULL, NU
 LEFT JOIN LATERAL (SELECT o.seq, o.created_at FROM ` + table + ` AS o WHERE ` + oPartition + ` = l.part
                    ORDER BY ` + oPartition + `, o.seq LIMIT 1) AS h ON true
 ORDER BY l.part`,
+		ByKey: `SELECT seq, id, destination, attempts, created_at, available_at, coalesce(last_error, '')
+FROM ` + table + ` WHERE ` + partition + ` = ` + fmt.Sprintf(partOf, "$1::text") + ` AND key = $1
+ORDER BY ` + partition + `, seq LIMIT $2`,
 		// The relay workers and when their liveness runs out.
 		GaugeRelays: `SELECT owner, expires_at, expires_at > now() FROM ` + relays + ` ORDER BY owner`,
-		Audit: `INSERT INTO ` + audit + ` (actor, action, target, filter, rows) VALUES ($1, $2, $3, $4::jsonb, $5)`,
+		Audit:       `INSERT INTO ` + audit + ` (actor, action, target, filter, rows) VALUES ($1, $2, $3, $4::jsonb, $5)`,
 		AuditLog: `SELECT id, at, actor, action, target, filter, rows FROM ` + audit + `
 WHERE $1::int8 IS NULL OR id < $1 ORDER BY id DESC LIMIT $2`,
 		LockPartitions: `UPDATE ` + lease + ` AS t SET gen = t.gen + 1
