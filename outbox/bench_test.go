@@ -56,6 +56,16 @@ FROM generate_series(1, $1) AS i`, n); err != nil {
 	b.ReportMetric(0, "ns/op")
 }
 
+// p50 is the median of ds in milliseconds.
+func p50(ds []time.Duration) float64 {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return float64(s[len(s)/2]) / float64(time.Millisecond)
+}
+
 // p95 is the 95th percentile of ds in milliseconds.
 func p95(ds []time.Duration) float64 {
 	if len(ds) == 0 {
@@ -99,6 +109,7 @@ FROM generate_series(1, $1) AS i`, n); err != nil {
 		}
 		took = append(took, time.Since(start))
 	}
+	b.ReportMetric(p50(took), "scrape_p50_ms")
 	b.ReportMetric(p95(took), "scrape_p95_ms")
 	b.ReportMetric(0, "ns/op")
 }
