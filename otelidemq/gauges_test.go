@@ -6,11 +6,7 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/otlptranslator"
-	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
-	"github.com/idemq/idemq/otelidemq"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/testenv"
 )
@@ -31,16 +27,7 @@ func TestObserveOutbox(t *testing.T) {
 		outbox.Message{Destination: "orders", Key: "k", Payload: []byte("b")}); err != nil {
 		t.Fatal(err)
 	}
-	reg := prometheus.NewRegistry()
-	exporter, err := otelprom.New(otelprom.WithRegisterer(reg), otelprom.WithoutScopeInfo(),
-		otelprom.WithTranslationStrategy(otlptranslator.UnderscoreEscapingWithSuffixes))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tel, err := otelidemq.New(otelidemq.Config{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))})
-	if err != nil {
-		t.Fatal(err)
-	}
+	reg, tel := prometheusTelemetry(t)
 	if _, err := tel.ObserveOutbox(nil); err == nil {
 		t.Error("ObserveOutbox(nil) accepted")
 	}

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/testenv"
 )
@@ -16,15 +18,7 @@ import (
 // milliseconds (target: < 1000), plus the p95 of a group's first page of
 // dead letters.
 func BenchmarkDeadGroups1M(b *testing.B) {
-	ctx := context.Background()
-	pool := testenv.Postgres(b)
-	ob, err := outbox.New(pool, outbox.Config{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := ob.Migrate(ctx); err != nil {
-		b.Fatal(err)
-	}
+	ctx, pool, ob := benchOutbox(b)
 	const n = 1_000_000
 	if _, err := pool.Exec(ctx, `INSERT INTO idemq_outbox_dead (seq, id, created_at, failed_at, attempts, destination, payload, key, last_error, error_class)
 SELECT i, gen_random_uuid(), now() - interval '1 day', now() - (i % 86400) * interval '1 second', 5,
@@ -56,6 +50,20 @@ FROM generate_series(1, $1) AS i`, n); err != nil {
 	b.ReportMetric(0, "ns/op")
 }
 
+// benchOutbox returns a migrated outbox in a fresh database.
+func benchOutbox(b *testing.B) (context.Context, *pgxpool.Pool, *outbox.Outbox) {
+	ctx := context.Background()
+	pool := testenv.Postgres(b)
+	ob, err := outbox.New(pool, outbox.Config{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := ob.Migrate(ctx); err != nil {
+		b.Fatal(err)
+	}
+	return ctx, pool, ob
+}
+
 // p50 is the median of ds in milliseconds.
 func p50(ds []time.Duration) float64 {
 	if len(ds) == 0 {
@@ -81,15 +89,7 @@ func p95(ds []time.Duration) float64 {
 // inserted with generate_series and analyzed) and reports the p95 of one
 // Gauges call, a metrics scrape's cost, in milliseconds (target: <= 5).
 func BenchmarkGauges10M(b *testing.B) {
-	ctx := context.Background()
-	pool := testenv.Postgres(b)
-	ob, err := outbox.New(pool, outbox.Config{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := ob.Migrate(ctx); err != nil {
-		b.Fatal(err)
-	}
+	ctx, pool, ob := benchOutbox(b)
 	const n = 10_000_000
 	if _, err := pool.Exec(ctx, `INSERT INTO idemq_outbox (id, destination, key, payload)
 SELECT gen_random_uuid(), 'dest-' || (i % 8), CASE WHEN i % 50 = 0 THEN NULL ELSE 'k' || (i % 100000) END, '\x7b7d'

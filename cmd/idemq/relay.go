@@ -119,16 +119,11 @@ func runRelay(ctx context.Context, cmd *cli.Command) error {
 	if err != nil {
 		return err
 	}
-	tel, err := newTelemetry(ctx)
+	tel, err := outboxTelemetry(ctx, ob)
 	if err != nil {
 		return err
 	}
-	defer tel.shutdown() //nolint:errcheck // best effort on exit
-	// The backlog gauges (depth, oldest due, held, partitions, relays),
-	// read from index edges at each scrape.
-	if _, err := tel.ObserveOutbox(ob); err != nil {
-		return err
-	}
+	defer tel.shutdown()        //nolint:errcheck // best effort on exit
 	router := relay.NewRouter() // routed by buildSinks, before Run
 	r, err := relay.New(pool, ob, router, relay.Config{
 		Workers:          cmd.Int("workers"),

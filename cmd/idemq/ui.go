@@ -86,14 +86,11 @@ func runUI(ctx context.Context, cmd *cli.Command) error {
 	if err != nil {
 		return usageError("%w", err)
 	}
-	tel, err := newTelemetry(ctx)
+	tel, err := outboxTelemetry(ctx, ob)
 	if err != nil {
 		return err
 	}
 	defer tel.shutdown() //nolint:errcheck // best effort on exit
-	if _, err := tel.ObserveOutbox(ob); err != nil {
-		return err
-	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(tel.registry, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
