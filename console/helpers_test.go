@@ -150,10 +150,11 @@ func (e *env) enqueue(t *testing.T, dest string, n int) []string {
 	return ids
 }
 
-// waitFor polls cond until it holds, for up to 10 s.
+// waitFor polls cond until it holds, for up to 30 s (the machine may be
+// busy).
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)

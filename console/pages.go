@@ -158,6 +158,9 @@ func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
 	h.render(w, r, "overview", "Overview", map[string]any{"Gauges": g, "Destinations": rows, "Owned": owned, "Sample": outbox.GaugeSample})
 }
 
+// pageSize is the number of dead letters a page lists.
+const pageSize = 100
+
 // deadFilter reads the dead-letter filters of a page's query.
 func deadFilter(r *http.Request) (outbox.DeadFilter, error) {
 	q := r.URL.Query()
@@ -204,13 +207,22 @@ func (h *handler) dead(w http.ResponseWriter, r *http.Request) {
 		default:
 			data["Group"] = g
 			gf := g.Filter()
-			gf.KeyPrefix, gf.FailedAfter, gf.FailedBefore, gf.Limit = f.KeyPrefix, f.FailedAfter, f.FailedBefore, 100
+			gf.KeyPrefix, gf.FailedAfter, gf.FailedBefore, gf.Limit = f.KeyPrefix, f.FailedAfter, f.FailedBefore, pageSize
+			if after := r.URL.Query().Get("after"); after != "" {
+				if gf.After, err = uuid.Parse(after); err != nil {
+					http.Error(w, "after: "+err.Error(), http.StatusBadRequest)
+					return
+				}
+			}
 			dead, err := h.cfg.Outbox.DeadLetters(ctx, gf)
 			if err != nil {
 				h.fail(w, r, err)
 				return
 			}
 			data["Messages"] = dead
+			if len(dead) == pageSize {
+				data["Next"] = dead[len(dead)-1].ID.String()
+			}
 		}
 	}
 	groups, err := h.cfg.Outbox.DeadGroups(ctx, f)

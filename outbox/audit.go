@@ -95,6 +95,7 @@ func (f DeadFilter) MarshalJSON() ([]byte, error) {
 		FailedBefore      *time.Time  `json:"failed_before,omitempty"`
 		FailedAfter       *time.Time  `json:"failed_after,omitempty"`
 		Limit             int         `json:"limit,omitempty"`
+		After             *uuid.UUID  `json:"after,omitempty"`
 	}
 	o := opt{IDs: f.IDs, Destination: f.Destination, DestinationPrefix: f.DestinationPrefix, Key: f.Key, KeyPrefix: f.KeyPrefix,
 		ErrorClass: f.ErrorClass, Limit: f.Limit}
@@ -103,6 +104,9 @@ func (f DeadFilter) MarshalJSON() ([]byte, error) {
 	}
 	if !f.FailedAfter.IsZero() {
 		o.FailedAfter = &f.FailedAfter
+	}
+	if f.After != uuid.Nil {
+		o.After = &f.After
 	}
 	return json.Marshal(o)
 }

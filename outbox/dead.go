@@ -55,6 +55,12 @@ type DeadFilter struct {
 	// replaying everything that failed since T is Replay with FailedAfter
 	// T.
 	FailedAfter time.Time
+	// After lists (replays, purges) the dead letters enqueued after the
+	// one with this id: pass the last ID of a page to get the next one
+	// (keyset pagination through the id index and the primary key). An
+	// id that is no longer a dead letter (replayed, purged) matches
+	// nothing: start again from the first page.
+	After uuid.UUID
 	// Limit caps the number of dead letters listed, replayed or purged, in
 	// enqueue order. For DeadLetters it defaults to 100; for Replay and
 	// Purge zero means no limit.
@@ -80,6 +86,10 @@ func (f DeadFilter) args(defaultLimit int) []any {
 	if f.IDs != nil {
 		ids = f.IDs
 	}
+	var after any
+	if f.After != uuid.Nil {
+		after = f.After
+	}
 	var limit any
 	if f.Limit > 0 {
 		limit = f.Limit
@@ -87,7 +97,7 @@ func (f DeadFilter) args(defaultLimit int) []any {
 		limit = defaultLimit
 	}
 	return []any{ids, opt(f.Destination), opt(f.DestinationPrefix), opt(f.Key), optTime(f.FailedBefore), optTime(f.FailedAfter),
-		opt(f.ErrorClass), opt(f.KeyPrefix), limit}
+		opt(f.ErrorClass), opt(f.KeyPrefix), limit, after}
 }
 
 // DeadLetters lists the dead letters that match f, oldest enqueued first.

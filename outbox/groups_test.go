@@ -114,3 +114,38 @@ func TestDeadGroups(t *testing.T) {
 		t.Fatalf("groups left: %+v, %v", groups, err)
 	}
 }
+
+// TestDeadLettersKeyset: After pages through the dead letters in enqueue
+// order, a page at a time; an id that is gone matches nothing.
+func TestDeadLettersKeyset(t *testing.T) {
+	b := setup(t, outbox.Config{})
+	var msgs []outbox.Message
+	for i := range 5 {
+		msgs = append(msgs, outbox.Message{Destination: "d", Key: fmt.Sprint("k", i), Payload: fmt.Appendf(nil, "p%d", i)})
+	}
+	if err := b.ob.Enqueue(b.ctx, msgs...); err != nil {
+		t.Fatal(err)
+	}
+	kill(t, b, "boom", "p0", "p1", "p2", "p3", "p4")
+	var seen []string
+	f := outbox.DeadFilter{Limit: 2}
+	for {
+		page, err := b.ob.DeadLetters(b.ctx, f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range page {
+			seen = append(seen, string(d.Payload))
+		}
+		if len(page) < 2 {
+			break
+		}
+		f.After = page[len(page)-1].ID
+	}
+	if fmt.Sprint(seen) != "[p0 p1 p2 p3 p4]" {
+		t.Fatalf("pages %v", seen)
+	}
+	if got, err := b.ob.DeadLetters(b.ctx, outbox.DeadFilter{After: uuid.New()}); err != nil || len(got) != 0 {
+		t.Fatalf("after an unknown id: %+v, %v", got, err)
+	}
+}

@@ -121,8 +121,8 @@ type Queries struct {
 	Join, Beat, Live, Take, Release, Leave, Hold, Lock, Sequence, Top, Writers string
 	Scan, ScanAll, Claim, ClaimParked, PutBack, Bury, Park                     string
 
-	// ListDead lists dead letters by the DeadFilter parameters ($1-$8) up
-	// to $9. LockDead locks them (seq, key) for Replay and Purge,
+	// ListDead lists dead letters by the DeadFilter parameters ($1-$8,
+	// $10) up to $9. LockDead locks them (seq, key) for Replay and Purge,
 	// LockPartitions bumps the gen of the partitions of the keys in $1
 	// (all of them if $2), in partition order, without waiting for their
 	// owners' batches; Replay moves the dead letters with seq in $1 back,
@@ -160,7 +160,9 @@ type Queries struct {
 // deadWhere is the dead-letter filter: static SQL whose parameters are NULL
 // when a filter field is unset ($1 ids, $2 destination, $3 destination
 // prefix, $4 key, $5 failed before, $6 failed at or after, $7 error class,
-// where Unclassified matches rows stored without one, $8 key prefix).
+// where Unclassified matches rows stored without one, $8 key prefix, $10
+// the id of the dead letter to list after, in seq order: keyset
+// pagination through the id index and the primary key).
 const deadWhere = `($1::uuid[] IS NULL OR id = ANY($1))
   AND ($2::text IS NULL OR destination = $2)
   AND ($3::text IS NULL OR starts_with(destination, $3))
@@ -168,7 +170,8 @@ const deadWhere = `($1::uuid[] IS NULL OR id = ANY($1))
   AND ($5::timestamptz IS NULL OR failed_at < $5)
   AND ($6::timestamptz IS NULL OR failed_at >= $6)
   AND ($7::text IS NULL OR error_class = $7 OR ($7 = '` + Unclassified + `' AND error_class IS NULL))
-  AND ($8::text IS NULL OR starts_with(key, $8))`
+  AND ($8::text IS NULL OR starts_with(key, $8))
+  AND ($10::uuid IS NULL OR seq > (SELECT a.seq FROM %[1]s AS a WHERE a.id = $10 ORDER BY a.seq LIMIT 1))`
 
 // Unclassified is the error class of dead letters stored without one
 // (buried before migration 0003).
@@ -194,6 +197,8 @@ func New(t pgutil.Table) Queries {
 	// were deduplicated by a hash aggregate and joined to a TID scan per
 	// row. (A join on the seqs as well lets the planner pick a full index
 	// scan when its statistics say the table is small.)
+	// where is the dead-letter filter on this table.
+	where := fmt.Sprintf(deadWhere, dead)
 	claimable := `ctid = ANY(ARRAY(SELECT x.ctid FROM ` + table + ` AS x WHERE x.ctid = ANY($1::tid[]) FOR UPDATE SKIP LOCKED))`
 	// gens is true while partitions $2 have gens $3.
 	gens := `NOT EXISTS (SELECT 1 FROM unnest($2::int4[], $3::int8[]) AS g(part, gen) JOIN ` + lease + ` AS l ON l.part = g.part WHERE l.gen <> g.gen)`
@@ -364,8 +369,8 @@ RETURNING seq, id, destination, key, payload, headers, attempts, created_at`,
 
 		ListDead: `SELECT id, destination, coalesce(key, ''), payload, headers, attempts, last_error, created_at, failed_at,
        coalesce(error_class, '` + Unclassified + `')
-FROM ` + dead + ` WHERE ` + deadWhere + ` ORDER BY seq LIMIT $9`,
-		LockDead: `SELECT seq, key FROM ` + dead + ` WHERE ` + deadWhere + `
+FROM ` + dead + ` WHERE ` + where + ` ORDER BY seq LIMIT $9`,
+		LockDead: `SELECT seq, key FROM ` + dead + ` WHERE ` + where + `
 ORDER BY seq LIMIT $9 FOR UPDATE`,
 		// The aggregate reads the (error_class, destination, seq) INCLUDE
 		// (failed_at) index of migration 0003 alone (an index-only scan
@@ -373,7 +378,7 @@ ORDER BY seq LIMIT $9 FOR UPDATE`,
 		// per group for its sample.
 		DeadGroups: `SELECT g.class, g.destination, g.n, g.first, g.last, d.id, d.last_error
 FROM (SELECT error_class AS class, destination, count(*) AS n, min(failed_at) AS first, max(failed_at) AS last, min(seq) AS sample
-      FROM ` + dead + ` WHERE ` + deadWhere + `
+      FROM ` + dead + ` WHERE ` + where + `
       GROUP BY error_class, destination) AS g
 JOIN ` + dead + ` AS d ON d.seq = g.sample
 ORDER BY g.n DESC, g.class, g.destination
