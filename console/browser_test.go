@@ -43,7 +43,7 @@ func TestBrowser(t *testing.T) {
 	}
 	opts := append(slices.Clone(chromedp.DefaultExecAllocatorOptions[:]),
 		chromedp.ExecPath(chromium),
-		chromedp.UserDataDir(t.TempDir()),
+		chromedp.UserDataDir(profileDir(t)),
 		chromedp.NoSandbox,
 		chromedp.DisableGPU,
 		chromedp.Flag("disable-background-networking", true),
@@ -159,4 +159,24 @@ func TestBrowser(t *testing.T) {
 		t.Errorf("without credentials the browser is at %s, want the login page", url)
 	}
 	t.Logf("screenshots in %s", shots)
+}
+
+// profileDir is an empty Chromium profile directory, removed at cleanup
+// once the browser's helper processes stopped writing to it (t.TempDir
+// fails the test when they are late).
+func profileDir(t *testing.T) string {
+	dir, err := os.MkdirTemp("", "idemq-chromium-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for range 50 {
+			if os.RemoveAll(dir) == nil {
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		t.Logf("left %s behind: the browser still writes to it", dir)
+	})
+	return dir
 }
