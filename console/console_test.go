@@ -7,11 +7,13 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/console"
+	"github.com/idemq/idemq/internal/inboxsql"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/transports/webhook"
 )
@@ -72,11 +74,17 @@ func TestPagesRender(t *testing.T) {
 	if err := e.ob.Enqueue(e.ctx, outbox.Message{Destination: "orders", Key: "order-9", Payload: []byte(`{"n":9}`)}); err != nil {
 		t.Fatal(err)
 	}
-	err := pgx.BeginFunc(e.ctx, e.pool, func(tx pgx.Tx) error {
-		if _, err := e.ib.DeadLetterTx(e.ctx, tx, "billing", "order-9", []byte("fp"), 5, errors.New("charge declined (SQLSTATE 23514)")); err != nil {
+	// The claim protocol package consumer runs, on the inbox's table.
+	claims, err := inboxsql.New(e.pool, inboxsql.Options{Schema: "public", Table: "idemq_inbox", Retention: time.Hour, MaxKeyLen: 512,
+		Conflict: func(string, []byte, inboxsql.Row) error { return errors.New("conflict") }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = pgx.BeginFunc(e.ctx, e.pool, func(tx pgx.Tx) error {
+		if _, err := claims.DeadLetterTx(e.ctx, tx, "billing", "order-9", []byte("fp"), 5, errors.New("charge declined (SQLSTATE 23514)")); err != nil {
 			return err
 		}
-		return e.ib.RecordConflictTx(e.ctx, tx, "billing", "order-8", []byte("other"))
+		return claims.RecordConflictTx(e.ctx, tx, "billing", "order-8", []byte("other"))
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemq/idemq/internal/errclass"
+	"github.com/idemq/idemq/internal/inboxsql"
 )
 
 // Unclassified is the error class of dead letters stored without one
@@ -58,7 +59,7 @@ func (s *Store) DeadGroups(ctx context.Context, f DeadFilter) ([]DeadGroup, erro
 	}
 	rows, err := s.db.Query(ctx, s.sql.deadGroups, args...)
 	if err != nil {
-		return nil, fmt.Errorf("inbox: group dead letters: %w", notMigrated(err))
+		return nil, fmt.Errorf("inbox: group dead letters: %w", inboxsql.NotMigrated(err))
 	}
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (DeadGroup, error) {
 		var g DeadGroup
@@ -82,7 +83,7 @@ func (s *Store) DeadGroups(ctx context.Context, f DeadFilter) ([]DeadGroup, erro
 		return g, nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("inbox: group dead letters: %w", notMigrated(err))
+		return nil, fmt.Errorf("inbox: group dead letters: %w", inboxsql.NotMigrated(err))
 	}
 	return out, nil
 }
@@ -96,7 +97,7 @@ func (s *Store) ClassifyDead(ctx context.Context, batch int) (int64, error) {
 	}
 	rows, err := s.db.Query(ctx, s.sql.unclassified, batch)
 	if err != nil {
-		return 0, fmt.Errorf("inbox: classify dead letters: %w", notMigrated(err))
+		return 0, fmt.Errorf("inbox: classify dead letters: %w", inboxsql.NotMigrated(err))
 	}
 	var scopes []int32
 	var ids []uuid.UUID

@@ -21,7 +21,7 @@ func TestDeadGroups(t *testing.T) {
 	dead := func(scope, key, cause string) {
 		t.Helper()
 		err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
-			_, err := b.store.DeadLetterTx(ctx, tx, scope, key, fp(key), 3, errors.New(cause))
+			_, err := b.claims.DeadLetterTx(ctx, tx, scope, key, fp(key), 3, errors.New(cause))
 			return err
 		})
 		if err != nil {
@@ -73,7 +73,7 @@ func TestLookup(t *testing.T) {
 	ctx := context.Background()
 	for _, scope := range []string{"billing", "shipping"} {
 		err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
-			_, err := b.store.ClaimTx(ctx, tx, scope, "order-7", fp("p"))
+			_, err := b.claims.ClaimTx(ctx, tx, scope, "order-7", fp("p"))
 			return err
 		})
 		if err != nil {

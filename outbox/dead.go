@@ -2,13 +2,13 @@ package outbox
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/internal/nilcheck"
 	"github.com/idemq/idemq/internal/outboxsql"
 )
@@ -167,7 +167,7 @@ func (o *Outbox) PurgeTx(ctx context.Context, tx pgx.Tx, f DeadFilter) (int64, e
 // followers parked behind them.
 func (o *Outbox) settleDead(ctx context.Context, tx pgx.Tx, f DeadFilter, stmt string) (int64, error) {
 	if nilcheck.IsNil(tx) {
-		return 0, errors.New("nil tx; pass a transaction, or use the call without Tx")
+		return 0, idemq.NewConfigError("outbox", "tx", "is nil: pass a transaction, or use the call without Tx")
 	}
 	seqs, keys, err := o.lockDead(ctx, tx, f, stmt == o.q.Replay)
 	if err != nil || len(seqs) == 0 {

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/internal/outboxsql"
 )
 
@@ -170,20 +171,17 @@ func (r *Relay) joinAll(ctx context.Context, ids []uuid.UUID) (*pgxpool.Pool, er
 	return beats, nil
 }
 
-// heartbeatLoop keeps the workers ids alive every LeaseTTL/3 until ctx is
-// done.
-func (r *Relay) heartbeatLoop(ctx context.Context, beats *pgxpool.Pool, ids []uuid.UUID) {
-	t := time.NewTicker(r.cfg.LeaseTTL / 3)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		if err := r.beat(ctx, beats, r.sql.Beat, ids); err != nil && ctx.Err() == nil {
+// heartbeat keeps the workers ids alive, one beat per call, for
+// lifecycle.KeepAlive to run every LeaseTTL/3 until ctx is done. A failed
+// beat is logged and tried again at the next tick; the fence, not the
+// heartbeat, stops the workers once their leases may have run out.
+func (r *Relay) heartbeat(ctx context.Context, beats *pgxpool.Pool, ids []uuid.UUID) func(context.Context) error {
+	return func(bctx context.Context) error {
+		err := r.beat(bctx, beats, r.sql.Beat, ids)
+		if err != nil && ctx.Err() == nil {
 			r.log.Warn("relay heartbeat failed; the workers stop publishing once their leases may have run out", "err", err, "lease_ttl", r.cfg.LeaseTTL)
 		}
+		return err
 	}
 }
 
@@ -218,8 +216,9 @@ func (r *Relay) beat(ctx context.Context, beats *pgxpool.Pool, stmt string, ids 
 // answer arrives.
 
 // errFenced is the error of a batch that did not publish because its
-// owner may have been succeeded.
-var errFenced = errors.New("relay: the batch's claim is fenced off")
+// owner may have been succeeded. It matches idemq.ErrLeaseLost: the
+// partition leases are fenced leases like every other in idemq.
+var errFenced = fmt.Errorf("relay: the batch's claim is fenced off: %w", idemq.ErrLeaseLost)
 
 // fenceTimeout is the server's bound on a batch transaction left idle:
 // PublishTimeout for the Sink and a heartbeat period (LeaseTTL/3) for the

@@ -31,7 +31,7 @@ func dlqFlags() []cli.Flag {
 		&cli.StringFlag{Name: "class", Usage: "dead letters of this error class exactly (as dlq groups shows it)"},
 		&cli.TimestampFlag{Name: "since", Usage: "dead letters that failed at or after this time (RFC 3339)",
 			Config: cli.TimestampConfig{Layouts: []string{time.RFC3339, time.DateTime, time.DateOnly}}},
-		&cli.StringSliceFlag{Name: "id", Usage: "outbox message id (repeatable)"},
+		&cli.StringSliceFlag{Name: "id", Usage: "outbox message id, or with --inbox inbox key (the message id) (repeatable)"},
 		&cli.DurationFlag{Name: "older-than", Usage: "dead letters that failed longer ago than this"},
 		&cli.DurationFlag{Name: "newer-than", Usage: "dead letters that failed within this"},
 		&cli.IntFlag{Name: "limit", Usage: "at most this many (list: default 100; replay and purge: no limit)"},
@@ -57,7 +57,7 @@ func dlqCommand() *cli.Command {
 			"place in their key's order). With --inbox, the consumers' dead letters: replay releases them so that the\n" +
 			"next delivery of the message is applied again; purge forgets them. --inbox --conflicts does the same for\n" +
 			"messages refused because their key was applied with another payload. Replay and purge exit 5 when a\n" +
-			"--destination, --scope or --id matches no dead letter, and then change nothing. Purge needs a filter or --all;\n" +
+			"--destination, --scope, --key or --id matches no dead letter, and then change nothing. Purge needs a filter or --all;\n" +
 			"on a terminal it prints the count and the filter and asks first (--yes does not ask). --dry-run prints what\n" +
 			"would be replayed or purged and changes nothing. Ages (--older-than, --newer-than) must be positive.\n" +
 			"dlq groups groups dead letters by error class (the error text with ids, numbers, addresses and times\n" +
@@ -228,8 +228,8 @@ func dlqMove(purge bool) cli.ActionFunc {
 		if err != nil {
 			return err
 		}
-		if n == 0 && slices.ContainsFunc([]string{"destination", "scope", "id", "group"}, cmd.IsSet) {
-			return withCode(exitNotFound, "no dead letter matches the given --destination, --scope, --id or --group")
+		if n == 0 && slices.ContainsFunc([]string{"destination", "scope", "key", "id", "group"}, cmd.IsSet) {
+			return withCode(exitNotFound, "no %s %s; nothing changed", set.noun(), describeFilter(cmd))
 		}
 		if cmd.Bool("dry-run") {
 			return set.dryRun(ctx, verb, n)
