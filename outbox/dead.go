@@ -186,7 +186,9 @@ func (o *Outbox) settleDead(ctx context.Context, tx pgx.Tx, f DeadFilter, stmt s
 // that owns a partition to scan it again from its start, where the moved
 // rows are; its batch in flight claims nothing once it sees the gen move
 // (see outboxsql). Neither waits for the other: a transaction left open
-// here stops no relay.
+// here stops no relay. While it is open the partitions it holds keep
+// their owners (the relays skip them when they rebalance), so the
+// partitions of a relay that died meanwhile wait for it to end.
 func (o *Outbox) lockDead(ctx context.Context, tx pgx.Tx, f DeadFilter, replay bool) (seqs []int64, keys []string, err error) {
 	if f.Limit < 0 {
 		return nil, nil, fmt.Errorf("negative limit %d", f.Limit)

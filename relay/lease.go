@@ -30,7 +30,12 @@ import (
 //     wants ceil(Partitions/n) partitions, gives up the ones above that
 //     and takes missing ones among those nobody owns or whose owner is
 //     dead (its row expired), skipping those locked by a batch in flight.
-//     A take bumps the lease's token.
+//     A take bumps the lease's token. Giving up and taking skip the
+//     partitions a dead-letter operation holds (outbox ReplayTx, PurgeTx,
+//     RetryNow bump their gens): such a transaction, left open, never
+//     stops a worker. The partitions it holds stay with their owners
+//     meanwhile; those of a dead owner wait for it to end (an unkeyed
+//     replay holds every partition), the others change hands as usual.
 //   - Every batch locks the lease rows of its worker FOR SHARE and checks
 //     their tokens and gens before it scans. A takeover cannot commit
 //     while a stale owner's batch is in flight, and once it has, the stale
@@ -62,18 +67,36 @@ func (w *worker) rebalance(ctx context.Context) error {
 	}
 	w.live = max(live, 1)
 	target := w.target()
+	if len(held) <= target {
+		w.stuck = false
+	}
 	switch {
 	case len(held) > target:
 		extra := make([]int32, 0, len(held)-target)
 		for _, l := range held[target:] {
 			extra = append(extra, l.part)
 		}
-		if _, err := r.pool.Exec(ctx, r.sql.Release, w.id, extra); err != nil {
+		rows, err := r.pool.Query(ctx, r.sql.Release, w.id, extra)
+		if err != nil {
 			return err
 		}
-		r.mon.released(w.id, extra)
-		held = held[:target]
-		w.leases = slices.DeleteFunc(w.leases, func(l lease) bool { return slices.Contains(extra, l.part) })
+		gone, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+		if err != nil {
+			return err
+		}
+		r.mon.released(w.id, gone)
+		// A partition a dead-letter operation holds is not given up (see
+		// Release): the worker keeps serving it and tries again at its
+		// next rebalance, not at once.
+		if stuck := len(gone) < len(extra); stuck != w.stuck {
+			w.stuck = stuck
+			if stuck {
+				r.log.Info("relay: a dead-letter operation holds partitions this worker gives up; it keeps serving them until the operation ends",
+					"worker", w.id, "kept", len(extra)-len(gone))
+			}
+		}
+		held = slices.DeleteFunc(held, func(l lease) bool { return slices.Contains(gone, l.part) })
+		w.leases = slices.DeleteFunc(w.leases, func(l lease) bool { return slices.Contains(gone, l.part) })
 	case len(held) < target:
 		rows, err := r.pool.Query(ctx, r.sql.Take, w.id, target-len(held))
 		if err != nil {
