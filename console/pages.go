@@ -196,8 +196,19 @@ func (h *handler) dead(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	data := map[string]any{"Filter": f, "Since": r.URL.Query().Get("since"), "Until": r.URL.Query().Get("until")}
+	groups, err := h.cfg.Outbox.DeadGroups(ctx, f)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	data["Groups"] = groups
 	if id := r.URL.Query().Get("group"); id != "" {
-		g, err := h.cfg.Outbox.DeadGroup(ctx, id)
+		g, err := groupIn(groups, id)
+		if err != nil {
+			// Not among the page's groups (a filter, or past the first
+			// 100): look it up among all.
+			g, err = h.cfg.Outbox.DeadGroup(ctx, id)
+		}
 		switch {
 		case errors.Is(err, outbox.ErrNoGroup):
 			data["Missing"] = id
@@ -225,13 +236,17 @@ func (h *handler) dead(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
-	groups, err := h.cfg.Outbox.DeadGroups(ctx, f)
-	if err != nil {
-		h.fail(w, r, err)
-		return
-	}
-	data["Groups"] = groups
 	h.render(w, r, "dead", "Dead letters", data)
+}
+
+// groupIn returns the group of groups whose ID is id.
+func groupIn(groups []outbox.DeadGroup, id string) (outbox.DeadGroup, error) {
+	for _, g := range groups {
+		if g.ID == id {
+			return g, nil
+		}
+	}
+	return outbox.DeadGroup{}, outbox.ErrNoGroup
 }
 
 func (h *handler) message(w http.ResponseWriter, r *http.Request) {
@@ -306,7 +321,7 @@ func (h *handler) webhooks(w http.ResponseWriter, r *http.Request) {
 func (h *handler) lookup(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	key := strings.TrimSpace(r.URL.Query().Get("key"))
-	data := map[string]any{"Key": key}
+	data := map[string]any{"Key": key, "Window": outbox.PendingWindow}
 	if key != "" {
 		pending, err := h.cfg.Outbox.PendingByKey(ctx, key, 100)
 		if err != nil {

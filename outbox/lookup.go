@@ -27,8 +27,16 @@ type PendingMessage struct {
 	LastError string
 }
 
+// PendingWindow is how many of the oldest rows of a key's partition
+// [Outbox.PendingByKey] searches. The outbox has no index on the key
+// (every enqueue would pay for one), so a lookup reads its partition in
+// seq order; the oldest rows are the ones a stuck key holds up.
+const PendingWindow = 20000
+
 // PendingByKey lists up to limit (0: 100) messages of key still in the
-// outbox, in their key's order, through the (partition, seq) index.
+// outbox, in their key's order, among the oldest PendingWindow rows of the
+// key's partition (the (partition, seq) index): on a large backlog a
+// message of the key further back is not listed.
 func (o *Outbox) PendingByKey(ctx context.Context, key string, limit int) ([]PendingMessage, error) {
 	if key == "" {
 		return nil, fmt.Errorf("outbox: pending by key: empty key")
@@ -36,7 +44,7 @@ func (o *Outbox) PendingByKey(ctx context.Context, key string, limit int) ([]Pen
 	if limit <= 0 {
 		limit = 100
 	}
-	rows, err := o.db.Query(ctx, o.q.ByKey, key, limit)
+	rows, err := o.db.Query(ctx, o.q.ByKey, key, limit, PendingWindow)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: pending by key: %w", err)
 	}

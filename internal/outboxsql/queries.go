@@ -145,9 +145,11 @@ type Queries struct {
 	// their comments below.
 	GaugeEdges, GaugeSample, GaugeStats, GaugePartitions, GaugeRelays string
 
-	// ByKey lists up to $2 pending rows of key $1 in seq order, through
-	// the (partition, seq) index: seq, id, destination, attempts,
-	// created_at, available_at, last_error.
+	// ByKey lists up to $2 pending rows of key $1 in seq order among the
+	// oldest $3 rows of its partition, through the (partition, seq) index
+	// (the outbox has no index on key: every enqueue would pay for it):
+	// seq, id, destination, attempts, created_at, available_at,
+	// last_error.
 	ByKey string
 
 	// Audit writes an entry of the audit log (migration 0004): $1 actor,
@@ -436,8 +438,9 @@ LEFT JOIN LATERAL (SELECT o.seq, o.created_at FROM ` + table + ` AS o WHERE ` + 
                    ORDER BY ` + oPartition + `, o.seq LIMIT 1) AS h ON true
 ORDER BY l.part`,
 		ByKey: `SELECT seq, id, destination, attempts, created_at, available_at, coalesce(last_error, '')
-FROM ` + table + ` WHERE ` + partition + ` = ` + fmt.Sprintf(partOf, "$1::text") + ` AND key = $1
-ORDER BY ` + partition + `, seq LIMIT $2`,
+FROM (SELECT * FROM ` + table + ` WHERE ` + partition + ` = ` + fmt.Sprintf(partOf, "$1::text") + `
+      ORDER BY ` + partition + `, seq LIMIT $3) AS o
+WHERE key = $1 ORDER BY seq LIMIT $2`,
 		// The relay workers and when their liveness runs out.
 		GaugeRelays: `SELECT owner, expires_at, expires_at > now() FROM ` + relays + ` ORDER BY owner`,
 		Audit:       `INSERT INTO ` + audit + ` (actor, action, target, filter, rows) VALUES ($1, $2, $3, $4::jsonb, $5)`,
