@@ -1,15 +1,12 @@
 package outbox_test
 
 import (
-	"context"
 	"slices"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
+	"github.com/idemq/idemq/internal/benchseed"
 	"github.com/idemq/idemq/outbox"
-	"github.com/idemq/idemq/testenv"
 )
 
 // BenchmarkDeadGroups1M groups 1,000,000 dead letters (23 classes over 8
@@ -18,15 +15,8 @@ import (
 // milliseconds (target: < 1000), plus the p95 of a group's first page of
 // dead letters.
 func BenchmarkDeadGroups1M(b *testing.B) {
-	ctx, pool, ob := benchOutbox(b)
-	const n = 1_000_000
-	if _, err := pool.Exec(ctx, `INSERT INTO idemq_outbox_dead (seq, id, created_at, failed_at, attempts, destination, payload, key, last_error, error_class)
-SELECT i, gen_random_uuid(), now() - interval '1 day', now() - (i % 86400) * interval '1 second', 5,
-       'dest-' || (i % 8), '\x7b7d', 'k' || (i % 50000), 'error ' || (i % 23) || ' on ' || i, 'error <n> on <n> #' || (i % 23)
-FROM generate_series(1, $1) AS i`, n); err != nil {
-		b.Fatal(err)
-	}
-	if _, err := pool.Exec(ctx, `VACUUM ANALYZE idemq_outbox_dead`); err != nil {
+	ctx, pool, ob := benchseed.Outbox(b)
+	if err := benchseed.DeadLetters(ctx, pool, 1_000_000); err != nil {
 		b.Fatal(err)
 	}
 	var groups, pages []time.Duration
@@ -48,20 +38,6 @@ FROM generate_series(1, $1) AS i`, n); err != nil {
 	b.ReportMetric(p95(groups), "group_p95_ms")
 	b.ReportMetric(p95(pages), "page_p95_ms")
 	b.ReportMetric(0, "ns/op")
-}
-
-// benchOutbox returns a migrated outbox in a fresh database.
-func benchOutbox(b *testing.B) (context.Context, *pgxpool.Pool, *outbox.Outbox) {
-	ctx := context.Background()
-	pool := testenv.Postgres(b)
-	ob, err := outbox.New(pool, outbox.Config{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := ob.Migrate(ctx); err != nil {
-		b.Fatal(err)
-	}
-	return ctx, pool, ob
 }
 
 // p50 is the median of ds in milliseconds.
@@ -89,14 +65,9 @@ func p95(ds []time.Duration) float64 {
 // inserted with generate_series and analyzed) and reports the p95 of one
 // Gauges call, a metrics scrape's cost, in milliseconds (target: <= 5).
 func BenchmarkGauges10M(b *testing.B) {
-	ctx, pool, ob := benchOutbox(b)
+	ctx, pool, ob := benchseed.Outbox(b)
 	const n = 10_000_000
-	if _, err := pool.Exec(ctx, `INSERT INTO idemq_outbox (id, destination, key, payload)
-SELECT gen_random_uuid(), 'dest-' || (i % 8), CASE WHEN i % 50 = 0 THEN NULL ELSE 'k' || (i % 100000) END, '\x7b7d'
-FROM generate_series(1, $1) AS i`, n); err != nil {
-		b.Fatal(err)
-	}
-	if _, err := pool.Exec(ctx, `ANALYZE idemq_outbox`); err != nil {
+	if err := benchseed.Backlog(ctx, pool, n); err != nil {
 		b.Fatal(err)
 	}
 	var took []time.Duration
