@@ -66,7 +66,12 @@ chromium:
 		{ apt-get update -qq >/dev/null && apt-get install -y -qq chromium >/dev/null; } || \
 		{ echo "make: could not install chromium; install it (apt-get install -y chromium) and run make test again"; exit 1; }; }
 
-lint: ## gofmt and go vet
+# staticcheck at a pinned release (2026.2.2), built by go run from the Go
+# module proxy: no tool dependency in go.mod, the same version everywhere.
+STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
+
+lint: ## gofmt, go vet and staticcheck over the root module and cmd/idemq
 	@test -z "$$(gofmt -l .)" || { gofmt -l .; echo "gofmt: files above need formatting"; exit 1; }
 	$(GO) vet ./...
-	cd cmd/idemq && $(GO) vet ./...
+	$(STATICCHECK) ./...
+	cd cmd/idemq && $(GO) vet ./... && $(STATICCHECK) ./...

@@ -20,6 +20,7 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/console"
+	"github.com/idemq/idemq/idemqtest"
 	"github.com/idemq/idemq/inbox"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
@@ -102,12 +103,6 @@ func (s *sink) heal(dest string) {
 	delete(s.failing, dest)
 }
 
-func (s *sink) count() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.published)
-}
-
 // runRelay starts a relay on e's outbox into s until stop (or the test's
 // end); it counts the dead letters it buried.
 func (e *env) runRelay(t *testing.T, s *sink) (dead *atomic.Int64, stop func()) {
@@ -150,17 +145,11 @@ func (e *env) enqueue(t *testing.T, dest string, n int) []string {
 	return ids
 }
 
-// waitFor polls cond until it holds, for up to 30 s (the machine may be
-// busy).
+// waitFor waits for cond through idemqtest.WaitFor, allowing 30 s: the
+// machine may be busy.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	idemqtest.WaitFor(t, what, cond, idemqtest.Within(30*time.Second))
 }
 
 // client makes requests to the console as someone.

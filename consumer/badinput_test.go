@@ -21,6 +21,7 @@ import (
 // TestBadInputNULKeyIsReportedAsNUL: a key with a NUL byte is refused as
 // such, not as "not valid UTF-8".
 func TestBadInputNULKeyIsReportedAsNUL(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	c := newConsumer(t, pool, insertOrder, consumer.Config{})
 	r := c.Process(context.Background(), msg("order\x001", "p"))
@@ -38,12 +39,14 @@ func TestBadInputNULKeyIsReportedAsNUL(t *testing.T) {
 // dead-lettered in the end, instead of Retry with no attempt forever; in
 // both per-message and batch mode.
 func TestBadInputHandlerSwallowingAnSQLError(t *testing.T) {
+	t.Parallel()
 	for _, batch := range []bool{false, true} {
 		name := "PerMessage"
 		if batch {
 			name = "Batch"
 		}
 		t.Run(name, func(t *testing.T) {
+			t.Parallel()
 			pool := setup(t)
 			swallow := func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 				if string(m.Payload) == "bad" {
@@ -79,6 +82,7 @@ func TestBadInputHandlerSwallowingAnSQLError(t *testing.T) {
 // was never migrated returns Retry with an error that says to run the
 // migrations, and so do the Store's administration calls.
 func TestBadInputConsumerWithoutMigrate(t *testing.T) {
+	t.Parallel()
 	pool := testenv.Postgres(t)
 	c, err := consumer.New(pool, "billing", insertOrder, consumer.Config{})
 	if err != nil {
@@ -115,6 +119,7 @@ func TestBadInputConsumerWithoutMigrate(t *testing.T) {
 // once, without counting a failure, instead of leaving an hour-long lease
 // to run out: the next delivery is applied right away.
 func TestBadInputLeasedContextCancelledGivesTheLeaseBack(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	started := make(chan struct{}, 1)
 	calls := 0

@@ -23,6 +23,7 @@ func slogJSON(buf *bytes.Buffer) *slog.Logger {
 // together, the 3 leave no trace in that transaction and are then retried
 // (two recover) or dead-lettered (one is poison).
 func TestBatchWithFailingMessages(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	var failures atomic.Int32
 	c := newConsumer(t, pool, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
@@ -82,6 +83,7 @@ func TestBatchWithFailingMessages(t *testing.T) {
 }
 
 func TestBatchWithRepeatedKeysAndConflicts(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	c := newConsumer(t, pool, insertOrder, consumer.Config{})
 	ctx := context.Background()
@@ -109,6 +111,7 @@ func TestBatchWithRepeatedKeysAndConflicts(t *testing.T) {
 // Concurrent batches that share keys never apply one twice and never
 // deadlock: claims lock keys in one order.
 func TestConcurrentOverlappingBatches(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	c := newConsumer(t, pool, insertOrder, consumer.Config{})
 	var applied atomic.Int32
@@ -146,6 +149,7 @@ func TestConcurrentOverlappingBatches(t *testing.T) {
 // Process's: a message failing on every delivery is dead-lettered on its
 // MaxAttempts-th failure either way.
 func TestRedeliverCountsTheDeliveryInBatchesToo(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	c := newConsumer(t, pool, func(context.Context, pgx.Tx, *consumer.Message) error {
 		return errors.New("always fails")
@@ -170,6 +174,7 @@ func TestRedeliverCountsTheDeliveryInBatchesToo(t *testing.T) {
 // that kills its consumer every time) is dead-lettered without running
 // the handler again; below that it is applied.
 func TestRedeliverBackstop(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	var calls atomic.Int32
 	c := newConsumer(t, pool, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {

@@ -68,6 +68,7 @@ func newBatched(t *testing.T, pool *pgxpool.Pool, h consumer.BatchHandler) *cons
 // The batch handler is called once, with exactly the messages new to the
 // inbox: an earlier message, a repeated key and a conflict never reach it.
 func TestBatchHandlerSeesOnlyNewMessages(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	var got calls
 	c := newBatched(t, pool, func(ctx context.Context, tx pgx.Tx, msgs []*consumer.Message) error {
@@ -119,6 +120,7 @@ func TestBatchHandlerSeesOnlyNewMessages(t *testing.T) {
 // poison message is dead-lettered alone, a transient failure is retried,
 // and the rest commit together, each exactly once.
 func TestBatchHandlerFailureIsolatesThePoisonMessage(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	var got calls
 	var transient sync.Once
@@ -181,6 +183,7 @@ func TestBatchHandlerFailureIsolatesThePoisonMessage(t *testing.T) {
 // (their first writes went with the failure's rollback), the ones after it
 // run under savepoints of their own, and every message is applied once.
 func TestBatchPassStopsAtTheFirstFailure(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	var mu sync.Mutex
 	calls := map[string]int{}

@@ -17,6 +17,7 @@ import (
 // Bad configuration is an error naming the field, never a panic later: a
 // LeaseTTL of a few nanoseconds made the lease ticker panic in Process.
 func TestNewRejectsInvalidConfig(t *testing.T) {
+	t.Parallel()
 	pool, err := pgxpool.New(context.Background(), "postgres://127.0.0.1:1/none") // never connects
 	if err != nil {
 		t.Fatal(err)
@@ -59,6 +60,7 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 // A leased consumer with the shortest lease runs, extending it, without
 // panicking.
 func TestShortestLeaseRuns(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	c, err := consumer.NewLeased(pool, "mailer", func(ctx context.Context, m *consumer.Message, lease idemq.Lease) error {
 		time.Sleep(5 * consumer.LeaseTTLMin) // several extensions

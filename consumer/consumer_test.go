@@ -72,6 +72,7 @@ func msg(id, payload string) *consumer.Message {
 }
 
 func TestOneMessageDeliveredOverAndOverIsAppliedOnce(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	c := newConsumer(t, pool, insertOrder, consumer.Config{})
 	ctx := context.Background()
@@ -117,8 +118,10 @@ func TestOneMessageDeliveredOverAndOverIsAppliedOnce(t *testing.T) {
 // applied (a deduplicator that records the key before the handler runs
 // drops it instead).
 func TestFailedHandlerIsRolledBackAndItsRetryAppliesOnce(t *testing.T) {
+	t.Parallel()
 	for _, redeliver := range []bool{false, true} {
 		t.Run(fmt.Sprintf("redeliver=%v", redeliver), func(t *testing.T) {
+			t.Parallel()
 			pool := setup(t)
 			var calls atomic.Int32
 			c := newConsumer(t, pool, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
@@ -155,6 +158,7 @@ func TestFailedHandlerIsRolledBackAndItsRetryAppliesOnce(t *testing.T) {
 }
 
 func TestSameKeyDifferentPayloadIsAConflict(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	if _, err := pool.Exec(context.Background(), `CREATE TABLE dead_letters (id text, cause text)`); err != nil {
 		t.Fatal(err)
@@ -183,6 +187,7 @@ func TestSameKeyDifferentPayloadIsAConflict(t *testing.T) {
 }
 
 func TestPoisonMessageIsDeadLetteredAndStaysDead(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	if _, err := pool.Exec(context.Background(), `CREATE TABLE dead_letters (id text, cause text)`); err != nil {
 		t.Fatal(err)
@@ -232,6 +237,7 @@ func TestPoisonMessageIsDeadLetteredAndStaysDead(t *testing.T) {
 }
 
 func TestBadInputGetsAClearErrorAndWritesNothing(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	c := newConsumer(t, pool, insertOrder, consumer.Config{Inbox: inbox.Config{MaxKeyLen: 64}})
 	ctx := context.Background()
@@ -273,6 +279,7 @@ func TestBadInputGetsAClearErrorAndWritesNothing(t *testing.T) {
 // is half-written, the lost connection is not counted as a failed attempt,
 // and the redelivery applies the message once.
 func TestDatabaseDroppingTheConnectionMidTransaction(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	var killed atomic.Bool
 	c := newConsumer(t, pool, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
@@ -307,6 +314,7 @@ func TestDatabaseDroppingTheConnectionMidTransaction(t *testing.T) {
 }
 
 func TestHandlerCannotEndTheTransaction(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	c := newConsumer(t, pool, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 		if err := insertOrder(ctx, tx, m); err != nil {
@@ -323,6 +331,7 @@ func TestHandlerCannotEndTheTransaction(t *testing.T) {
 }
 
 func TestBusinessKeyAndLogLinesCarryScopeAndKey(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	var logs bytes.Buffer
 	var mu sync.Mutex
@@ -380,8 +389,10 @@ func TestBusinessKeyAndLogLinesCarryScopeAndKey(t *testing.T) {
 // it: the write must not land outside the transaction, on a connection
 // that went back to the pool.
 func TestLeakedHandlerTxCannotWriteAfterCommit(t *testing.T) {
+	t.Parallel()
 	for _, batch := range []bool{false, true} {
 		t.Run(fmt.Sprintf("batch=%v", batch), func(t *testing.T) {
+			t.Parallel()
 			pool := setup(t)
 			var leaked pgx.Tx
 			c := newConsumer(t, pool, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
@@ -412,8 +423,10 @@ func TestLeakedHandlerTxCannotWriteAfterCommit(t *testing.T) {
 // message's: the attempt is not counted and nothing is written, in
 // per-message and batch mode, and the next delivery applies the message.
 func TestDatabaseRefusingTheTransactionIsNotAFailedAttempt(t *testing.T) {
+	t.Parallel()
 	for _, batch := range []bool{false, true} {
 		t.Run(fmt.Sprintf("batch=%v", batch), func(t *testing.T) {
+			t.Parallel()
 			pool := setup(t)
 			var refused atomic.Int32
 			c := newConsumer(t, pool, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/idemqtest"
 	"github.com/idemq/idemq/inbox"
 	"github.com/idemq/idemq/internal/inboxsql"
 )
@@ -156,21 +157,16 @@ func (ch *child) kill(t *testing.T) {
 // returns its backend pid.
 func (ch *child) waitingBackend(t *testing.T, pool *pgxpool.Pool) int {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
-		var pid int
+	var pid int
+	idemqtest.WaitFor(t, "a child connection waiting on the parent's lock", func() bool {
 		err := pool.QueryRow(context.Background(), `SELECT pid FROM pg_stat_activity
 			WHERE application_name = $1 AND wait_event_type = 'Lock' AND datname = current_database()`, ch.app).Scan(&pid)
-		if err == nil {
-			return pid
-		}
-		if !errors.Is(err, pgx.ErrNoRows) {
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 			t.Fatal(err)
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	t.Fatal("no child connection came to wait on the parent's lock")
-	return 0
+		return err == nil
+	})
+	return pid
 }
 
 // crashBundle is a database with the inbox, and the parent's transaction
@@ -249,8 +245,10 @@ func fingerprint(payload string) []byte {
 // sixth and dead-lettered the message), and the seventh applies the
 // message exactly once.
 func TestKilledConsumersNeverDeadLetterAMessage(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []string{"single", "batch"} {
 		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
 			b := crashSetup(t)
 			ctx := context.Background()
 			for delivery := 1; delivery <= 4; delivery++ {
@@ -285,6 +283,7 @@ func TestKilledConsumersNeverDeadLetterAMessage(t *testing.T) {
 // Killed deliveries leave the key with no counted attempt; one real
 // handler failure counts one.
 func TestAttemptsCountOnlyHandlerFailures(t *testing.T) {
+	t.Parallel()
 	b := crashSetup(t)
 	ctx := context.Background()
 	for delivery := 1; delivery <= 3; delivery++ {
@@ -316,6 +315,7 @@ func TestAttemptsCountOnlyHandlerFailures(t *testing.T) {
 // seconds, so the next owner of the key proceeds while the lock the dead
 // handler waited for is still held.
 func TestOrphanedClaimOfAKilledConsumerIsReleased(t *testing.T) {
+	// Not parallel: a crash test timed by the server's 2s client_connection_check_interval; parallel load makes it flaky.
 	for _, mode := range []string{"single", "batch"} {
 		t.Run(mode, func(t *testing.T) {
 			pool := setup(t)

@@ -16,6 +16,7 @@ import (
 
 // A dead letter an operator releases is applied by its next delivery, once.
 func TestReleasedDeadLetterIsAppliedByItsNextDelivery(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	var fixed atomic.Bool
 	c := newConsumer(t, pool, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
@@ -62,8 +63,10 @@ func TestReleasedDeadLetterIsAppliedByItsNextDelivery(t *testing.T) {
 // payload stays a duplicate (both deliveries tested afterwards, through
 // two releases); purged, it is forgotten.
 func TestConflictsAreRecordedReleasedAndPurged(t *testing.T) {
+	t.Parallel()
 	for _, batch := range []bool{false, true} {
 		t.Run(fmt.Sprintf("batch=%v", batch), func(t *testing.T) {
+			t.Parallel()
 			pool := setup(t)
 			c := newConsumer(t, pool, insertOrder, consumer.Config{})
 			ctx := context.Background()

@@ -97,6 +97,7 @@ func checkDisposition(t *testing.T, c decideCase, key string, d disposition) {
 // Every disposition a batch's transaction can reach, decided without a
 // database from the claim and what the handler returned.
 func TestDecideEachDisposition(t *testing.T) {
+	t.Parallel()
 	for _, c := range decideCases() {
 		t.Run(c.name, func(t *testing.T) {
 			ds := decide([]pending{{key: "k", claim: c.claim, err: c.err}})
@@ -110,6 +111,7 @@ func TestDecideEachDisposition(t *testing.T) {
 
 // The message under another worker's lease is told when to come back.
 func TestDecideInProgressWaitsForTheLease(t *testing.T) {
+	t.Parallel()
 	until := time.Now().Add(time.Hour)
 	claim := inboxsql.BatchClaim{ClaimResult: inboxsql.ClaimResult{Existing: &inboxsql.Row{Status: inbox.InProgress, LeaseUntil: until}}}
 	r := decide([]pending{{key: "k", claim: claim}})[0].result
@@ -122,6 +124,7 @@ func TestDecideInProgressWaitsForTheLease(t *testing.T) {
 // dispositions keep the batch's order and no message's fate leaks into
 // another's.
 func TestDecideMixedBatch(t *testing.T) {
+	t.Parallel()
 	cases := decideCases()
 	batch := make([]pending, len(cases))
 	for i, c := range cases {
@@ -139,6 +142,7 @@ func TestDecideMixedBatch(t *testing.T) {
 // A later copy of a key in a batch: a Duplicate of an applied first copy,
 // the first copy's result otherwise, processed alone with another payload.
 func TestCopyResult(t *testing.T) {
+	t.Parallel()
 	deadErr := errors.New("poison")
 	for _, c := range []struct {
 		name        string

@@ -55,6 +55,7 @@ func newLeased(t *testing.T, pool *pgxpool.Pool, owner string, ttl time.Duration
 // rejected downstream by the fencing token, its finalize by the inbox, and
 // B's result stands.
 func TestLeasedTakeoverRejectsTheStaleWorker(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	mails := newMailbox(t, pool)
 	ctx := context.Background()
@@ -106,6 +107,7 @@ func TestLeasedTakeoverRejectsTheStaleWorker(t *testing.T) {
 // A handler that runs longer than its lease keeps it: the consumer extends
 // it, so nobody can take over meanwhile.
 func TestLeaseIsExtendedWhileTheHandlerRuns(t *testing.T) {
+	// Not parallel: a 600ms lease must be renewed in time, and parallel load on two cores can starve the renewal.
 	pool := setup(t)
 	ctx := context.Background()
 	running := make(chan struct{})
@@ -147,6 +149,7 @@ func TestLeaseIsExtendedWhileTheHandlerRuns(t *testing.T) {
 }
 
 func TestLeasedFailureReleasesTheKeyAndRetries(t *testing.T) {
+	t.Parallel()
 	pool := setup(t)
 	mails := newMailbox(t, pool)
 	calls := 0

@@ -18,6 +18,7 @@ import (
 // TestBadInputSettings: a Retention under Postgres's 1 µs unit and a lease
 // under MinLeaseTTL are refused, and a bad Schema is blamed on Schema.
 func TestBadInputSettings(t *testing.T) {
+	t.Parallel()
 	b := setup(t, inbox.Config{})
 	ctx := context.Background()
 	var ce *idemq.ConfigError
@@ -44,6 +45,7 @@ func TestBadInputSettings(t *testing.T) {
 // TestBadInputKeyWithNUL: Validate names the NUL (and its place), not
 // UTF-8.
 func TestBadInputKeyWithNUL(t *testing.T) {
+	t.Parallel()
 	b := setup(t, inbox.Config{})
 	err := b.claims.Validate("ab\x00c", nil)
 	if !errors.Is(err, inbox.ErrInvalidKey) || !strings.Contains(err.Error(), "NUL at byte 2") || strings.Contains(err.Error(), "UTF-8") {
@@ -54,6 +56,7 @@ func TestBadInputKeyWithNUL(t *testing.T) {
 // TestBadInputNotMigrated: every kind of call on a database without the
 // inbox tables says to run the migrations.
 func TestBadInputNotMigrated(t *testing.T) {
+	t.Parallel()
 	pool := testenv.Postgres(t)
 	store, err := inbox.New(pool, inbox.Config{})
 	if err != nil {

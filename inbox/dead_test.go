@@ -25,6 +25,7 @@ func deadLetter(t *testing.T, b bundle, scope, key string) {
 }
 
 func TestDeadLettersAreListedReleasedAndPurgedByFilter(t *testing.T) {
+	t.Parallel()
 	b := setup(t, inbox.Config{})
 	ctx := context.Background()
 	deadLetter(t, b, "billing", "old")

@@ -19,6 +19,7 @@ func expireLease(t *testing.T, b bundle, key string) {
 }
 
 func TestLeaseTakeoverFencesTheStaleWorker(t *testing.T) {
+	t.Parallel()
 	b := setup(t, inbox.Config{})
 	ctx := context.Background()
 	a, err := b.store.Acquire(ctx, "mailer", "email-1", fp("p"), "worker-a", time.Minute)
@@ -58,6 +59,7 @@ func TestLeaseTakeoverFencesTheStaleWorker(t *testing.T) {
 }
 
 func TestLeaseFailReleasesOrDeadLetters(t *testing.T) {
+	t.Parallel()
 	b := setup(t, inbox.Config{})
 	ctx := context.Background()
 	first, err := b.store.Acquire(ctx, "mailer", "k", fp("p"), "w", time.Minute)
@@ -84,6 +86,7 @@ func TestLeaseFailReleasesOrDeadLetters(t *testing.T) {
 }
 
 func TestExtendKeepsTheLeaseAlive(t *testing.T) {
+	t.Parallel()
 	b := setup(t, inbox.Config{})
 	ctx := context.Background()
 	c, err := b.store.Acquire(ctx, "mailer", "k", fp("p"), "w", time.Second)

@@ -40,6 +40,7 @@ func recordBytes(tb testing.TB, b bundle, n int) (withPK, total float64) {
 }
 
 func TestRecordSizeStaysUnder200Bytes(t *testing.T) {
+	t.Parallel()
 	withPK, total := recordBytes(t, setup(t, inbox.Config{}), 100_000)
 	t.Logf("bytes per record: %.1f with the primary key, %.1f with every index", withPK, total)
 	if withPK > 200 {

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/idemqtest"
 	"github.com/idemq/idemq/inbox"
 	"github.com/idemq/idemq/internal/inboxsql"
 	"github.com/idemq/idemq/testenv"
@@ -81,6 +82,7 @@ func claimIn(t *testing.T, b bundle, key, payload string, commit bool) (inboxsql
 }
 
 func TestMigrateIsIdempotentAndConcurrent(t *testing.T) {
+	t.Parallel()
 	b := setup(t, inbox.Config{Schema: "idemq", Table: "events_inbox"})
 	var wg sync.WaitGroup
 	errs := make(chan error, 4)
@@ -105,6 +107,7 @@ func TestMigrateIsIdempotentAndConcurrent(t *testing.T) {
 }
 
 func TestNewRejectsInvalidConfig(t *testing.T) {
+	t.Parallel()
 	// A pool that never connects: New must judge the config alone.
 	pool, err := pgxpool.New(context.Background(), "postgres://127.0.0.1:1/none")
 	if err != nil {
@@ -128,6 +131,7 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 }
 
 func TestClaimNewThenDuplicateThenConflict(t *testing.T) {
+	t.Parallel()
 	b := setup(t, inbox.Config{})
 	c, err := claimIn(t, b, "order-1", "payload", true)
 	if err != nil || !c.New {
@@ -148,6 +152,7 @@ func TestClaimNewThenDuplicateThenConflict(t *testing.T) {
 }
 
 func TestRolledBackClaimLeavesNothing(t *testing.T) {
+	t.Parallel()
 	b := setup(t, inbox.Config{})
 	if c, err := claimIn(t, b, "k", "p", false); err != nil || !c.New {
 		t.Fatalf("claim = %+v, %v", c, err)
@@ -167,9 +172,11 @@ func TestRolledBackClaimLeavesNothing(t *testing.T) {
 // second waits, then sees a duplicate if the first commits and claims the
 // key if it rolls back.
 func TestConcurrentClaimFollowsTheFirstTransaction(t *testing.T) {
+	t.Parallel()
 	for _, failedBefore := range []bool{false, true} {
 		for _, commit := range []bool{true, false} {
 			t.Run(fmt.Sprintf("failed before=%v/first commits=%v", failedBefore, commit), func(t *testing.T) {
+				t.Parallel()
 				concurrentClaims(t, failedBefore, commit)
 			})
 		}
@@ -220,22 +227,19 @@ func concurrentClaims(t *testing.T, failedBefore, commit bool) {
 // waitForLockWait returns once some backend of the test database waits on a lock.
 func waitForLockWait(t *testing.T, pool *pgxpool.Pool) {
 	t.Helper()
-	for range 500 {
+	idemqtest.WaitFor(t, "a claim waiting on the first transaction's lock", func() bool {
 		var waiting bool
 		err := pool.QueryRow(context.Background(), `SELECT EXISTS (SELECT FROM pg_stat_activity
 			WHERE datname = current_database() AND wait_event_type = 'Lock')`).Scan(&waiting)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if waiting {
-			return
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Fatal("no claim ever waited on the first transaction's lock")
+		return waiting
+	})
 }
 
 func TestKeysAreStoredNativelyWhenTheyAreUUIDs(t *testing.T) {
+	t.Parallel()
 	b := setup(t, inbox.Config{})
 	v7 := uuid.Must(uuid.NewV7()).String()
 	v8 := "0190a0b1-2c3d-8e4f-9a0b-1c2d3e4f5a6b"
@@ -281,6 +285,7 @@ func deref(s *string) string {
 }
 
 func TestScopesAreIndependent(t *testing.T) {
+	t.Parallel()
 	b := setup(t, inbox.Config{})
 	ctx := context.Background()
 	for _, scope := range []string{"billing", "shipping"} {
@@ -298,6 +303,7 @@ func TestScopesAreIndependent(t *testing.T) {
 }
 
 func TestBadInputIsRejectedBeforeAnyWrite(t *testing.T) {
+	t.Parallel()
 	b := setup(t, inbox.Config{MaxKeyLen: 16})
 	ctx := context.Background()
 	for name, key := range map[string]string{
@@ -327,6 +333,7 @@ func TestBadInputIsRejectedBeforeAnyWrite(t *testing.T) {
 }
 
 func TestClaimBatch(t *testing.T) {
+	t.Parallel()
 	b := setup(t, inbox.Config{})
 	ctx := context.Background()
 	if c, err := claimIn(t, b, "seen", "p", true); err != nil || !c.New {
@@ -375,6 +382,7 @@ func TestClaimBatch(t *testing.T) {
 }
 
 func TestDeadLetterIsRecognisedLater(t *testing.T) {
+	t.Parallel()
 	b := setup(t, inbox.Config{})
 	ctx := context.Background()
 	err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
@@ -391,6 +399,7 @@ func TestDeadLetterIsRecognisedLater(t *testing.T) {
 }
 
 func TestGCRemovesOnlyExpiredRecords(t *testing.T) {
+	t.Parallel()
 	b := setup(t, inbox.Config{})
 	ctx := context.Background()
 	for i := range 25 {
@@ -426,6 +435,7 @@ func TestGCRemovesOnlyExpiredRecords(t *testing.T) {
 }
 
 func TestBeginClaimClaimsWithTheBegin(t *testing.T) {
+	t.Parallel()
 	b := setup(t, inbox.Config{})
 	ctx := context.Background()
 	begin := func(payload string, commit bool) (inboxsql.ClaimResult, error) {
@@ -461,6 +471,7 @@ func TestBeginClaimClaimsWithTheBegin(t *testing.T) {
 // The transactions BeginClaim and BeginClaimBatch begin carry the
 // connection check, unless the pool's connections set their own.
 func TestClaimTransactionsSetTheConnectionCheck(t *testing.T) {
+	t.Parallel()
 	b := setup(t, inbox.Config{})
 	ctx := context.Background()
 	show := func(db inbox.DB, store *inbox.Store) (single, batch string) {
@@ -514,6 +525,7 @@ func TestClaimTransactionsSetTheConnectionCheck(t *testing.T) {
 
 // A nil transaction is an error from every Tx method, never a panic.
 func TestNilTxIsAnError(t *testing.T) {
+	t.Parallel()
 	b := setup(t, inbox.Config{})
 	ctx := context.Background()
 	var tx pgx.Tx

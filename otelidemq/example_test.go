@@ -59,7 +59,7 @@ func Example() {
 		}
 		for _, p := range m.Data.(metricdata.Sum[int64]).DataPoints {
 			outcome, _ := p.Attributes.Value("idemq.outcome")
-			fmt.Printf("%s %s: %d\n", m.Name, outcome.Emit(), p.Value)
+			fmt.Printf("%s %s: %d\n", m.Name, outcome.String(), p.Value)
 		}
 	}
 	// Unordered output:

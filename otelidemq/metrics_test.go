@@ -61,7 +61,7 @@ func (m metrics) has(name string) bool { _, ok := m[name]; return ok }
 // matches reports whether set holds every attribute of want.
 func matches(set attribute.Set, want map[string]string) bool {
 	for k, v := range want {
-		if got, ok := set.Value(attribute.Key(k)); !ok || got.Emit() != v {
+		if got, ok := set.Value(attribute.Key(k)); !ok || got.String() != v {
 			return false
 		}
 	}

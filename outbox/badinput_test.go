@@ -19,6 +19,7 @@ import (
 // (*pgxpool.Tx)(nil) that a plain == nil misses, are refused by every
 // call that takes the caller's transaction, instead of panicking.
 func TestBadInputTypedNilTxIsRefused(t *testing.T) {
+	t.Parallel()
 	b := setup(t, outbox.Config{})
 	ctx := context.Background()
 	var typed *pgxpool.Tx
@@ -39,6 +40,7 @@ func TestBadInputTypedNilTxIsRefused(t *testing.T) {
 // such as (*pgxpool.Pool)(nil), which a plain == nil misses, with an
 // idemq.ErrConfig naming db, instead of panicking on the first query.
 func TestBadInputTypedNilDBIsRefused(t *testing.T) {
+	t.Parallel()
 	var (
 		pool *pgxpool.Pool
 		conn *pgx.Conn

@@ -26,7 +26,6 @@ type bundle struct {
 
 func setup(t *testing.T, cfg outbox.Config) bundle {
 	t.Helper()
-	t.Parallel()
 	ctx := context.Background()
 	pool := testenv.Postgres(t)
 	ob, err := outbox.New(pool, cfg)
@@ -63,6 +62,7 @@ func rows(t *testing.T, b bundle) []row {
 }
 
 func TestNewValidatesConfig(t *testing.T) {
+	t.Parallel()
 	pool := testenv.Postgres(t)
 	for _, cfg := range []outbox.Config{
 		{Table: "Bad-Name"},
@@ -81,6 +81,7 @@ func TestNewValidatesConfig(t *testing.T) {
 }
 
 func TestMigrateIsIdempotentAndConcurrent(t *testing.T) {
+	t.Parallel()
 	b := setup(t, outbox.Config{Schema: "app", Table: "events_outbox"})
 	var wg sync.WaitGroup
 	errs := make(chan error, 4)
@@ -107,6 +108,7 @@ func TestMigrateIsIdempotentAndConcurrent(t *testing.T) {
 }
 
 func TestEnqueueCommitAndRollback(t *testing.T) {
+	t.Parallel()
 	b := setup(t, outbox.Config{})
 	myID := uuid.Must(uuid.NewV7())
 	err := pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
@@ -142,6 +144,7 @@ func TestEnqueueCommitAndRollback(t *testing.T) {
 }
 
 func TestEnqueueLargeBatchUsesCopyAndKeepsOrder(t *testing.T) {
+	t.Parallel()
 	b := setup(t, outbox.Config{})
 	for _, n := range []int{10, 1000} {
 		msgs := make([]outbox.Message, n)
@@ -170,6 +173,7 @@ func TestEnqueueLargeBatchUsesCopyAndKeepsOrder(t *testing.T) {
 }
 
 func TestEnqueueRejectsBadInputAndLeavesTxUsable(t *testing.T) {
+	t.Parallel()
 	b := setup(t, outbox.Config{MaxPayload: 10})
 	ok := outbox.Message{Destination: "d", Payload: []byte("ok")}
 	cases := []struct {
@@ -217,6 +221,7 @@ func TestEnqueueRejectsBadInputAndLeavesTxUsable(t *testing.T) {
 }
 
 func TestEnqueueNotifiesOncePerTransaction(t *testing.T) {
+	t.Parallel()
 	b := setup(t, outbox.Config{})
 	conn, err := b.pool.Acquire(b.ctx)
 	if err != nil {
@@ -255,6 +260,7 @@ func TestEnqueueNotifiesOncePerTransaction(t *testing.T) {
 }
 
 func TestDisableNotify(t *testing.T) {
+	t.Parallel()
 	b := setup(t, outbox.Config{DisableNotify: true})
 	conn, err := b.pool.Acquire(b.ctx)
 	if err != nil {
@@ -286,6 +292,7 @@ SELECT seq, id, created_at, 3, destination, payload, key, headers, $2 FROM d`, p
 }
 
 func TestDeadLettersListReplayPurge(t *testing.T) {
+	t.Parallel()
 	b := setup(t, outbox.Config{})
 	err := pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
 		return b.ob.EnqueueTx(b.ctx, tx,
@@ -368,6 +375,7 @@ func TestDeadLettersListReplayPurge(t *testing.T) {
 // TestNilTxIsAnError: the Tx calls refuse a nil tx with an error instead of
 // panicking, and write nothing.
 func TestNilTxIsAnError(t *testing.T) {
+	t.Parallel()
 	b := setup(t, outbox.Config{})
 	if err := b.ob.EnqueueTx(b.ctx, nil, outbox.Message{Destination: "d"}); err == nil {
 		t.Error("EnqueueTx(nil tx) returned nil")
@@ -385,6 +393,7 @@ func TestNilTxIsAnError(t *testing.T) {
 
 // TestEnqueueOnTheHandle: Enqueue commits its own transaction.
 func TestEnqueueOnTheHandle(t *testing.T) {
+	t.Parallel()
 	b := setup(t, outbox.Config{})
 	if err := b.ob.Enqueue(b.ctx, outbox.Message{Destination: "d", Key: "k", Payload: []byte("1")}, outbox.Message{Destination: "d", Key: "k", Payload: []byte("2")}); err != nil {
 		t.Fatal(err)
@@ -416,6 +425,7 @@ func (b bundle) deadTable() string {
 // TestDefaultChannelFitsNotify: a default channel longer than Postgres' 63
 // bytes is shortened the same way every time, stays distinct, and works.
 func TestDefaultChannelFitsNotify(t *testing.T) {
+	t.Parallel()
 	schema, table := strings.Repeat("s", 40), strings.Repeat("t", 40)
 	b := setup(t, outbox.Config{Schema: schema, Table: table})
 	ch := b.ob.Config().Channel
@@ -452,6 +462,7 @@ func TestDefaultChannelFitsNotify(t *testing.T) {
 // relays are woken; parked rows, locked rows and other destinations keep
 // their time, and no row loses its attempts.
 func TestRetryNow(t *testing.T) {
+	t.Parallel()
 	b := setup(t, outbox.Config{})
 	var msgs []outbox.Message
 	for i := range 5 {

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemq/idemq/idemqtest"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
 )
@@ -385,7 +386,7 @@ func BenchmarkTwoRelays(b *testing.B) {
 			}})
 			wg.Go(func() { _ = r.Run(ctx) })
 		}
-		waitFor(b, "the partitions split", func() bool {
+		idemqtest.WaitFor(b, "the partitions split", func() bool {
 			var owners, owned int
 			err := bd.pool.QueryRow(bd.ctx, `SELECT count(DISTINCT owner), count(owner) FROM idemq_outbox_lease`).Scan(&owners, &owned)
 			return err == nil && owners == relays && owned == 64

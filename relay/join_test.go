@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemq/idemq/idemqtest"
 	"github.com/idemq/idemq/relay"
 )
 
@@ -76,7 +77,7 @@ func TestRelaysJoinAndAreSIGKILLed(t *testing.T) {
 	// the workers in not, and returns it.
 	soleOwner := func(what string, not ...string) string {
 		var sole string
-		waitFor(t, what, func() bool {
+		idemqtest.WaitFor(t, what, func() bool {
 			got, total := owners()
 			if len(got) != 1 || total != 64 {
 				return false
@@ -95,24 +96,24 @@ func TestRelaysJoinAndAreSIGKILLed(t *testing.T) {
 	}
 
 	a := start("A")
-	waitFor(t, "A's first batches", func() bool { return published(t, pool, "A") >= 5*batch })
+	idemqtest.WaitFor(t, "A's first batches", func() bool { return published(t, pool, "A") >= 5*batch })
 	ownerA := soleOwner("A owning every partition")
 
 	bChild := start("B")
-	waitFor(t, "B getting work", func() bool { return published(t, pool, "B") >= batch })
-	waitFor(t, "A and B splitting the partitions", func() bool { got, total := owners(); return len(got) == 2 && total == 64 })
+	idemqtest.WaitFor(t, "B getting work", func() bool { return published(t, pool, "B") >= batch })
+	idemqtest.WaitFor(t, "A and B splitting the partitions", func() bool { got, total := owners(); return len(got) == 2 && total == 64 })
 	kill(a)
 	afterA := published(t, pool, "A")
 	ownerB := soleOwner("B taking A's partitions after A's lease expired", ownerA)
 
 	c := start("C")
-	waitFor(t, "C getting work", func() bool { return published(t, pool, "C") >= batch })
+	idemqtest.WaitFor(t, "C getting work", func() bool { return published(t, pool, "C") >= batch })
 	kill(bChild)
 	soleOwner("C taking B's partitions after B's lease expired", ownerA, ownerB)
 	if left := pendingRows(t, pool); left == 0 {
 		t.Fatal("the backlog ran out before C took over: make it larger")
 	}
-	waitFor(t, "an empty outbox", func() bool { return pendingRows(t, pool) == 0 })
+	idemqtest.WaitFor(t, "an empty outbox", func() bool { return pendingRows(t, pool) == 0 })
 	kill(c)
 	if published(t, pool, "A") != afterA {
 		t.Fatal("A published after it was killed")

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemq/idemq/idemqtest"
 	"github.com/idemq/idemq/relay"
 )
 
@@ -39,7 +40,7 @@ func TestThreeRelaysExactlyOnceInOrder(t *testing.T) {
 		run(t, newRelay(t, b, rec, relay.Config{BatchSize: 100}))
 	}
 	enqueueInBackground(t, b, 10000, 100).Wait()
-	waitFor(t, "10,000 deliveries", func() bool { return distinct(rec) == 10000 })
+	idemqtest.WaitFor(t, "10,000 deliveries", func() bool { return distinct(rec) == 10000 })
 	if dups := checkOrder(t, rec.deliveries()); dups != 0 {
 		t.Fatalf("%d duplicates without a crash", dups)
 	}
@@ -75,7 +76,7 @@ func TestThreeRelaysOneKilledBetweenPublishAndDelete(t *testing.T) {
 	<-published
 	stopVictim()
 	wg.Wait()
-	waitFor(t, "10,000 deliveries", func() bool { return distinct(rec) == 10000 && pending(t, b) == 0 })
+	idemqtest.WaitFor(t, "10,000 deliveries", func() bool { return distinct(rec) == 10000 && pending(t, b) == 0 })
 	dups := checkOrder(t, rec.deliveries())
 	killed := map[string]bool{}
 	for _, m := range killedBatch {
@@ -140,10 +141,10 @@ WHERE datname = current_database() AND application_name = 'relay-victim' AND sta
 	// a healthy relay joins it.
 	run(t, r)
 	writers := enqueueInBackground(t, b, 3000, 50)
-	waitFor(t, "the victim's third batch", func() bool { return calls.Load() >= 3 })
+	idemqtest.WaitFor(t, "the victim's third batch", func() bool { return calls.Load() >= 3 })
 	run(t, newRelay(t, b, rec, relay.Config{BatchSize: 100}))
 	writers.Wait()
-	waitFor(t, "3,000 deliveries", func() bool { return distinct(rec) == 3000 && pending(t, b) == 0 })
+	idemqtest.WaitFor(t, "3,000 deliveries", func() bool { return distinct(rec) == 3000 && pending(t, b) == 0 })
 	if terminated.Load() != 1 {
 		t.Fatalf("terminated %d sessions, want the victim's one", terminated.Load())
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/idemqtest"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
 	"github.com/idemq/idemq/testenv"
@@ -82,7 +83,7 @@ func TestBusyPoolKeepsLeases(t *testing.T) {
 	stop := run(t, newRelay(t, b, sink, relay.Config{Workers: 48, BatchSize: 50, LeaseTTL: 2 * time.Second}))
 	defer stop()
 	const lease = "idemq_outbox_lease"
-	waitFor(t, "every partition owned", func() bool {
+	idemqtest.WaitFor(t, "every partition owned", func() bool {
 		var owned int
 		err := pool.QueryRow(ctx, `SELECT count(*) FROM `+lease+` WHERE owner IS NOT NULL`).Scan(&owned)
 		return err == nil && owned == 64
@@ -185,20 +186,20 @@ func TestStalledOwnerDoesNotPublishAfterItsSuccessor(t *testing.T) {
 	}
 	cfgRelay := relay.Config{DisableListen: true, PollInterval: 50 * time.Millisecond, LeaseTTL: 2 * time.Second, PublishTimeout: time.Second}
 	stopA := run(t, newRelay(t, bundle{ctx, viaProxy, direct.ob}, sink("A"), cfgRelay))
-	waitFor(t, "A owning every partition", func() bool {
+	idemqtest.WaitFor(t, "A owning every partition", func() bool {
 		var owned int
 		err := direct.pool.QueryRow(ctx, `SELECT count(*) FROM idemq_outbox_lease WHERE owner IS NOT NULL`).Scan(&owned)
 		return err == nil && owned == 64
 	})
 	enqueue(t, direct, outbox.Message{Destination: "d", Payload: []byte("first")})
-	waitFor(t, "A's first batch", func() bool { return pending(t, direct) == 0 })
+	idemqtest.WaitFor(t, "A's first batch", func() bool { return pending(t, direct) == 0 })
 	staller.armed.Store(true)
 	enqueue(t, direct, keyed("d", 5, 1, 0)...)
 	<-staller.stalled
 
 	run(t, newRelay(t, direct, sink("B"), cfgRelay))
 	var first time.Time
-	waitFor(t, "B's first publish of k0", func() bool {
+	idemqtest.WaitFor(t, "B's first publish of k0", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		for _, p := range published {
@@ -216,7 +217,7 @@ func TestStalledOwnerDoesNotPublishAfterItsSuccessor(t *testing.T) {
 		t.Fatal("A's claim never got its answer")
 	}
 	stopA() // A finishes the batch it was in, publishing or not
-	waitFor(t, "B publishing every row", func() bool { return pending(t, direct) == 0 })
+	idemqtest.WaitFor(t, "B publishing every row", func() bool { return pending(t, direct) == 0 })
 
 	mu.Lock()
 	defer mu.Unlock()
@@ -304,12 +305,12 @@ func TestTruncateRestartIdentityWhileRunning(t *testing.T) {
 	rec := &recorder{}
 	run(t, newRelay(t, b, rec, relay.Config{BatchSize: 20, Workers: 2, RescanInterval: time.Hour}))
 	enqueue(t, b, keyed("d", 200, 10, 0)...)
-	waitFor(t, "the first 200", func() bool { return distinct(rec) == 200 })
+	idemqtest.WaitFor(t, "the first 200", func() bool { return distinct(rec) == 200 })
 	if _, err := b.pool.Exec(b.ctx, `TRUNCATE `+b.table()+` RESTART IDENTITY`); err != nil {
 		t.Fatal(err)
 	}
 	enqueue(t, b, keyed("d", 100, 10, 200)...)
-	waitFor(t, "the 100 enqueued after the truncate", func() bool { return distinct(rec) == 300 })
+	idemqtest.WaitFor(t, "the 100 enqueued after the truncate", func() bool { return distinct(rec) == 300 })
 	checkOrder(t, rec.deliveries())
 }
 
@@ -357,13 +358,13 @@ func TestPreparedTransactionKeepsItsPlace(t *testing.T) {
 	run(t, newRelay(t, b, rec, relay.Config{DisableListen: true, PollInterval: 20 * time.Millisecond, RescanInterval: time.Hour}))
 	for i := range 5 {
 		enqueue(t, b, keyed("d", 20, 5, i*20)...)
-		waitFor(t, "other keys published while k:0 is prepared", func() bool { return distinct(rec) == (i+1)*20 })
+		idemqtest.WaitFor(t, "other keys published while k:0 is prepared", func() bool { return distinct(rec) == (i+1)*20 })
 	}
 	if _, err := pool.Exec(ctx, `COMMIT PREPARED 'enqueue-k0'`); err != nil {
 		t.Fatal(err)
 	}
 	enqueue(t, b, outbox.Message{Destination: "d", Key: "k", Payload: []byte("k:1")})
-	waitFor(t, "k:1 published", func() bool {
+	idemqtest.WaitFor(t, "k:1 published", func() bool {
 		for _, m := range rec.deliveries() {
 			if string(m.Payload) == "k:1" {
 				return true

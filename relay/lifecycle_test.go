@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/idemqtest"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
 	"github.com/idemq/idemq/testenv"
@@ -27,11 +28,11 @@ func TestRunOnceAtATimeAndAgain(t *testing.T) {
 		t.Fatalf("concurrent Run: %v, want idemq.ErrRunning", err)
 	}
 	enqueue(t, b, keyed("d", 2, 1, 0)...)
-	waitFor(t, "first run delivers", func() bool { return distinct(rec) == 2 })
+	idemqtest.WaitFor(t, "first run delivers", func() bool { return distinct(rec) == 2 })
 	stop()
 	enqueue(t, b, keyed("d", 2, 1, 2)...)
 	run(t, r)
-	waitFor(t, "second run delivers", func() bool { return distinct(rec) == 4 })
+	idemqtest.WaitFor(t, "second run delivers", func() bool { return distinct(rec) == 4 })
 	if dups := checkOrder(t, rec.deliveries()); dups != 0 {
 		t.Fatalf("%d duplicates", dups)
 	}

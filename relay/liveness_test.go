@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemq/idemq/idemqtest"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
 )
@@ -43,7 +44,7 @@ func TestLongRunningTransactionDoesNotStall(t *testing.T) {
 		}
 		enqueue(t, b, msgs...)
 		sent += len(msgs)
-		waitFor(t, fmt.Sprintf("round %d delivered while the long transaction is open", rounds), func() bool { return distinct(rec) == sent })
+		idemqtest.WaitFor(t, fmt.Sprintf("round %d delivered while the long transaction is open", rounds), func() bool { return distinct(rec) == sent })
 	}
 	if rounds < 2 {
 		t.Fatalf("only %d rounds", rounds)
@@ -56,7 +57,7 @@ func TestLongRunningTransactionDoesNotStall(t *testing.T) {
 	if err := long.Commit(b.ctx); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the long transaction's rows", func() bool { return distinct(rec) == sent+2 })
+	idemqtest.WaitFor(t, "the long transaction's rows", func() bool { return distinct(rec) == sent+2 })
 	checkOrder(t, rec.deliveries())
 	t.Logf("%d rounds of 200 messages delivered during the 10 s transaction", rounds)
 }
@@ -82,19 +83,19 @@ func TestOutOfOrderCommits(t *testing.T) {
 	// A second transaction enqueues later rows of the same key and commits
 	// first; then a busy stretch moves the relay's cursor past both.
 	enqueue(t, b, outbox.Message{Destination: "d", Key: "late", Payload: []byte("late:1")})
-	waitFor(t, "the second transaction's row", func() bool { return distinct(rec) == 1 })
+	idemqtest.WaitFor(t, "the second transaction's row", func() bool { return distinct(rec) == 1 })
 	var msgs []outbox.Message
 	for i := range 2000 {
 		msgs = append(msgs, outbox.Message{Destination: "d", Payload: fmt.Append(nil, i)})
 	}
 	enqueue(t, b, msgs...)
-	waitFor(t, "busy stretch", func() bool { return distinct(rec) == 2001 })
+	idemqtest.WaitFor(t, "busy stretch", func() bool { return distinct(rec) == 2001 })
 	if err := first.Commit(b.ctx); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the first transaction's rows", func() bool { return distinct(rec) == 2003 })
+	idemqtest.WaitFor(t, "the first transaction's rows", func() bool { return distinct(rec) == 2003 })
 	// The recorder sees a batch before its commit deletes the rows.
-	waitFor(t, "an empty outbox", func() bool { return pending(t, b) == 0 })
+	idemqtest.WaitFor(t, "an empty outbox", func() bool { return pending(t, b) == 0 })
 }
 
 // TestManyInterleavedTransactions commits transactions in an order unrelated
@@ -126,5 +127,5 @@ func TestManyInterleavedTransactions(t *testing.T) {
 			open = open[:0]
 		}
 	}
-	waitFor(t, "all rows", func() bool { return distinct(rec) == total && pending(t, b) == 0 })
+	idemqtest.WaitFor(t, "all rows", func() bool { return distinct(rec) == total && pending(t, b) == 0 })
 }

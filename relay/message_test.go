@@ -3,6 +3,7 @@ package relay_test
 import (
 	"testing"
 
+	"github.com/idemq/idemq/idemqtest"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
 )
@@ -21,7 +22,7 @@ func TestMessageCarriesSeqPartitionAndLeaseToken(t *testing.T) {
 		outbox.Message{Destination: "d", Key: "a", Payload: []byte("a:1")})
 	rec := &recorder{}
 	run(t, newRelay(t, b, rec, relay.Config{}))
-	waitFor(t, "4 deliveries", func() bool { return distinct(rec) == 4 })
+	idemqtest.WaitFor(t, "4 deliveries", func() bool { return distinct(rec) == 4 })
 
 	seqs := map[string]int64{}
 	for _, m := range rec.deliveries() {

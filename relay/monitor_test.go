@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/idemqtest"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
 	"github.com/idemq/idemq/testenv"
@@ -96,11 +97,11 @@ func TestRelayLogsStateChanges(t *testing.T) {
 		enqueue(t, bd, outbox.Message{Destination: "nowhere", Key: fmt.Sprint("n", i)})
 	}
 	enqueue(t, bd, keyed("refusing", 3, 3, 0)...)
-	waitFor(t, "several failed rounds", func() bool { return failed.Load() >= 300 })
-	waitFor(t, "a backlog line", func() bool { return len(out.Records("relay: backlog", "unrouted", "5")) > 0 })
+	idemqtest.WaitFor(t, "several failed rounds", func() bool { return failed.Load() >= 300 })
+	idemqtest.WaitFor(t, "a backlog line", func() bool { return len(out.Records("relay: backlog", "unrouted", "5")) > 0 })
 	down.Store(false)
-	waitFor(t, "the outage's end", func() bool { return pending(t, bd) == 5 })
-	waitFor(t, "the outage's end logged", func() bool { return len(out.Records("relay: broker outage over")) > 0 })
+	idemqtest.WaitFor(t, "the outage's end", func() bool { return pending(t, bd) == 5 })
+	idemqtest.WaitFor(t, "the outage's end logged", func() bool { return len(out.Records("relay: broker outage over")) > 0 })
 
 	wantLines(t, &out, 1, "relay: broker outage began", "destination", "d", "err", "broker unreachable")
 	wantLines(t, &out, 1, "relay: broker outage over", "destination", "d")
@@ -115,11 +116,11 @@ func TestRelayLogsStateChanges(t *testing.T) {
 
 	// The database goes away for a while and comes back.
 	proxy.Stop()
-	waitFor(t, "the database outage logged", func() bool { return len(out.Records("relay: database unavailable")) > 0 })
+	idemqtest.WaitFor(t, "the database outage logged", func() bool { return len(out.Records("relay: database unavailable")) > 0 })
 	proxy.Start()
 	enqueue(t, bd, keyed("d", 1, 1, 0)...)
-	waitFor(t, "the database back", func() bool { return len(out.Records("relay: database available again")) > 0 })
-	waitFor(t, "the new message published", func() bool { return pending(t, bd) == 5 })
+	idemqtest.WaitFor(t, "the database back", func() bool { return len(out.Records("relay: database available again")) > 0 })
+	idemqtest.WaitFor(t, "the new message published", func() bool { return pending(t, bd) == 5 })
 	wantLines(t, &out, 1, "relay: database unavailable")
 	wantLines(t, &out, 1, "relay: database available again")
 	wantLines(t, &out, 1, "relay: broker outage began")
@@ -147,12 +148,12 @@ func TestRelayLogsStall(t *testing.T) {
 		Logger: out.Logger(), StatsInterval: 20 * time.Millisecond, StallThreshold: 200 * time.Millisecond,
 		PollInterval: 20 * time.Millisecond,
 	}))
-	waitFor(t, "the stall logged", func() bool { return len(out.Records("relay: stalled")) > 0 })
+	idemqtest.WaitFor(t, "the stall logged", func() bool { return len(out.Records("relay: stalled")) > 0 })
 	if err := tx.Rollback(b.ctx); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the message published", func() bool { return len(rec.deliveries()) == 1 })
-	waitFor(t, "the stall's end logged", func() bool { return len(out.Records("relay: stall over")) > 0 })
+	idemqtest.WaitFor(t, "the message published", func() bool { return len(rec.deliveries()) == 1 })
+	idemqtest.WaitFor(t, "the stall's end logged", func() bool { return len(out.Records("relay: stall over")) > 0 })
 	wantLines(t, &out, 1, "relay: stalled")
 	wantLines(t, &out, 1, "relay: stall over")
 	wantLines(t, &out, 1, "relay: backlog drained")

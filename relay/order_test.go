@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/idemqtest"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
 )
@@ -56,14 +57,14 @@ func TestLockedRowBlocksItsKey(t *testing.T) {
 			}
 			rec := &recorder{}
 			run(t, newRelay(t, b, rec, relay.Config{BatchSize: 7, DisableListen: true, PollInterval: 20 * time.Millisecond}))
-			waitFor(t, "the other keys and the unkeyed rows", func() bool { return count(rec, "o") == 50 && count(rec, "free") == 50 })
+			idemqtest.WaitFor(t, "the other keys and the unkeyed rows", func() bool { return count(rec, "o") == 50 && count(rec, "free") == 50 })
 			if n := count(rec, "k:"); n != 0 {
 				t.Fatalf("%d rows of k delivered while its head k:0 is locked by another session", n)
 			}
 			if err := op.Commit(b.ctx); err != nil {
 				t.Fatal(err)
 			}
-			waitFor(t, "k once the lock is gone", func() bool { return count(rec, "k:") == 5 })
+			idemqtest.WaitFor(t, "k once the lock is gone", func() bool { return count(rec, "k:") == 5 })
 			checkOrder(t, rec.deliveries())
 		})
 	}
@@ -106,17 +107,17 @@ WHERE key LIKE 'later%' OR payload = 'stuck:0'`); err != nil {
 			}
 			rec := &recorder{}
 			run(t, newRelay(t, b, rec, relay.Config{BatchSize: 10, Workers: workers, DisableListen: true, PollInterval: 20 * time.Millisecond}))
-			waitFor(t, "the due rows behind 60 rows that are not due or blocked", func() bool { return count(rec, "now") == 30 })
+			idemqtest.WaitFor(t, "the due rows behind 60 rows that are not due or blocked", func() bool { return count(rec, "now") == 30 })
 			if n := count(rec, "stuck") + count(rec, "later"); n != 0 {
 				t.Fatalf("%d rows that are not due, or blocked, delivered", n)
 			}
 			// More rows keep coming through while the writer is still open.
 			enqueue(t, b, keyed("d", 40, 8, 0)...)
-			waitFor(t, "rows enqueued later", func() bool { return count(rec, "k") == 40 })
+			idemqtest.WaitFor(t, "rows enqueued later", func() bool { return count(rec, "k") == 40 })
 			if err := writer.Commit(b.ctx); err != nil {
 				t.Fatal(err)
 			}
-			waitFor(t, "the writer's row", func() bool { return count(rec, "w:0") == 1 })
+			idemqtest.WaitFor(t, "the writer's row", func() bool { return count(rec, "w:0") == 1 })
 			checkOrder(t, rec.deliveries())
 		})
 	}
@@ -159,7 +160,7 @@ func TestOpenDeadLetterTransactionsDoNotStopTheRelay(t *testing.T) {
 			}}
 			run(t, newRelay(t, b, rec, relay.Config{BatchSize: 10, ParkFollowers: true, DisableListen: true, PollInterval: 20 * time.Millisecond}))
 			enqueue(t, b, outbox.Message{Destination: "d", Key: "dead", Payload: []byte("dead:0")})
-			waitFor(t, "a dead letter", func() bool {
+			idemqtest.WaitFor(t, "a dead letter", func() bool {
 				d, err := b.ob.DeadLetters(b.ctx, outbox.DeadFilter{})
 				return err == nil && len(d) == 1
 			})
@@ -179,7 +180,7 @@ func TestOpenDeadLetterTransactionsDoNotStopTheRelay(t *testing.T) {
 			}
 			// Every key, including those in the dead key's partition.
 			enqueue(t, b, keyed("d", 500, 200, 0)...)
-			waitFor(t, "every other key while the operator's transaction is open", func() bool { return count(rec, "k") == 500 })
+			idemqtest.WaitFor(t, "every other key while the operator's transaction is open", func() bool { return count(rec, "k") == 500 })
 			if n := count(rec, "dead:"); n != 0 {
 				t.Fatalf("the parked key delivered %d rows before the operator committed", n)
 			}
@@ -190,7 +191,7 @@ func TestOpenDeadLetterTransactionsDoNotStopTheRelay(t *testing.T) {
 			if op == "purge" {
 				want = "dead:1"
 			}
-			waitFor(t, want, func() bool {
+			idemqtest.WaitFor(t, want, func() bool {
 				var got []string
 				for _, m := range rec.deliveries() {
 					if m.Key == "dead" {
@@ -233,9 +234,9 @@ func TestKeyOrderIsPerDestination(t *testing.T) {
 			run(t, newRelay(t, b, rec, relay.Config{BatchSize: 4, GlobalKeyOrder: global, DisableListen: true, PollInterval: 20 * time.Millisecond,
 				Retry: idemq.Retry{BaseDelay: 20 * time.Millisecond, MaxDelay: 50 * time.Millisecond, MaxAttempts: 1000}}))
 			if !global {
-				waitFor(t, "k's messages to b while a fails", func() bool { return count(rec, "b/") == 10 })
+				idemqtest.WaitFor(t, "k's messages to b while a fails", func() bool { return count(rec, "b/") == 10 })
 			} else {
-				waitFor(t, "a few failed attempts", func() bool {
+				idemqtest.WaitFor(t, "a few failed attempts", func() bool {
 					var attempts int
 					err := b.pool.QueryRow(b.ctx, `SELECT attempts FROM `+b.table()+` WHERE payload = 'a/k:0'`).Scan(&attempts)
 					return err == nil && attempts >= 3
@@ -248,7 +249,7 @@ func TestKeyOrderIsPerDestination(t *testing.T) {
 				t.Fatalf("%d messages to a delivered while it fails", n)
 			}
 			failing.Store(false)
-			waitFor(t, "everything", func() bool { return distinct(rec) == 20 })
+			idemqtest.WaitFor(t, "everything", func() bool { return distinct(rec) == 20 })
 			per := map[string][]relay.Message{}
 			for _, m := range rec.deliveries() {
 				per[m.Destination] = append(per[m.Destination], m)

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/idemqtest"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
 	"github.com/idemq/idemq/testenv"
@@ -138,7 +139,7 @@ func TestPgBouncer(t *testing.T) {
 		enqueue(t, b, keyed("d", 100, keys, from)...)
 	}
 	var applied int
-	waitFor(t, "every message applied", func() bool {
+	idemqtest.WaitFor(t, "every message applied", func() bool {
 		if err := p.directPool.QueryRow(ctx, `SELECT count(*) FROM applied`).Scan(&applied); err != nil {
 			t.Fatal(err)
 		}
@@ -159,7 +160,7 @@ func TestPgBouncer(t *testing.T) {
 		t.Errorf("the relays warned %d times that LISTEN receives nothing; their listen connection is direct", n)
 	}
 	// The relays commit their last batches after the consumer applied them.
-	waitFor(t, "an empty outbox", func() bool { return pending(t, b) == 0 })
+	idemqtest.WaitFor(t, "an empty outbox", func() bool { return pending(t, b) == 0 })
 }
 
 // TestPgBouncerFencing shows that a batch's transaction keeps its server
@@ -211,7 +212,7 @@ func TestPgBouncerFencing(t *testing.T) {
 	})
 	bB := bundle{ctx: ctx, pool: poolB, ob: mustOutbox(t, poolB)}
 	run(t, newRelay(t, bB, sink("B"), cfg))
-	waitFor(t, "B's attempt to take partitions", func() bool { return takes.Load() > 0 })
+	idemqtest.WaitFor(t, "B's attempt to take partitions", func() bool { return takes.Load() > 0 })
 	var others int
 	if err := p.directPool.QueryRow(ctx, `SELECT count(*) FROM `+lease+` WHERE owner IS DISTINCT FROM $1::uuid`, owner).Scan(&others); err != nil {
 		t.Fatal(err)
@@ -224,8 +225,8 @@ func TestPgBouncerFencing(t *testing.T) {
 	}
 	close(release)
 
-	waitFor(t, "every message published", func() bool { return pending(t, b) == 0 })
-	waitFor(t, "B owning partitions", func() bool {
+	idemqtest.WaitFor(t, "every message published", func() bool { return pending(t, b) == 0 })
+	idemqtest.WaitFor(t, "B owning partitions", func() bool {
 		var n int
 		if err := p.directPool.QueryRow(ctx, `SELECT count(*) FROM `+lease+` WHERE owner IS DISTINCT FROM $1::uuid AND owner IS NOT NULL`, owner).Scan(&n); err != nil {
 			t.Fatal(err)
@@ -258,7 +259,7 @@ func TestPgBouncerListenThroughPoolerWarns(t *testing.T) {
 	var out testenv.Logs
 	rec := &recorder{}
 	run(t, newRelay(t, b, rec, relay.Config{Logger: out.Logger(), PollInterval: 50 * time.Millisecond}))
-	waitFor(t, "the warning", func() bool { return len(out.Records("relay: LISTEN receives no notifications")) == 1 })
+	idemqtest.WaitFor(t, "the warning", func() bool { return len(out.Records("relay: LISTEN receives no notifications")) == 1 })
 	enqueue(t, b, keyed("d", 10, 2, 0)...)
-	waitFor(t, "publishing by polling", func() bool { return len(rec.deliveries()) == 10 })
+	idemqtest.WaitFor(t, "publishing by polling", func() bool { return len(rec.deliveries()) == 10 })
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/idemqtest"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
 )
@@ -64,12 +65,12 @@ func TestCommittedPublishedRolledBackNever(t *testing.T) {
 		t.Fatal(err)
 	}
 	enqueue(t, b, outbox.Message{Destination: "d", Key: "k", Payload: []byte("committed"), Headers: map[string]string{"a": "b"}})
-	waitFor(t, "delivery", func() bool { return len(rec.deliveries()) == 1 })
+	idemqtest.WaitFor(t, "delivery", func() bool { return len(rec.deliveries()) == 1 })
 	m := rec.deliveries()[0]
 	if string(m.Payload) != "committed" || m.Key != "k" || m.Destination != "d" || m.Headers["a"] != "b" || m.ID.Version() != 7 || m.Attempts != 0 {
 		t.Fatalf("delivered %+v", m)
 	}
-	waitFor(t, "empty outbox", func() bool { return pending(t, b) == 0 })
+	idemqtest.WaitFor(t, "empty outbox", func() bool { return pending(t, b) == 0 })
 	time.Sleep(100 * time.Millisecond)
 	if n := len(rec.deliveries()); n != 1 {
 		t.Fatalf("%d deliveries, want 1", n)
@@ -111,7 +112,7 @@ func TestSinkFailingEverySecondCall(t *testing.T) {
 	// move forward.
 	enqueue(t, b, keyed("d", 200, 10, 0)...)
 	run(t, r)
-	waitFor(t, "all delivered", func() bool { return distinct(rec) == 200 && pending(t, b) == 0 })
+	idemqtest.WaitFor(t, "all delivered", func() bool { return distinct(rec) == 200 && pending(t, b) == 0 })
 	dups := checkOrder(t, rec.deliveries())
 	if dups != 0 {
 		t.Fatalf("%d duplicates without a crash", dups)
@@ -168,7 +169,7 @@ func TestBackoffMovesAvailableAtForward(t *testing.T) {
 	before := time.Now()
 	stop := run(t, r)
 	var n int
-	waitFor(t, "first attempts", func() bool {
+	idemqtest.WaitFor(t, "first attempts", func() bool {
 		err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM `+b.table()+` WHERE attempts = 1`).Scan(&n)
 		return err == nil && n == 50
 	})
@@ -215,7 +216,7 @@ func TestPermanentErrorDeadLettersThenReplayDelivers(t *testing.T) {
 	r := newRelay(t, b, rec, relay.Config{Retry: idemq.Retry{MaxAttempts: 10}, Hooks: relay.Hooks{OnDeadLettered: func(relay.DeadLetteredEvent) { dead.Add(1) }}})
 	run(t, r)
 	enqueue(t, b, outbox.Message{Destination: "d", Payload: []byte("poison")}, outbox.Message{Destination: "d", Payload: []byte("fine")})
-	waitFor(t, "dead letter", func() bool { return dead.Load() == 1 && pending(t, b) == 0 })
+	idemqtest.WaitFor(t, "dead letter", func() bool { return dead.Load() == 1 && pending(t, b) == 0 })
 	dl, err := b.ob.DeadLetters(b.ctx, outbox.DeadFilter{})
 	if err != nil || len(dl) != 1 || string(dl[0].Payload) != "poison" || dl[0].Attempts != 1 || !strings.Contains(dl[0].LastError, "schema violation") {
 		t.Fatalf("dead letters %+v %v", dl, err)
@@ -227,7 +228,7 @@ func TestPermanentErrorDeadLettersThenReplayDelivers(t *testing.T) {
 	if n, err := b.ob.Replay(b.ctx, outbox.DeadFilter{IDs: []uuid.UUID{dl[0].ID}}); err != nil || n != 1 {
 		t.Fatalf("replay %d %v", n, err)
 	}
-	waitFor(t, "replayed delivery", func() bool { return len(rec.deliveries()) == 2 })
+	idemqtest.WaitFor(t, "replayed delivery", func() bool { return len(rec.deliveries()) == 2 })
 	if got := rec.deliveries()[1]; got.ID != dl[0].ID || string(got.Payload) != "poison" || got.Attempts != 0 {
 		t.Fatalf("replayed %+v", got)
 	}
@@ -241,7 +242,7 @@ func TestMaxAttemptsDeadLetters(t *testing.T) {
 	run(t, r)
 	enqueue(t, b, outbox.Message{Destination: "d", Payload: []byte("x")})
 	var dl []outbox.DeadLetter
-	waitFor(t, "dead letter", func() bool {
+	idemqtest.WaitFor(t, "dead letter", func() bool {
 		dl, _ = b.ob.DeadLetters(b.ctx, outbox.DeadFilter{})
 		return len(dl) == 1
 	})
@@ -270,7 +271,7 @@ func TestRetryAfterHintHonoured(t *testing.T) {
 		Hooks: relay.Hooks{OnRetried: func(e relay.RetriedEvent) { delay.Store(int64(e.Delay)) }}})
 	run(t, r)
 	enqueue(t, b, outbox.Message{Destination: "d"})
-	waitFor(t, "retry", func() bool { return delay.Load() != 0 })
+	idemqtest.WaitFor(t, "retry", func() bool { return delay.Load() != 0 })
 	if time.Duration(delay.Load()) != time.Hour {
 		t.Fatalf("delay %v, want the 1h hint", time.Duration(delay.Load()))
 	}
@@ -317,7 +318,7 @@ func TestFailingKeyHoldsBackOnlyItsFollowers(t *testing.T) {
 	run(t, r)
 	// The good key and the unkeyed messages all get through while bad:0 is
 	// still failing.
-	waitFor(t, "good key and unkeyed rows", func() bool {
+	idemqtest.WaitFor(t, "good key and unkeyed rows", func() bool {
 		n := 0
 		for _, m := range rec.deliveries() {
 			if m.Key != "bad" {
@@ -326,7 +327,7 @@ func TestFailingKeyHoldsBackOnlyItsFollowers(t *testing.T) {
 		}
 		return n == 40
 	})
-	waitFor(t, "bad key after recovery", func() bool { return distinct(rec) == 60 })
+	idemqtest.WaitFor(t, "bad key after recovery", func() bool { return distinct(rec) == 60 })
 	if dups := checkOrder(t, rec.deliveries()); dups != 0 {
 		t.Fatalf("%d duplicates", dups)
 	}
@@ -397,10 +398,10 @@ func TestDeadHeadFollowersProceedOrPark(t *testing.T) {
 				return n
 			}
 			if !park {
-				waitFor(t, "followers", func() bool { return payloads() == "k:0,k:2,k:3,k:4,k:5" && others() == 6 })
+				idemqtest.WaitFor(t, "followers", func() bool { return payloads() == "k:0,k:2,k:3,k:4,k:5" && others() == 6 })
 				return
 			}
-			waitFor(t, "others", func() bool { return others() == 6 })
+			idemqtest.WaitFor(t, "others", func() bool { return others() == 6 })
 			time.Sleep(200 * time.Millisecond)
 			if p := payloads(); p != "k:0" {
 				t.Fatalf("parked key delivered %q", p)
@@ -415,7 +416,7 @@ func TestDeadHeadFollowersProceedOrPark(t *testing.T) {
 			if n, err := b.ob.Replay(b.ctx, outbox.DeadFilter{Key: "k"}); err != nil || n != 1 {
 				t.Fatalf("replay %d %v", n, err)
 			}
-			waitFor(t, "unparked", func() bool { return payloads() == "k:0,k:1,k:2,k:3,k:4,k:5,k:6" })
+			idemqtest.WaitFor(t, "unparked", func() bool { return payloads() == "k:0,k:1,k:2,k:3,k:4,k:5,k:6" })
 		})
 	}
 }
@@ -447,7 +448,7 @@ func TestRouter(t *testing.T) {
 		outbox.Message{Destination: "billing.invoice", Payload: []byte("inv")},
 		outbox.Message{Destination: "nowhere", Payload: []byte("lost")},
 	)
-	waitFor(t, "routing", func() bool {
+	idemqtest.WaitFor(t, "routing", func() bool {
 		return len(orders.deliveries()) == 2 && len(other.deliveries()) == 1 && len(billing.deliveries()) == 1 && heldErr.Load() != nil
 	})
 	// A destination without a route is held, not dead-lettered.
@@ -508,11 +509,11 @@ func TestHooks(t *testing.T) {
 	})
 	enqueue(t, b, keyed("d", 3, 3, 0)...)
 	run(t, r)
-	waitFor(t, "hooks", func() bool { return published.Load() == 3 })
+	idemqtest.WaitFor(t, "hooks", func() bool { return published.Load() == 3 })
 	if failed.Load() != 3 || retried.Load() != 3 {
 		t.Fatalf("failed %d retried %d", failed.Load(), retried.Load())
 	}
-	waitFor(t, "backlog hook", func() bool { s, ok := backlog.Load().(outbox.Stats); return ok && s.Pending == 0 })
+	idemqtest.WaitFor(t, "backlog hook", func() bool { s, ok := backlog.Load().(outbox.Stats); return ok && s.Pending == 0 })
 }
 
 func TestPollingWithoutListen(t *testing.T) {
@@ -521,7 +522,7 @@ func TestPollingWithoutListen(t *testing.T) {
 	rec := &recorder{}
 	run(t, newRelay(t, b, rec, relay.Config{DisableListen: true, PollInterval: 20 * time.Millisecond}))
 	enqueue(t, b, outbox.Message{Destination: "d"})
-	waitFor(t, "polled delivery", func() bool { return len(rec.deliveries()) == 1 })
+	idemqtest.WaitFor(t, "polled delivery", func() bool { return len(rec.deliveries()) == 1 })
 }
 
 func TestListenerReconnects(t *testing.T) {
@@ -531,18 +532,18 @@ func TestListenerReconnects(t *testing.T) {
 	// A poll interval far beyond the test: only notifications wake it.
 	run(t, newRelay(t, b, rec, relay.Config{PollInterval: time.Hour}))
 	enqueue(t, b, outbox.Message{Destination: "d", Payload: []byte("1")})
-	waitFor(t, "first", func() bool { return len(rec.deliveries()) == 1 })
+	idemqtest.WaitFor(t, "first", func() bool { return len(rec.deliveries()) == 1 })
 	if _, err := b.pool.Exec(b.ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
 WHERE datname = current_database() AND pid <> pg_backend_pid() AND query LIKE 'LISTEN%'`); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "listener back", func() bool {
+	idemqtest.WaitFor(t, "listener back", func() bool {
 		var n int
 		_ = b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'LISTEN%'`).Scan(&n)
 		return n == 1
 	})
 	enqueue(t, b, outbox.Message{Destination: "d", Payload: []byte("2")})
-	waitFor(t, "second", func() bool { return len(rec.deliveries()) == 2 })
+	idemqtest.WaitFor(t, "second", func() bool { return len(rec.deliveries()) == 2 })
 }
 
 var _ = pgx.ErrNoRows
@@ -572,7 +573,7 @@ func TestCoalescedNotifyDeliversEverything(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	waitFor(t, "800 deliveries", func() bool { return distinct(rec) == 800 })
+	idemqtest.WaitFor(t, "800 deliveries", func() bool { return distinct(rec) == 800 })
 	if dups := checkOrder(t, rec.deliveries()); dups != 0 {
 		t.Fatalf("%d duplicates", dups)
 	}
@@ -586,12 +587,12 @@ func TestRelayVacuums(t *testing.T) {
 	rec := &recorder{}
 	run(t, newRelay(t, b, rec, relay.Config{VacuumEvery: 100}))
 	enqueue(t, b, keyed("d", 300, 7, 0)...)
-	waitFor(t, "vacuum", func() bool {
+	idemqtest.WaitFor(t, "vacuum", func() bool {
 		var n int64
 		err := b.pool.QueryRow(b.ctx, `SELECT vacuum_count FROM pg_stat_user_tables WHERE relid = $1::regclass`, b.table()).Scan(&n)
 		return err == nil && n > 0
 	})
-	waitFor(t, "deliveries", func() bool { return distinct(rec) == 300 })
+	idemqtest.WaitFor(t, "deliveries", func() bool { return distinct(rec) == 300 })
 }
 
 // TestWorkersSplitKeys: several workers in one relay, splitting the keys
@@ -615,7 +616,7 @@ func TestWorkersSplitKeys(t *testing.T) {
 		msgs = append(msgs, outbox.Message{Destination: "d", Payload: fmt.Append(nil, i)})
 	}
 	enqueue(t, b, msgs...)
-	waitFor(t, "2,200 deliveries", func() bool { return distinct(rec) == 2200 })
+	idemqtest.WaitFor(t, "2,200 deliveries", func() bool { return distinct(rec) == 2200 })
 	if dups := checkOrder(t, rec.deliveries()); dups != 0 {
 		t.Fatalf("%d duplicates", dups)
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemq/idemq/idemqtest"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
 	"github.com/idemq/idemq/testenv"
@@ -40,14 +41,14 @@ func TestRelaySIGKILLedBetweenPublishAndDelete(t *testing.T) {
 	if err := child.Start(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the child's third batch", func() bool { return published(t, pool, "child") >= 3*batch })
+	idemqtest.WaitFor(t, "the child's third batch", func() bool { return published(t, pool, "child") >= 3*batch })
 	if err := child.Process.Kill(); err != nil { // SIGKILL
 		t.Fatal(err)
 	}
 	_ = child.Wait()
 
 	run(t, newRelay(t, b, recordingSink(pool, "parent"), relay.Config{BatchSize: batch}))
-	waitFor(t, "an empty outbox", func() bool { return pending(t, b) == 0 })
+	idemqtest.WaitFor(t, "an empty outbox", func() bool { return pending(t, b) == 0 })
 
 	if dups := checkPublished(t, pool, n); dups == 0 || dups > batch {
 		t.Fatalf("%d duplicates, want between 1 and one batch (%d): the rows of the batch the child died with", dups, batch)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/idemqtest"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
 )
@@ -32,7 +33,7 @@ func TestSinkPanicFailsTheBatch(t *testing.T) {
 	cfg := relay.Config{Retry: idemq.Retry{BaseDelay: msDelay, MaxDelay: msDelay}, Hooks: relay.Hooks{OnFailed: func(e relay.FailedEvent) { failed.Store(e.Err) }}}
 	enqueue(t, b, keyed("d", 3, 1, 0)...)
 	run(t, newRelay(t, b, rec, cfg))
-	waitFor(t, "delivery after the panic", func() bool { return distinct(rec) == 3 && pending(t, b) == 0 })
+	idemqtest.WaitFor(t, "delivery after the panic", func() bool { return distinct(rec) == 3 && pending(t, b) == 0 })
 	if err, _ := failed.Load().(error); !errors.Is(err, relay.ErrSinkPanicked) {
 		t.Fatalf("failure reported as %v, want ErrSinkPanicked", err)
 	}
@@ -70,7 +71,7 @@ func TestMalformedPublishErrorLosesNothing(t *testing.T) {
 		})
 		enqueue(t, b, outbox.Message{Destination: "d", Payload: []byte("x")}, outbox.Message{Destination: "d", Payload: []byte("y")})
 		stop := run(t, newRelay(t, b, sink, relay.Config{Retry: idemq.Retry{BaseDelay: msDelay, MaxDelay: msDelay}}))
-		waitFor(t, "empty outbox", func() bool { return pending(t, b) == 0 })
+		idemqtest.WaitFor(t, "empty outbox", func() bool { return pending(t, b) == 0 })
 		stop()
 		if n := handed.Load(); n != 4 {
 			t.Fatalf("%v: messages handed to the sink %d times, want 4 (both again after the malformed error)", bad, n)
@@ -122,7 +123,7 @@ func TestSinkMutationsNeverReachTheTable(t *testing.T) {
 		outbox.Message{Destination: "d", Key: "k2", Payload: []byte("two!"), Headers: map[string]string{"trace": "t2"}},
 	)
 	stop := run(t, newRelay(t, b, sink, relay.Config{BatchSize: 1, Retry: idemq.Retry{BaseDelay: msDelay, MaxDelay: msDelay}}))
-	waitFor(t, "a delivery and a dead letter", func() bool {
+	idemqtest.WaitFor(t, "a delivery and a dead letter", func() bool {
 		st, err := b.ob.Stats(b.ctx)
 		return err == nil && st.Pending == 0 && st.Dead == 1
 	})
@@ -163,7 +164,7 @@ VALUES (gen_random_uuid(), 'd', 'bad', 'x', '[1]'), (gen_random_uuid(), 'd', 'nu
 	enqueue(t, b, outbox.Message{Destination: "d", Key: "k", Payload: []byte("k:1")}, outbox.Message{Destination: "d", Key: "bad", Payload: []byte("after")})
 	rec := &recorder{}
 	run(t, newRelay(t, b, rec, relay.Config{}))
-	waitFor(t, "the good rows delivered and the bad one dead", func() bool {
+	idemqtest.WaitFor(t, "the good rows delivered and the bad one dead", func() bool {
 		st, err := b.ob.Stats(b.ctx)
 		return err == nil && st.Pending == 0 && st.Dead == 1
 	})

@@ -187,24 +187,6 @@ func (p *process) signal(t *testing.T, sig syscall.Signal, limit time.Duration) 
 	return 0
 }
 
-// eventually calls cond until it returns nil or the deadline passes. It is
-// a wait for an outside process, not a timing assertion: the deadline is
-// generous.
-func eventually(t *testing.T, what string, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: %v", what, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // freeAddr returns a loopback address no one listens on right now.
 func freeAddr(t *testing.T) string {
 	t.Helper()

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/idemq/idemq/idemqtest"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/testenv"
 )
@@ -50,7 +51,7 @@ func TestRelayBehindPgBouncer(t *testing.T) {
 	p := startEnv(t, env("DATABASE_URL="+pooled, "IDEMQ_NATS_URL="+ns.URL),
 		"relay", "--route", subject+".*=jetstream", "--listen-url", direct, "--poll-interval", "1h", "--lease-ttl", "1h",
 		"--log-format", "text", "--stats-interval", "100ms", "--http-addr", addr)
-	eventually(t, "readyz", func() error {
+	idemqtest.WaitForNoError(t, "readyz", func() error {
 		code, body, err := get("http://" + addr + "/readyz")
 		if err == nil && code != 200 {
 			err = fmt.Errorf("readyz %d: %s", code, body)
@@ -64,7 +65,7 @@ func TestRelayBehindPgBouncer(t *testing.T) {
 	if err := ob.Enqueue(ctx, outbox.Message{Destination: "nowhere", Payload: []byte("x")}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "every routed message published", func() error {
+	idemqtest.WaitForNoError(t, "every routed message published", func() error {
 		info, err := stream.Info(ctx)
 		if err == nil && info.State.Msgs != uint64(len(ids)) {
 			err = fmt.Errorf("stream holds %d messages", info.State.Msgs)
@@ -72,7 +73,7 @@ func TestRelayBehindPgBouncer(t *testing.T) {
 		return err
 	})
 	var st statsReport
-	eventually(t, "the unrouted message counted", func() error {
+	idemqtest.WaitForNoError(t, "the unrouted message counted", func() error {
 		r := runIdemq(t, pooled, "--json", "stats")
 		if r.code != 0 {
 			return fmt.Errorf("stats: exit %d: %s", r.code, r.stderr)
@@ -86,7 +87,7 @@ func TestRelayBehindPgBouncer(t *testing.T) {
 		return nil
 	})
 	for _, want := range []string{`level=INFO msg="relay: partitions acquired"`, `level=WARN msg="relay: holding the messages of a destination`} {
-		eventually(t, want, func() error {
+		idemqtest.WaitForNoError(t, want, func() error {
 			if !strings.Contains(p.stderr.String(), want) {
 				return fmt.Errorf("not logged yet")
 			}

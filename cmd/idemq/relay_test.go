@@ -22,6 +22,7 @@ import (
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/idemq/idemq/idemqtest"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/testenv"
 )
@@ -93,11 +94,11 @@ func TestRelayDrainsIntoNATSAndKafka(t *testing.T) {
 			return err
 		}
 	}
-	eventually(t, "readyz", readyz(200))
+	idemqtest.WaitForNoError(t, "readyz", readyz(200))
 	if code, body, err := get("http://" + addr + "/healthz"); err != nil || code != 200 || !strings.Contains(body, `"relay_loop":"ok"`) {
 		t.Errorf("healthz: %d %s %v", code, body, err)
 	}
-	eventually(t, "outbox drained", func() error {
+	idemqtest.WaitForNoError(t, "outbox drained", func() error {
 		if p := pending(t, ob); p > 0 {
 			return fmt.Errorf("%d pending", p)
 		}
@@ -151,7 +152,7 @@ func TestRelayDrainsIntoNATSAndKafka(t *testing.T) {
 	}
 	sameSet(t, "Kafka", gotKafka, kafkaIDs)
 
-	eventually(t, "metrics", func() error {
+	idemqtest.WaitForNoError(t, "metrics", func() error {
 		_, body, err := get("http://" + addr + "/metrics")
 		if err != nil {
 			return err
@@ -182,14 +183,14 @@ func TestRelayDrainsIntoNATSAndKafka(t *testing.T) {
 	if _, err := pool.Exec(ctx, `ALTER TABLE idemq_migrations RENAME TO idemq_migrations_away`); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "unready without the schema", readyz(503))
+	idemqtest.WaitForNoError(t, "unready without the schema", readyz(503))
 	if code, _, err := get("http://" + addr + "/healthz"); err != nil || code != 200 {
 		t.Errorf("healthz %d, %v while the schema is away; want 200", code, err)
 	}
 	if _, err := pool.Exec(ctx, `ALTER TABLE idemq_migrations_away RENAME TO idemq_migrations`); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "ready again", readyz(200))
+	idemqtest.WaitForNoError(t, "ready again", readyz(200))
 
 	if code := p.signal(t, syscall.SIGTERM, 5*time.Second+30*time.Second); code != 0 {
 		t.Fatalf("relay exit %d after SIGTERM\n%s", code, p.stderr.String())
@@ -223,19 +224,19 @@ func TestRelaySIGTERMAndSIGKILLLoseNothing(t *testing.T) {
 	}
 
 	first := start(t, url, args...)
-	eventually(t, "first relay publishing", progressed(n-100))
+	idemqtest.WaitForNoError(t, "first relay publishing", progressed(n-100))
 	if code := first.signal(t, syscall.SIGTERM, 5*time.Second+30*time.Second); code != 0 {
 		t.Fatalf("relay exit %d after SIGTERM\n%s", code, first.stderr.String())
 	}
 	afterTerm := pending(t, ob)
 
 	second := start(t, url, args...)
-	eventually(t, "second relay publishing", progressed(afterTerm-100))
+	idemqtest.WaitForNoError(t, "second relay publishing", progressed(afterTerm-100))
 	second.signal(t, syscall.SIGKILL, 30*time.Second)
 	afterKill := pending(t, ob)
 
 	third := start(t, url, args...)
-	eventually(t, "outbox drained", progressed(1))
+	idemqtest.WaitForNoError(t, "outbox drained", progressed(1))
 	if code := third.signal(t, syscall.SIGTERM, 5*time.Second+30*time.Second); code != 0 {
 		t.Fatalf("relay exit %d after SIGTERM\n%s", code, third.stderr.String())
 	}

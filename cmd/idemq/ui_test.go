@@ -8,6 +8,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/idemq/idemq/idemqtest"
 )
 
 // TestUI: idemq ui serves the console (behind basic auth from the
@@ -22,7 +24,7 @@ func TestUI(t *testing.T) {
 	addr := freeAddr(t)
 	p := startEnv(t, env("DATABASE_URL="+url0, "IDEMQ_UI_USER=ops", "IDEMQ_UI_PASSWORD=pw"), "ui", "--listen", addr)
 	base := "http://" + addr
-	eventually(t, "the console", func() error {
+	idemqtest.WaitForNoError(t, "the console", func() error {
 		code, _, err := get(base + "/healthz")
 		if err != nil || code != http.StatusOK {
 			return fmt.Errorf("healthz: %d %v", code, err)

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq/idemqtest"
 	"github.com/idemq/idemq/transports/webhook"
 )
 
@@ -112,7 +113,7 @@ func TestRelayDeliversWebhooks(t *testing.T) {
 
 	addr := freeAddr(t)
 	p := start(t, url, "relay", "--webhooks", "--webhook-allow-network", "127.0.0.0/8", "--http-addr", addr)
-	eventually(t, "webhooks delivered", func() error {
+	idemqtest.WaitForNoError(t, "webhooks delivered", func() error {
 		mu.Lock()
 		defer mu.Unlock()
 		if len(received) < n {
@@ -120,7 +121,7 @@ func TestRelayDeliversWebhooks(t *testing.T) {
 		}
 		return nil
 	})
-	eventually(t, "delivery metrics", func() error {
+	idemqtest.WaitForNoError(t, "delivery metrics", func() error {
 		_, body, err := get("http://" + addr + "/metrics")
 		if err == nil && !strings.Contains(body, `idemq_webhook_deliveries_total{idemq_webhook_class="2xx",idemq_webhook_endpoint="shop"`) {
 			err = fmt.Errorf("no delivery counter in /metrics")
@@ -179,7 +180,7 @@ func TestRelaySIGTERMReleasesAHangingDelivery(t *testing.T) {
 	if id := receive(t, arrived); id != ids[0] {
 		t.Fatalf("second delivery of %s, want the same webhook-id %s", id, ids[0])
 	}
-	eventually(t, "delivered", func() error {
+	idemqtest.WaitForNoError(t, "delivered", func() error {
 		if n := pending(t, ob); n != 0 {
 			return fmt.Errorf("%d pending", n)
 		}

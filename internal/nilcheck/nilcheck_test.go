@@ -14,7 +14,7 @@ type ptrSink struct{}
 
 func (*ptrSink) Publish() {}
 
-type valueSink struct{ n int }
+type valueSink struct{}
 
 func (valueSink) Publish() {}
 

@@ -1,7 +1,6 @@
 package idemhttp_test
 
 import (
-	"fmt"
 	"io"
 	nethttp "net/http"
 	"net/http/httptest"
@@ -124,7 +123,7 @@ func load(b *testing.B, client *nethttp.Client, url string, n, workers int) (tim
 				_ = resp.Body.Close()
 				lat[i] = time.Since(t0)
 				if resp.StatusCode != nethttp.StatusCreated {
-					b.Error(fmt.Sprintf("status %d", resp.StatusCode))
+					b.Errorf("status %d", resp.StatusCode)
 					return
 				}
 			}

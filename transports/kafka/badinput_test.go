@@ -17,6 +17,7 @@ import (
 // MaxWait) are refused below 1ms instead of reaching the broker as 0, and
 // 1ms itself is accepted.
 func TestBadInputSubMillisecondDurationsRefused(t *testing.T) {
+	t.Parallel()
 	st := newSetup(t)
 	for field, set := range map[string]func(*idemqkafka.SubscriberConfig, time.Duration){
 		"SessionTimeout":    func(c *idemqkafka.SubscriberConfig, d time.Duration) { c.SessionTimeout = d },

@@ -15,6 +15,7 @@ import (
 )
 
 func TestConformance(t *testing.T) {
+	t.Parallel()
 	transporttest.Run(t, func(t *testing.T) transporttest.Harness { return newHarness(t) })
 }
 

@@ -22,8 +22,10 @@ import (
 // survivor: every message is applied exactly once and none is
 // dead-lettered.
 func TestSubscriberKilledProcesses(t *testing.T) {
+	t.Parallel()
 	for _, batch := range []bool{false, true} {
 		t.Run(fmt.Sprint("batch=", batch), func(t *testing.T) {
+			t.Parallel()
 			k := testenv.Kafka(t, 1, "orders")
 			url := testenv.PostgresURL(t)
 			pool, err := pgxpool.New(context.Background(), url)
@@ -59,6 +61,7 @@ func TestSubscriberKilledProcesses(t *testing.T) {
 // TestSubscriberKilledChild is the subscriber process of
 // TestSubscriberKilledProcesses; it runs only as its child.
 func TestSubscriberKilledChild(t *testing.T) {
+	// Not parallel: the child process of TestSubscriberKilledProcesses; it runs alone in its own process.
 	spec, ok := transporttest.Child()
 	if !ok {
 		t.Skip("the child process of TestSubscriberKilledProcesses")

@@ -53,6 +53,7 @@ func header(m kafka.Message, name string) (string, bool) {
 }
 
 func TestSinkPublishesBatchWithIDKeyAndHeaders(t *testing.T) {
+	t.Parallel()
 	k := testenv.Kafka(t, 3, "orders", "audit")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -108,6 +109,7 @@ func TestSinkPublishesBatchWithIDKeyAndHeaders(t *testing.T) {
 }
 
 func TestSinkIDHeaderOverridesOutboxHeader(t *testing.T) {
+	t.Parallel()
 	k := testenv.Kafka(t, 1, "orders")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -136,6 +138,7 @@ func TestSinkIDHeaderOverridesOutboxHeader(t *testing.T) {
 }
 
 func TestSinkClassifiesPerMessageFailures(t *testing.T) {
+	t.Parallel()
 	k := testenv.Kafka(t, 2, "orders")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -192,6 +195,7 @@ func TestSinkClassifiesPerMessageFailures(t *testing.T) {
 }
 
 func TestSinkBrokerDownIsRetryable(t *testing.T) {
+	t.Parallel()
 	k := testenv.Kafka(t, 1, "orders")
 	if k.External() {
 		t.Skip("needs the in-process broker to stop it; " + testenv.KafkaBrokersEnv + " is set")
@@ -241,6 +245,7 @@ func TestSinkBrokerDownIsRetryable(t *testing.T) {
 }
 
 func TestNewSinkRejectsUnsafeWriters(t *testing.T) {
+	t.Parallel()
 	good := func() *kafka.Writer { return idemqkafka.NewWriter("127.0.0.1:9") }
 	for name, mutate := range map[string]func(*kafka.Writer){
 		"async":       func(w *kafka.Writer) { w.Async = true },
@@ -261,6 +266,7 @@ func TestNewSinkRejectsUnsafeWriters(t *testing.T) {
 }
 
 func TestSinkKeepsKeyOrderAcrossTopics(t *testing.T) {
+	t.Parallel()
 	k := testenv.Kafka(t, 2, "a", "b")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

@@ -19,6 +19,7 @@ import (
 // The Sink passes the relay's Sink conformance suite on two topics; the
 // failing destination maps to no topic.
 func TestSinkConformance(t *testing.T) {
+	t.Parallel()
 	relaytest.TestSink(t, func(t *testing.T) relaytest.Target {
 		k := testenv.Kafka(t, 2, "a", "b")
 		w := idemqkafka.NewWriter(k.Brokers...)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/idemqtest"
 	"github.com/idemq/idemq/testenv"
 	idemqkafka "github.com/idemq/idemq/transports/kafka"
 	"github.com/idemq/idemq/transports/transporttest"
@@ -31,6 +32,7 @@ type seen struct {
 	headers  map[string]map[string]string
 	outcomes map[consumer.Outcome]int
 	errs     []error
+	effects  *idemqtest.Effects
 }
 
 func newSeen() *seen {
@@ -46,8 +48,7 @@ func (s *seen) handler(ctx context.Context, tx pgx.Tx, msg *consumer.Message) er
 	s.msgs[msg.ID] = rec
 	s.headers[msg.ID] = msg.Headers
 	s.mu.Unlock()
-	_, err := tx.Exec(ctx, `INSERT INTO effects (msg_id) VALUES ($1)`, msg.ID)
-	return err
+	return s.effects.Record(ctx, tx, msg.ID)
 }
 
 func (s *seen) onResult(r consumer.ResultEvent) {
@@ -79,10 +80,8 @@ func newSetup(t *testing.T) *setup {
 	pool := testenv.Postgres(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
-	if _, err := pool.Exec(ctx, `CREATE TABLE effects (seq bigserial PRIMARY KEY, msg_id text NOT NULL)`); err != nil {
-		t.Fatal(err)
-	}
 	s := newSeen()
+	s.effects = idemqtest.NewEffects(t, pool)
 	c, err := consumer.New(pool, "orders", s.handler, consumer.Config{
 		Retry: idemq.Retry{BaseDelay: time.Millisecond, MaxDelay: 10 * time.Millisecond},
 		Hooks: consumer.Hooks{OnResult: s.onResult},
@@ -125,40 +124,19 @@ func (st *setup) produce(t *testing.T, msgs ...kafka.Message) {
 	}
 }
 
-// effects counts the rows the handler inserted.
-func (st *setup) effects(t *testing.T) int {
-	t.Helper()
-	var n int
-	if err := st.pool.QueryRow(st.ctx, `SELECT count(*) FROM effects`).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
-
-// waitFor polls cond; the deadline only guards against a hang.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(90 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("gave up waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 func idHeader(id string) []kafka.Header {
 	return []kafka.Header{{Key: idemqkafka.IDHeaderDefault, Value: []byte(id)}}
 }
 
 func TestSubscriberHandsRecordAndHeadersToHandler(t *testing.T) {
+	t.Parallel()
 	st := newSetup(t)
 	st.produce(t,
 		kafka.Message{Key: []byte("order-1"), Value: []byte("a"), Headers: append(idHeader("id-a"), kafka.Header{Key: "traceparent", Value: []byte("00-1-2-01")})},
 		kafka.Message{Key: []byte("order-2"), Value: []byte("b")}, // no id header
 	)
 	st.subscriber(t, nil)
-	waitFor(t, "two messages applied", func() bool { return st.seen.count(consumer.Applied) == 2 })
+	idemqtest.WaitFor(t, "two messages applied", func() bool { return st.seen.count(consumer.Applied) == 2 })
 
 	st.seen.mu.Lock()
 	defer st.seen.mu.Unlock()
@@ -183,12 +161,14 @@ func TestSubscriberHandsRecordAndHeadersToHandler(t *testing.T) {
 }
 
 func TestSubscriberBadInputNeverStallsThePartition(t *testing.T) {
+	t.Parallel()
 	for _, fallback := range []bool{false, true} {
 		name := "DeadLetter"
 		if fallback {
 			name = "FallbackOnInvalidID"
 		}
 		t.Run(name, func(t *testing.T) {
+			t.Parallel()
 			st := newSetup(t)
 			key := []byte("one-partition")
 			bad := []kafka.Message{
@@ -205,9 +185,9 @@ func TestSubscriberBadInputNeverStallsThePartition(t *testing.T) {
 			if fallback {
 				wantApplied += len(bad)
 			}
-			waitFor(t, "the good message applied", func() bool { return st.seen.count(consumer.Applied) == wantApplied })
+			idemqtest.WaitFor(t, "the good message applied", func() bool { return st.seen.count(consumer.Applied) == wantApplied })
 			wantDead := len(bad) - (wantApplied - 2)
-			waitFor(t, "the bad ones dead-lettered", func() bool { return st.seen.count(consumer.DeadLettered) == wantDead })
+			idemqtest.WaitFor(t, "the bad ones dead-lettered", func() bool { return st.seen.count(consumer.DeadLettered) == wantDead })
 			st.seen.mu.Lock()
 			for _, err := range st.seen.errs {
 				if !errors.Is(err, consumer.ErrInvalidMessage) {
@@ -215,7 +195,7 @@ func TestSubscriberBadInputNeverStallsThePartition(t *testing.T) {
 				}
 			}
 			st.seen.mu.Unlock()
-			waitFor(t, "the dead letters on the dead-letter topic", func() bool {
+			idemqtest.WaitFor(t, "the dead letters on the dead-letter topic", func() bool {
 				msgs, err := st.k.ReadAll(st.ctx, st.k.Topic("orders.dlq"))
 				if err != nil {
 					t.Fatal(err)
@@ -238,6 +218,7 @@ func TestSubscriberBadInputNeverStallsThePartition(t *testing.T) {
 }
 
 func TestSubscriberGracefulShutdownCommits(t *testing.T) {
+	// Not parallel: it counts the process's goroutines, which parallel tests change.
 	st := newSetup(t)
 	before := runtime.NumGoroutine()
 	var msgs []kafka.Message
@@ -248,7 +229,7 @@ func TestSubscriberGracefulShutdownCommits(t *testing.T) {
 	st.produce(t, msgs...)
 	for _, batch := range []bool{true, false} {
 		sub := st.subscriber(t, func(c *idemqkafka.SubscriberConfig) { c.Batch = batch })
-		waitFor(t, "every message settled", func() bool {
+		idemqtest.WaitFor(t, "every message settled", func() bool {
 			return st.seen.count(consumer.Applied)+st.seen.count(consumer.Duplicate) >= len(msgs)
 		})
 		if err := sub.Stop(); err != nil {
@@ -262,24 +243,23 @@ func TestSubscriberGracefulShutdownCommits(t *testing.T) {
 	}
 	// No goroutine outlives Run beyond kafka-go's shared transport pool,
 	// which idles out: allow a little slack, wait for it.
-	deadline := time.Now().Add(10 * time.Second)
-	for runtime.NumGoroutine() > before {
-		if time.Now().After(deadline) {
-			buf := make([]byte, 1<<20)
-			t.Fatalf("%d goroutines outlive Run (%d before):\n%s", runtime.NumGoroutine(), before, buf[:runtime.Stack(buf, true)])
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	idemqtest.WaitFor(t, fmt.Sprintf("the goroutines of Run to end (%d before)", before), func() bool {
+		return runtime.NumGoroutine() <= before
+	}, idemqtest.Within(10*time.Second), idemqtest.Explain(func() string {
+		buf := make([]byte, 1<<20)
+		return fmt.Sprintf("%d goroutines:\n%s", runtime.NumGoroutine(), buf[:runtime.Stack(buf, true)])
+	}))
 }
 
 func TestSubscriberRecoversWhenTheBrokerReturns(t *testing.T) {
+	t.Parallel()
 	st := newSetup(t)
 	if st.k.External() {
 		t.Skip("stopping the broker needs the in-process one; " + testenv.KafkaBrokersEnv + " is set")
 	}
 	st.produce(t, kafka.Message{Key: []byte("k"), Value: []byte("1"), Headers: idHeader("1")})
 	st.subscriber(t, nil)
-	waitFor(t, "the first message applied", func() bool { return st.seen.count(consumer.Applied) == 1 })
+	idemqtest.WaitFor(t, "the first message applied", func() bool { return st.seen.count(consumer.Applied) == 1 })
 	if err := st.k.Stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -289,11 +269,12 @@ func TestSubscriberRecoversWhenTheBrokerReturns(t *testing.T) {
 	}
 	st.produce(t, kafka.Message{Key: []byte("k"), Value: []byte("2"), Headers: idHeader("2")},
 		kafka.Message{Key: []byte("k"), Value: []byte("1"), Headers: idHeader("1")})
-	waitFor(t, "the message produced after the outage applied", func() bool { return st.seen.count(consumer.Applied) == 2 })
-	waitFor(t, "the re-sent one recognised", func() bool { return st.seen.count(consumer.Duplicate) >= 1 })
+	idemqtest.WaitFor(t, "the message produced after the outage applied", func() bool { return st.seen.count(consumer.Applied) == 2 })
+	idemqtest.WaitFor(t, "the re-sent one recognised", func() bool { return st.seen.count(consumer.Duplicate) >= 1 })
 }
 
 func TestNewSubscriberValidates(t *testing.T) {
+	t.Parallel()
 	st := newSetup(t)
 	good := subscriberConfig(st.k, "g")
 	for name, mutate := range map[string]func(*idemqkafka.SubscriberConfig){
@@ -326,8 +307,9 @@ func TestNewSubscriberValidates(t *testing.T) {
 }
 
 func TestSubscriberRedeliverModeCountsDeliveries(t *testing.T) {
+	t.Parallel()
 	for _, batch := range []bool{false, true} {
-		t.Run(fmt.Sprint("batch=", batch), func(t *testing.T) { testRedeliverMode(t, batch) })
+		t.Run(fmt.Sprint("batch=", batch), func(t *testing.T) { t.Parallel(); testRedeliverMode(t, batch) })
 	}
 }
 
@@ -364,7 +346,7 @@ func testRedeliverMode(t *testing.T, batch bool) {
 		kafka.Message{Key: key, Value: []byte("x"), Headers: idHeader("last")},
 	)
 	st.subscriber(t, func(c *idemqkafka.SubscriberConfig) { c.Batch = batch })
-	waitFor(t, "two applied and one dead-lettered", func() bool {
+	idemqtest.WaitFor(t, "two applied and one dead-lettered", func() bool {
 		return st.seen.count(consumer.Applied) == 2 && st.seen.count(consumer.DeadLettered) == 1
 	})
 
@@ -390,24 +372,26 @@ func testRedeliverMode(t *testing.T, batch bool) {
 }
 
 func TestSubscriberAppliesEmptyAndTombstoneRecords(t *testing.T) {
+	t.Parallel()
 	st := newSetup(t)
 	st.produce(t,
 		kafka.Message{Key: []byte("k"), Value: nil, Headers: idHeader("tombstone")},
 		kafka.Message{Key: []byte("k"), Value: []byte{}, Headers: idHeader("empty")},
 	)
 	st.subscriber(t, nil)
-	waitFor(t, "both records settled", func() bool {
+	idemqtest.WaitFor(t, "both records settled", func() bool {
 		return st.seen.count(consumer.Applied)+st.seen.count(consumer.DeadLettered) == 2
 	})
 	if a, d := st.seen.count(consumer.Applied), st.seen.count(consumer.DeadLettered); a != 2 || d != 0 {
 		t.Errorf("applied %d, dead-lettered %d; want 2 and 0 (errors %v)", a, d, st.seen.errs)
 	}
-	if n := st.effects(t); n != 2 {
+	if n := st.seen.effects.Total(t); n != 2 {
 		t.Errorf("%d effect rows, want 2", n)
 	}
 }
 
 func TestSubscriberWarnsOnceAboutIDHeaderCase(t *testing.T) {
+	t.Parallel()
 	st := newSetup(t)
 	logs := &captured{}
 	for i := range 3 {
@@ -415,7 +399,7 @@ func TestSubscriberWarnsOnceAboutIDHeaderCase(t *testing.T) {
 			Headers: []kafka.Header{{Key: "idempotency-key", Value: fmt.Appendf(nil, "id-%d", i)}}})
 	}
 	st.subscriber(t, func(c *idemqkafka.SubscriberConfig) { c.Logger = slog.New(logs) })
-	waitFor(t, "the three records applied", func() bool { return st.seen.count(consumer.Applied) == 3 })
+	idemqtest.WaitFor(t, "the three records applied", func() bool { return st.seen.count(consumer.Applied) == 3 })
 	if n := logs.count(slog.LevelWarn, "letter case"); n != 1 {
 		t.Errorf("%d warnings about the id header's letter case, want 1", n)
 	}
@@ -461,6 +445,7 @@ func (c *captured) count(level slog.Level, substr string) int {
 // (the first Run closed its own), refuses a concurrent Run, and is Ready
 // once it joined the group.
 func TestSubscriberRunsAgainAfterRun(t *testing.T) {
+	t.Parallel()
 	st := newSetup(t)
 	cfg := subscriberConfig(st.k, st.k.Group("g"))
 	cfg.DeadLetterTopic = st.k.Topic("orders.dlq")
@@ -471,7 +456,7 @@ func TestSubscriberRunsAgainAfterRun(t *testing.T) {
 	transporttest.RunTwice(t, s, func(round int) {
 		// An empty id header: the consumer dead-letters the record.
 		st.produce(t, kafka.Message{Key: []byte("k"), Value: []byte("bad"), Headers: idHeader("")})
-		waitFor(t, "the dead letter on the dead-letter topic", func() bool {
+		idemqtest.WaitFor(t, "the dead letter on the dead-letter topic", func() bool {
 			msgs, err := st.k.ReadAll(st.ctx, st.k.Topic("orders.dlq"))
 			if err != nil {
 				t.Fatal(err)
@@ -484,6 +469,7 @@ func TestSubscriberRunsAgainAfterRun(t *testing.T) {
 // A Run after a crashed Run starts clean: the crash of the first (a
 // Test.BeforeCommit veto) does not stop the second from committing.
 func TestSubscriberRunsAgainAfterACrash(t *testing.T) {
+	t.Parallel()
 	st := newSetup(t)
 	errKilled := errors.New("killed")
 	var crashed atomic.Bool
@@ -507,7 +493,7 @@ func TestSubscriberRunsAgainAfterACrash(t *testing.T) {
 		t.Fatal(err)
 	}
 	st.produce(t, kafka.Message{Key: []byte("k"), Value: []byte("b"), Headers: idHeader("b")})
-	waitFor(t, "the redelivery and the new message settled", func() bool {
+	idemqtest.WaitFor(t, "the redelivery and the new message settled", func() bool {
 		return st.seen.count(consumer.Duplicate) == 1 && st.seen.count(consumer.Applied) == 2
 	})
 	if err := running.Stop(); err != nil {

@@ -33,6 +33,7 @@ func wantConfigError(t *testing.T, what string, err error, field string) {
 // constructor (commit 33995b9) are refused with an idemq.ErrConfig, no
 // panic, as is a connection already closed.
 func TestBadInputTypedNilArguments(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t)
 	c := w.consumer(consumer.Config{}, nil)
 	cons := w.durable("d", jetstream.ConsumerConfig{})
@@ -72,6 +73,7 @@ func TestBadInputTypedNilArguments(t *testing.T) {
 // busy loop) and negative ones are refused, naming the field; zero is the
 // default and 1ms is accepted.
 func TestBadInputDurations(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t)
 	c := w.consumer(consumer.Config{}, nil)
 	cons := w.durable("d", jetstream.ConsumerConfig{AckWait: 30 * time.Second})
@@ -127,6 +129,7 @@ func TestBadInputDurations(t *testing.T) {
 // made the server refuse every fetch, which Run retried forever; it is
 // refused at construction, and the limit itself is accepted.
 func TestBadInputBatchAboveTheConsumersLimit(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t)
 	c := w.consumer(consumer.Config{}, nil)
 	cons := w.durable("small", jetstream.ConsumerConfig{MaxRequestBatch: 10})
@@ -144,6 +147,7 @@ func TestBadInputBatchAboveTheConsumersLimit(t *testing.T) {
 // group with a blank and an id header no message can carry are refused at
 // construction instead of failing every Run or every dead letter.
 func TestBadInputSubjectsAndNames(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t)
 	c := w.consumer(consumer.Config{}, nil)
 	cons := w.durable("d", jetstream.ConsumerConfig{})
@@ -175,6 +179,7 @@ func TestBadInputSubjectsAndNames(t *testing.T) {
 // (unless FallbackOnInvalidID) and on core NATS, never applied under the
 // key "".
 func TestBadInputEmptyMessageID(t *testing.T) {
+	t.Parallel()
 	const header = "Order-Id" // not Nats-Msg-Id, which the stream reads itself
 	w := newWorld(t)
 	c := w.consumer(consumer.Config{}, nil)

@@ -18,6 +18,7 @@ import (
 )
 
 func TestConformanceJetStream(t *testing.T) {
+	t.Parallel()
 	transporttest.Run(t, func(t *testing.T) transporttest.Harness { return newHarness(t) })
 }
 

@@ -39,6 +39,7 @@ func (w *world) startCore(c *consumer.Consumer, subject string, cfg idemqnats.Co
 // A relay re-publish through the core Sink reaches a queue group of two
 // subscribers; each message is applied once, the copies are duplicates.
 func TestCoreQueueGroupDropsPublisherDuplicates(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t)
 	subject := w.e.n.Name("events")
 	c := w.consumer(consumer.Config{}, nil)
@@ -72,6 +73,7 @@ func TestCoreQueueGroupDropsPublisherDuplicates(t *testing.T) {
 }
 
 func TestCoreMessageWithoutIDIsDeadLettered(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t)
 	subject := w.e.n.Name("events")
 	var results []consumer.Result
@@ -99,6 +101,7 @@ func TestCoreMessageWithoutIDIsDeadLettered(t *testing.T) {
 }
 
 func TestNewCoreSubscriberValidates(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t)
 	c := w.consumer(consumer.Config{}, nil)
 	if _, err := idemqnats.NewCoreSubscriber(c, w.e.nc, "", idemqnats.CoreSubscriberConfig{}); !errors.Is(err, idemq.ErrConfig) {
@@ -110,6 +113,7 @@ func TestNewCoreSubscriberValidates(t *testing.T) {
 }
 
 func TestCoreSubscriberRunsAgainAfterRun(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t)
 	subject := w.e.n.Name("events")
 	s, err := idemqnats.NewCoreSubscriber(w.consumer(consumer.Config{}, nil), w.e.nc, subject, idemqnats.CoreSubscriberConfig{})

@@ -18,6 +18,7 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/idemqtest"
 	"github.com/idemq/idemq/relay"
 	"github.com/idemq/idemq/testenv"
 	idemqnats "github.com/idemq/idemq/transports/nats"
@@ -30,6 +31,7 @@ type world struct {
 	ctx  context.Context
 	e    *env
 	pool *pgxpool.Pool
+	fx   *idemqtest.Effects // the handler's side effects
 
 	mu       sync.Mutex
 	outcomes map[consumer.Outcome]int
@@ -40,9 +42,7 @@ func newWorld(t *testing.T) *world {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	t.Cleanup(cancel)
 	w := &world{t: t, ctx: ctx, e: newEnv(t, jetstream.StreamConfig{}), pool: testenv.Postgres(t), outcomes: map[consumer.Outcome]int{}}
-	if _, err := w.pool.Exec(ctx, `CREATE TABLE effects (seq bigserial PRIMARY KEY, msg_id text NOT NULL)`); err != nil {
-		t.Fatal(err)
-	}
+	w.fx = idemqtest.NewEffects(t, w.pool)
 	return w
 }
 
@@ -66,8 +66,7 @@ func (w *world) consumer(cfg consumer.Config, extra func(ctx context.Context, ms
 				return err
 			}
 		}
-		_, err := tx.Exec(ctx, `INSERT INTO effects (msg_id) VALUES ($1)`, msg.ID)
-		return err
+		return w.fx.Record(ctx, tx, msg.ID)
 	}, cfg)
 	if err != nil {
 		w.t.Fatal(err)
@@ -86,34 +85,18 @@ func (w *world) count(o consumer.Outcome) int {
 
 func (w *world) effects() map[string]int {
 	w.t.Helper()
-	rows, err := w.pool.Query(w.ctx, `SELECT msg_id FROM effects`)
-	if err != nil {
-		w.t.Fatal(err)
-	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		w.t.Fatal(err)
-	}
-	m := map[string]int{}
-	for _, id := range ids {
-		m[id]++
-	}
-	return m
+	return w.fx.Counts(w.t)
 }
 
-// waitFor polls cond; the deadline is a deadlock guard, not a timing
-// assertion.
+// waitFor polls cond until it holds, or fails the test when the world's
+// context ends; it reports the outcomes so far.
 func (w *world) waitFor(what string, cond func() bool) {
 	w.t.Helper()
-	for !cond() {
-		if w.ctx.Err() != nil {
-			w.mu.Lock()
-			state := fmt.Sprint(w.outcomes)
-			w.mu.Unlock()
-			w.t.Fatalf("gave up waiting for %s; outcomes %s", what, state)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	idemqtest.WaitFor(w.t, what, cond, idemqtest.Until(w.ctx), idemqtest.Explain(func() string {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		return fmt.Sprint("outcomes ", w.outcomes)
+	}))
 }
 
 // publish publishes raw messages with the given ids ("" = no header).
@@ -174,6 +157,7 @@ func (w *world) consumerInfo(cons jetstream.Consumer) *jetstream.ConsumerInfo {
 }
 
 func TestJetStreamMessageReachesHandler(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t)
 	w.publish("order-1", "")
 	w.start(w.consumer(consumer.Config{}, nil), w.durable("d", jetstream.ConsumerConfig{}), idemqnats.JetStreamSubscriberConfig{})
@@ -200,6 +184,7 @@ func TestJetStreamMessageReachesHandler(t *testing.T) {
 // redelivers after AckWait, the inbox sees a duplicate, the handler ran
 // once.
 func TestJetStreamCrashBetweenCommitAndAck(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t)
 	w.publish("a", "b", "c")
 	cons := w.durable("d", jetstream.ConsumerConfig{AckWait: time.Second})
@@ -235,6 +220,7 @@ func TestJetStreamCrashBetweenCommitAndAck(t *testing.T) {
 // Two subscriptions (two durables) get one message at the same moment; the
 // second blocks on the first one's inbox row, then sees a duplicate.
 func TestJetStreamTwoConsumersRaceOnOneMessage(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t)
 	release := make(chan struct{})
 	var entered atomic.Int32
@@ -269,6 +255,7 @@ func TestJetStreamTwoConsumersRaceOnOneMessage(t *testing.T) {
 // The in-process server restarts while a subscriber and a relay sink are
 // busy; everything published is applied once and Run carries on.
 func TestJetStreamServerRestartMidRun(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t)
 	if w.e.n.External() {
 		t.Skip("restarting needs the in-process server; " + testenv.NATSURLEnv + " is set")
@@ -332,8 +319,10 @@ func TestJetStreamServerRestartMidRun(t *testing.T) {
 }
 
 func TestJetStreamMissingAndOversizedMsgID(t *testing.T) {
+	t.Parallel()
 	for _, fallback := range []bool{false, true} {
 		t.Run(fmt.Sprintf("FallbackOnInvalidID=%v", fallback), func(t *testing.T) {
+			t.Parallel()
 			w := newWorld(t)
 			dlqSubj := w.e.n.Name("dlq")
 			dlq, err := w.e.n.CreateStream(w.ctx, w.e.js, jetstream.StreamConfig{Name: w.e.n.Name("DLQ"), Subjects: []string{dlqSubj}})
@@ -372,6 +361,7 @@ func TestJetStreamMissingAndOversizedMsgID(t *testing.T) {
 // A handler running for longer than AckWait: InProgress keeps the message
 // from being redelivered to the other member of the durable.
 func TestJetStreamLongHandlerIsNotRedeliveredInParallel(t *testing.T) {
+	// Not parallel: InProgress must reach the server within AckWait (1s), which parallel load on two cores can delay.
 	w := newWorld(t)
 	var calls atomic.Int32
 	c := w.consumer(consumer.Config{}, func(ctx context.Context, msg *consumer.Message) error {
@@ -397,8 +387,10 @@ func TestJetStreamLongHandlerIsNotRedeliveredInParallel(t *testing.T) {
 // Retry outcomes become NakWithDelay; the consumer counts attempts by the
 // delivery count.
 func TestJetStreamRetryIsRedelivered(t *testing.T) {
+	t.Parallel()
 	for _, batch := range []bool{false, true} {
 		t.Run(fmt.Sprintf("Batch=%v", batch), func(t *testing.T) {
+			t.Parallel()
 			w := newWorld(t)
 			var deliveries []int
 			c := w.consumer(consumer.Config{Redeliver: true, Retry: idemq.Retry{MaxAttempts: 5}}, func(_ context.Context, msg *consumer.Message) error {
@@ -422,8 +414,10 @@ func TestJetStreamRetryIsRedelivered(t *testing.T) {
 
 // Cancelling Run finishes and acknowledges what was fetched.
 func TestJetStreamGracefulShutdownAcksInFlight(t *testing.T) {
+	t.Parallel()
 	for _, batch := range []bool{false, true} {
 		t.Run(fmt.Sprintf("Batch=%v", batch), func(t *testing.T) {
+			t.Parallel()
 			w := newWorld(t)
 			ids := make([]string, 30)
 			for i := range ids {
@@ -452,6 +446,7 @@ func TestJetStreamGracefulShutdownAcksInFlight(t *testing.T) {
 }
 
 func TestNewJetStreamSubscriberValidates(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t)
 	c := w.consumer(consumer.Config{}, nil)
 	none := w.durable("none", jetstream.ConsumerConfig{AckPolicy: jetstream.AckNonePolicy})
@@ -477,6 +472,7 @@ func TestNewJetStreamSubscriberValidates(t *testing.T) {
 // a header of the application's choice here, so the stream does not drop
 // the second message as a duplicate.
 func TestJetStreamConflictIsDeadLetteredAndTerminated(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t)
 	dlqSubj := w.e.n.Name("dlq")
 	dlq, err := w.e.n.CreateStream(w.ctx, w.e.js, jetstream.StreamConfig{Name: w.e.n.Name("DLQ"), Subjects: []string{dlqSubj}})
@@ -511,6 +507,7 @@ func TestJetStreamConflictIsDeadLetteredAndTerminated(t *testing.T) {
 // copy: with the original's Nats-Msg-Id the stream would drop it as a
 // duplicate of the original.
 func TestJetStreamDeadLetterIntoTheInputStream(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t)
 	dlqSubj := w.e.subject + "-dlq"
 	info, err := w.e.stream.Info(w.ctx)
@@ -544,6 +541,7 @@ func TestJetStreamDeadLetterIntoTheInputStream(t *testing.T) {
 // Run after Run, and a second concurrent Run refused; Ready once the first
 // fetch is out.
 func TestJetStreamSubscriberRunsAgainAfterRun(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t)
 	cons := w.durable("d", jetstream.ConsumerConfig{})
 	s, err := idemqnats.NewJetStreamSubscriber(w.consumer(consumer.Config{}, nil), cons, w.e.js,
@@ -560,6 +558,7 @@ func TestJetStreamSubscriberRunsAgainAfterRun(t *testing.T) {
 // A Run after a crashed Run starts clean: the crash of the first (a
 // Test.BeforeAck veto) does not keep the second from applying.
 func TestJetStreamSubscriberRunsAgainAfterACrash(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t)
 	errKilled := errors.New("killed")
 	var crashed atomic.Bool

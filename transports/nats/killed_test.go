@@ -24,8 +24,10 @@ import (
 // although the first one was delivered six times to a consumer allowing
 // two attempts.
 func TestJetStreamSubscriberKilledProcesses(t *testing.T) {
+	t.Parallel()
 	for _, batch := range []bool{false, true} {
 		t.Run(fmt.Sprint("batch=", batch), func(t *testing.T) {
+			t.Parallel()
 			w := newWorld(t)
 			url := testenv.PostgresURL(t)
 			pool, err := pgxpool.New(w.ctx, url)
@@ -56,6 +58,7 @@ func TestJetStreamSubscriberKilledProcesses(t *testing.T) {
 // TestJetStreamSubscriberKilledChild is the subscriber process of
 // TestJetStreamSubscriberKilledProcesses; it runs only as its child.
 func TestJetStreamSubscriberKilledChild(t *testing.T) {
+	// Not parallel: the child process of TestJetStreamSubscriberKilledProcesses; it runs alone in its own process.
 	spec, ok := transporttest.Child()
 	if !ok {
 		t.Skip("the child process of TestJetStreamSubscriberKilledProcesses")

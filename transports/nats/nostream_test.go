@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/idemqtest"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
 	"github.com/idemq/idemq/testenv"
@@ -22,6 +23,7 @@ import (
 // rounds, no dead letter, nothing lost), and once the stream is created
 // they are delivered, in order.
 func TestJetStreamSinkNoStreamIsRetriedUntilCreated(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	e := newEnv(t, jetstream.StreamConfig{})
 	pool := testenv.Postgres(t)
@@ -61,7 +63,7 @@ func TestJetStreamSinkNoStreamIsRetriedUntilCreated(t *testing.T) {
 	if err := ob.Enqueue(ctx, msgs...); err != nil {
 		t.Fatal(err)
 	}
-	wait(t, "several failed rounds", func() bool { return failed.Load() >= 5 })
+	idemqtest.WaitFor(t, "several failed rounds", func() bool { return failed.Load() >= 5 })
 	st, err := ob.Stats(ctx)
 	if err != nil || st.Pending != 3 || st.Dead != 0 {
 		t.Fatalf("outbox %+v (%v) while no stream captures the subject; want 3 pending, no dead letter", st, err)
@@ -71,7 +73,7 @@ func TestJetStreamSinkNoStreamIsRetriedUntilCreated(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wait(t, "delivery once the stream exists", func() bool {
+	idemqtest.WaitFor(t, "delivery once the stream exists", func() bool {
 		st, err := ob.Stats(ctx)
 		return err == nil && st.Pending == 0
 	})
@@ -90,16 +92,5 @@ func TestJetStreamSinkNoStreamIsRetriedUntilCreated(t *testing.T) {
 		if got, want := string(m.Data()), fmt.Sprintf("m%d", i); got != want {
 			t.Fatalf("message %d is %q, want %q", i, got, want)
 		}
-	}
-}
-
-func wait(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -66,6 +66,7 @@ func relayBatch(dest string, n int, keys int) []relay.Message {
 }
 
 func TestJetStreamSinkStampsMessageIDAndHeaders(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, jetstream.StreamConfig{})
 	sink, err := idemqnats.NewJetStreamSink(e.js, idemqnats.SinkConfig{})
 	if err != nil {
@@ -102,6 +103,7 @@ func TestJetStreamSinkStampsMessageIDAndHeaders(t *testing.T) {
 // A relay that crashed between publish and delete publishes the same rows
 // again; the stream's duplicate window drops them.
 func TestJetStreamSinkDuplicateWindowDropsRelayRepublish(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, jetstream.StreamConfig{Duplicates: time.Minute})
 	sink, err := idemqnats.NewJetStreamSink(e.js, idemqnats.SinkConfig{MaxInFlight: 8})
 	if err != nil {
@@ -125,6 +127,7 @@ func TestJetStreamSinkDuplicateWindowDropsRelayRepublish(t *testing.T) {
 }
 
 func TestJetStreamSinkClassifiesFailures(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, jetstream.StreamConfig{MaxMsgSize: 1024})
 	sink, err := idemqnats.NewJetStreamSink(e.js, idemqnats.SinkConfig{
 		Subject: func(d string) string {
@@ -177,6 +180,7 @@ func TestJetStreamSinkClassifiesFailures(t *testing.T) {
 }
 
 func TestJetStreamSinkCancelledContext(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, jetstream.StreamConfig{})
 	sink, err := idemqnats.NewJetStreamSink(e.js, idemqnats.SinkConfig{})
 	if err != nil {
@@ -190,6 +194,7 @@ func TestJetStreamSinkCancelledContext(t *testing.T) {
 }
 
 func TestCoreSinkPublishes(t *testing.T) {
+	t.Parallel()
 	n := testenv.NATS(t)
 	nc := n.ConnectTB(t)
 	subject := n.Name("events")
@@ -223,6 +228,7 @@ func TestCoreSinkPublishes(t *testing.T) {
 }
 
 func TestNewSinkRejectsBadConfig(t *testing.T) {
+	t.Parallel()
 	if _, err := idemqnats.NewJetStreamSink(nil, idemqnats.SinkConfig{}); !errors.Is(err, idemq.ErrConfig) {
 		t.Errorf("nil JetStream: %v", err)
 	}

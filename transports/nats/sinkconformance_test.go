@@ -20,6 +20,7 @@ import (
 // subjects of one stream; the failing destination is a subject no stream
 // captures.
 func TestJetStreamSinkConformance(t *testing.T) {
+	t.Parallel()
 	relaytest.TestSink(t, func(t *testing.T) relaytest.Target {
 		e := newEnv(t, jetstream.StreamConfig{})
 		a, b := e.subject, e.n.Name("other")
@@ -63,6 +64,7 @@ func TestJetStreamSinkConformance(t *testing.T) {
 // subscribed before anything is published; the failing destination maps to
 // no subject.
 func TestCoreSinkConformance(t *testing.T) {
+	t.Parallel()
 	relaytest.TestSink(t, func(t *testing.T) relaytest.Target {
 		e := newEnv(t, jetstream.StreamConfig{})
 		a, b := e.n.Name("core-a"), e.n.Name("core-b")

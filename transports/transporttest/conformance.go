@@ -17,6 +17,7 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/idemqtest"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
 	"github.com/idemq/idemq/testenv"
@@ -29,7 +30,8 @@ const waitTimeout = 90 * time.Second
 
 // Run runs every scenario against a transport. newHarness is called once
 // per scenario, with that scenario's t, and must return a Harness on a
-// fresh stream. Scenarios run one after the other; with Features.Batch
+// fresh stream, sharing no state with another scenario's harness: the
+// scenarios of a mode run in parallel (t.Parallel). With Features.Batch
 // each runs in per-message and in batch mode.
 func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 	modes := []mode{{name: "PerMessage"}}
@@ -62,6 +64,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		t.Run(m.name, func(t *testing.T) {
 			for _, sc := range scenarios {
 				t.Run(sc.name, func(t *testing.T) {
+					t.Parallel() // each scenario has its own database and stream
 					sc.fn(newFixture(t, newHarness(t), m))
 				})
 			}
@@ -85,6 +88,7 @@ type fixture struct {
 	mode mode
 	pool *pgxpool.Pool
 	ctx  context.Context
+	fx   *idemqtest.Effects // one row per application
 
 	mu       sync.Mutex
 	outcomes map[consumer.Outcome]int
@@ -105,12 +109,7 @@ func newFixture(t *testing.T, h Harness, m mode) *fixture {
 	}
 	// The business table has no unique constraint on purpose: a message
 	// applied twice shows up as two rows.
-	if _, err := fx.pool.Exec(ctx, `CREATE TABLE effects (
-		seq     bigserial PRIMARY KEY,
-		msg_id  text NOT NULL,
-		payload text NOT NULL)`); err != nil {
-		t.Fatal(err)
-	}
+	fx.fx = idemqtest.NewEffects(t, fx.pool)
 	return fx
 }
 
@@ -142,8 +141,7 @@ func (fx *fixture) handle(ctx context.Context, tx pgx.Tx, msg *consumer.Message)
 	if err := fx.check(msg); err != nil {
 		return err
 	}
-	_, err := tx.Exec(ctx, `INSERT INTO effects (msg_id, payload) VALUES ($1, $2)`, msg.ID, string(msg.Payload))
-	return err
+	return fx.fx.Record(ctx, tx, msg.ID)
 }
 
 // check fails the messages that the scenarios make fail.
@@ -220,60 +218,26 @@ func (fx *fixture) publish(msgs ...Message) {
 // effects returns how many rows each message id produced.
 func (fx *fixture) effects() map[string]int {
 	fx.t.Helper()
-	rows, err := fx.pool.Query(fx.ctx, `SELECT msg_id, count(*) FROM effects GROUP BY msg_id`)
-	if err != nil {
-		fx.t.Fatal(err)
-	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (struct {
-		id string
-		n  int
-	}, error) {
-		var v struct {
-			id string
-			n  int
-		}
-		return v, r.Scan(&v.id, &v.n)
-	})
-	if err != nil {
-		fx.t.Fatal(err)
-	}
-	m := make(map[string]int, len(out))
-	for _, v := range out {
-		m[v.id] = v.n
-	}
-	return m
+	return fx.fx.Counts(fx.t)
 }
 
 // waitFor polls cond until it holds; after waitTimeout it fails the test
 // with what was awaited and the state.
 func (fx *fixture) waitFor(what string, cond func() bool) {
 	fx.t.Helper()
-	deadline := time.Now().Add(waitTimeout)
-	for !cond() {
-		if time.Now().After(deadline) || fx.ctx.Err() != nil {
-			fx.mu.Lock()
-			state := fmt.Sprint(fx.outcomes)
-			fx.mu.Unlock()
-			fx.t.Fatalf("transporttest: gave up waiting for %s; outcomes so far %s, effects %d ids", what, state, len(fx.effects()))
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	idemqtest.WaitFor(fx.t, what, cond, idemqtest.Within(waitTimeout), idemqtest.Until(fx.ctx), idemqtest.Explain(func() string {
+		fx.mu.Lock()
+		state := fmt.Sprint(fx.outcomes)
+		fx.mu.Unlock()
+		return fmt.Sprintf("transporttest: outcomes so far %s, effects %d ids", state, len(fx.effects()))
+	}))
 }
 
 // appliedOnce asserts that every id in ids produced exactly one row and
 // nothing else did.
 func (fx *fixture) appliedOnce(ids []string) {
 	fx.t.Helper()
-	got := fx.effects()
-	for _, id := range ids {
-		if got[id] != 1 {
-			fx.t.Errorf("message %s applied %d times, want once", id, got[id])
-		}
-		delete(got, id)
-	}
-	for id, n := range got {
-		fx.t.Errorf("unexpected message %s applied %d times", id, n)
-	}
+	fx.fx.AssertOnce(fx.t, ids...)
 }
 
 func (fx *fixture) group(name string) string {
@@ -592,14 +556,7 @@ func orderedPerKey(fx *fixture) {
 	fx.publish(msgs...)
 	fx.subscribe(fx.consumer("orders"), fx.group("g"), nil)
 	fx.waitFor("every message applied", func() bool { return fx.count(consumer.Applied) >= len(msgs) })
-	rows, err := fx.pool.Query(fx.ctx, `SELECT msg_id FROM effects ORDER BY seq`)
-	if err != nil {
-		fx.t.Fatal(err)
-	}
-	applied, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		fx.t.Fatal(err)
-	}
+	applied := fx.fx.Load(fx.t).Sequence()
 	pos := make(map[string]int, len(applied))
 	for i, id := range applied {
 		pos[id] = i

@@ -16,6 +16,7 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/idemqtest"
 	"github.com/idemq/idemq/inbox"
 )
 
@@ -76,12 +77,7 @@ func Child() (spec ChildSpec, ok bool) {
 // shows as two rows.
 func CreateEffects(t *testing.T, pool *pgxpool.Pool) {
 	t.Helper()
-	if _, err := pool.Exec(context.Background(), `CREATE TABLE effects (
-		seq     bigserial PRIMARY KEY,
-		msg_id  text NOT NULL,
-		payload text NOT NULL)`); err != nil {
-		t.Fatal(err)
-	}
+	idemqtest.NewEffects(t, pool)
 }
 
 // ChildConsumer returns a migrated consumer of [ChildScope] on pool whose
@@ -91,8 +87,9 @@ func CreateEffects(t *testing.T, pool *pgxpool.Pool) {
 // to a dead letter.
 func ChildConsumer(t *testing.T, pool *pgxpool.Pool, spec ChildSpec, hooks consumer.Hooks) *consumer.Consumer {
 	t.Helper()
+	effects := idemqtest.NewEffects(t, pool) // the parent's table
 	c, err := consumer.New(pool, ChildScope, func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
-		if _, err := tx.Exec(ctx, `INSERT INTO effects (msg_id, payload) VALUES ($1, $2)`, msg.ID, msg.Payload); err != nil {
+		if err := effects.Record(ctx, tx, msg.ID); err != nil {
 			return err
 		}
 		if spec.Kill == KillInHandler {
@@ -192,34 +189,18 @@ func KillChildren(t *testing.T, test string, spec ChildSpec, kills ...KillPoint)
 func AppliedOnceNeverDead(t *testing.T, pool *pgxpool.Pool, ids []string) {
 	t.Helper()
 	ctx := context.Background()
-	rows, err := pool.Query(ctx, `SELECT msg_id, count(*) FROM effects GROUP BY msg_id`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := map[string]int{}
-	var id string
-	var n int
-	if _, err := pgx.ForEachRow(rows, []any{&id, &n}, func() error { got[id] = n; return nil }); err != nil {
-		t.Fatal(err)
-	}
+	idemqtest.NewEffects(t, pool).AssertOnce(t, ids...)
 	store, err := inbox.New(pool, inbox.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, id := range ids {
-		if got[id] != 1 {
-			t.Errorf("message %s applied %d times, want once", id, got[id])
-		}
-		delete(got, id)
 		rec, err := store.Get(ctx, ChildScope, id)
 		if err != nil {
 			t.Errorf("inbox record of %s: %v", id, err)
 		} else if rec.Status != inbox.Succeeded {
 			t.Errorf("message %s is %v in the inbox (failures %d), want %v", id, rec.Status, rec.Failures, inbox.Succeeded)
 		}
-	}
-	for id, n := range got {
-		t.Errorf("unexpected message %s applied %d times", id, n)
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/idemqtest"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
 	"github.com/idemq/idemq/testenv"
@@ -50,7 +51,7 @@ func TestRetriedUntilDeliveredAppliedOnce(t *testing.T) {
 		OnRetried: func(e relay.RetriedEvent) { mu.Lock(); delays = append(delays, e.Delay); mu.Unlock() },
 	}})
 	publish(t, b, event("k", 1))
-	waitFor(t, "the delivery", func() bool { n, _ := pending(t, b); return applied.Load() == 1 && n == 0 })
+	idemqtest.WaitFor(t, "the delivery", func() bool { n, _ := pending(t, b); return applied.Load() == 1 && n == 0 })
 	hits := rc.all()
 	if len(hits) != 3 || hits[0].id != hits[2].id {
 		t.Fatalf("%d requests, want 3 with one webhook-id", len(hits))
@@ -90,7 +91,7 @@ func TestBadRequestIsADeadLetter(t *testing.T) {
 	runRelay(t, b, fastSink(t, b, webhook.Config{ErrorBody: 64}), relay.Config{})
 	publish(t, b, event("k", 1))
 	var dead []outbox.DeadLetter
-	waitFor(t, "the dead letter", func() bool {
+	idemqtest.WaitFor(t, "the dead letter", func() bool {
 		var err error
 		dead, err = b.ob.DeadLetters(b.ctx, outbox.DeadFilter{})
 		if err != nil {
@@ -126,7 +127,7 @@ func TestGoneDisablesTheEndpointAndHoldsItsRows(t *testing.T) {
 		events = append(events, event("k", i))
 	}
 	publish(t, b, events...)
-	waitFor(t, "the disable", func() bool { return disabled.Load() == 1 })
+	idemqtest.WaitFor(t, "the disable", func() bool { return disabled.Load() == 1 })
 	got, err := b.reg.Get(b.ctx, ep.ID)
 	if err != nil {
 		t.Fatal(err)
@@ -134,10 +135,10 @@ func TestGoneDisablesTheEndpointAndHoldsItsRows(t *testing.T) {
 	if got.Enabled() || !strings.Contains(got.DisabledReason, "410") {
 		t.Fatalf("endpoint after 410: enabled %v, reason %q", got.Enabled(), got.DisabledReason)
 	}
-	waitFor(t, "the other endpoint's deliveries", func() bool { return other.count() == 5 })
+	idemqtest.WaitFor(t, "the other endpoint's deliveries", func() bool { return other.count() == 5 })
 	// Events published while disabled are not fanned out to it.
 	publish(t, b, event("k", 99))
-	waitFor(t, "the other endpoint's sixth delivery", func() bool { return other.count() == 6 })
+	idemqtest.WaitFor(t, "the other endpoint's sixth delivery", func() bool { return other.count() == 6 })
 	time.Sleep(200 * time.Millisecond) // several hold intervals pass
 	rows, attempts := pending(t, b)
 	if rc.count() != 1 || rows != 5 || attempts != 0 {
@@ -147,7 +148,7 @@ func TestGoneDisablesTheEndpointAndHoldsItsRows(t *testing.T) {
 	if err := b.reg.Enable(b.ctx, ep.ID); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the held rows", func() bool { n, _ := pending(t, b); return n == 0 })
+	idemqtest.WaitFor(t, "the held rows", func() bool { n, _ := pending(t, b); return n == 0 })
 	hits := rc.all()[1:]
 	if len(hits) != 5 {
 		t.Fatalf("%d deliveries after enabling, want 5", len(hits))
@@ -171,7 +172,7 @@ func TestRetryNowSendsHeldRowsAtOnce(t *testing.T) {
 	sink := fastSink(t, b, webhook.Config{HoldInterval: time.Hour, RefreshInterval: time.Hour})
 	runRelay(t, b, sink, relay.Config{RescanInterval: time.Hour})
 	publish(t, b, event("k", 0), event("k", 1), event("k", 2))
-	waitFor(t, "the rows held", func() bool {
+	idemqtest.WaitFor(t, "the rows held", func() bool {
 		var held int
 		err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM idemq_outbox WHERE available_at > now() + interval '30 minutes' AND attempts = 0`).Scan(&held)
 		return err == nil && held == 3
@@ -183,7 +184,7 @@ func TestRetryNowSendsHeldRowsAtOnce(t *testing.T) {
 	if n, err := b.ob.RetryNow(b.ctx, webhook.DestinationPrefix+ep.ID); err != nil || n != 3 {
 		t.Fatalf("RetryNow = %d, %v; want 3", n, err)
 	}
-	waitFor(t, "the held rows", func() bool { n, _ := pending(t, b); return n == 0 })
+	idemqtest.WaitFor(t, "the held rows", func() bool { n, _ := pending(t, b); return n == 0 })
 	hits := rc.all()[1:]
 	if len(hits) != 3 || hits[0].n != 0 || hits[1].n != 1 || hits[2].n != 2 {
 		t.Fatalf("deliveries after enabling %+v, want events 0, 1, 2", hits)
@@ -229,7 +230,7 @@ func TestHangingEndpointDoesNotStallOthers(t *testing.T) {
 	for i := range n {
 		publish(t, b, event("", i))
 	}
-	waitFor(t, "the healthy endpoint's deliveries", func() bool { rows, _ := pendingFor(t, b, fine.ID); return rows == 0 })
+	idemqtest.WaitFor(t, "the healthy endpoint's deliveries", func() bool { rows, _ := pendingFor(t, b, fine.ID); return rows == 0 })
 	rows, attempts := pendingFor(t, b, slow.ID)
 	if healthy.count() != n || hanging.count() > 4 || rows != n || attempts > 4 {
 		t.Fatalf("healthy endpoint: %d requests, want %d; hanging endpoint: %d requests, %d rows pending with %d attempts; want at most 4 requests before the breaker opened, %d rows, at most 4 attempts",
@@ -252,7 +253,7 @@ func TestConsistentFailureDisables(t *testing.T) {
 		Hooks: webhook.Hooks{OnDisabled: func(e webhook.DisabledEvent) { disabled.Store(&e) }}})
 	runRelay(t, b, sink, relay.Config{Retry: idemq.Retry{MaxAttempts: 1000}})
 	publish(t, b, event("k", 1))
-	waitFor(t, "the disable", func() bool { return disabled.Load() != nil })
+	idemqtest.WaitFor(t, "the disable", func() bool { return disabled.Load() != nil })
 	got, err := b.reg.Get(b.ctx, ep.ID)
 	if err != nil {
 		t.Fatal(err)
@@ -298,9 +299,9 @@ func TestBreakerProbesAndRecovers(t *testing.T) {
 	for i := range 10 {
 		publish(t, b, event("k", i))
 	}
-	waitFor(t, "rows held by the open breaker", func() bool { return held.Load() > 0 })
+	idemqtest.WaitFor(t, "rows held by the open breaker", func() bool { return held.Load() > 0 })
 	down.Store(false)
-	waitFor(t, "every delivery", func() bool { n, _ := pending(t, b); return n == 0 })
+	idemqtest.WaitFor(t, "every delivery", func() bool { n, _ := pending(t, b); return n == 0 })
 	var ok []int
 	for _, h := range rc.all() {
 		if len(ok) == 0 || h.n != ok[len(ok)-1] {
@@ -347,7 +348,7 @@ func TestRateLimitHoldsWithoutAttempts(t *testing.T) {
 		events = append(events, event("", i))
 	}
 	publish(t, b, events...)
-	waitFor(t, "every delivery", func() bool { n, _ := pending(t, b); return n == 0 })
+	idemqtest.WaitFor(t, "every delivery", func() bool { n, _ := pending(t, b); return n == 0 })
 	if rc.count() != 60 || held.Load() == 0 || retried.Load() != 0 {
 		t.Fatalf("%d requests, %d held, %d retried: want 60 requests, some held, no attempt spent", rc.count(), held.Load(), retried.Load())
 	}
@@ -374,7 +375,7 @@ func TestConcurrencyBound(t *testing.T) {
 		events = append(events, event("", i))
 	}
 	publish(t, b, events...)
-	waitFor(t, "every delivery", func() bool { n, _ := pending(t, b); return n == 0 })
+	idemqtest.WaitFor(t, "every delivery", func() bool { n, _ := pending(t, b); return n == 0 })
 	if rc.count() != 40 || most.Load() > 2 {
 		t.Fatalf("%d requests, at most %d at once; want 40, at most 2", rc.count(), most.Load())
 	}

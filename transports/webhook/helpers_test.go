@@ -225,18 +225,6 @@ func (rc *receiver) count() int {
 	return len(rc.hits)
 }
 
-// waitFor polls cond until it holds or a minute passed.
-func waitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // pending counts the outbox rows not yet delivered and sums their attempts.
 func pending(t testing.TB, b bundle) (rows, attempts int) {
 	t.Helper()

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemq/idemq/idemqtest"
 	"github.com/idemq/idemq/relay"
 	"github.com/idemq/idemq/testenv"
 	"github.com/idemq/idemq/transports/webhook"
@@ -78,7 +79,7 @@ func TestRelayKilledBetweenPostAndDelete(t *testing.T) {
 	close(killed)
 
 	runRelay(t, b, fastSink(t, b, webhook.Config{}), relay.Config{})
-	waitFor(t, "the redelivery", func() bool { n, _ := pending(t, b); return n == 0 })
+	idemqtest.WaitFor(t, "the redelivery", func() bool { n, _ := pending(t, b); return n == 0 })
 	hits := rc.all()
 	if len(hits) != 2 || hits[0].id != hits[1].id {
 		t.Fatalf("%d requests, want the same webhook-id twice", len(hits))

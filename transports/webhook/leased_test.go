@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/idemqtest"
 	"github.com/idemq/idemq/inbox"
 	"github.com/idemq/idemq/transports/webhook"
 )
@@ -125,7 +126,7 @@ func TestLeasedReceiverRenewsItsLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	firstUntil := rec.LeaseUntil
-	waitFor(t, "the first lease's deadline to pass", func() bool { return time.Now().After(firstUntil.Add(100 * time.Millisecond)) })
+	idemqtest.WaitFor(t, "the first lease's deadline to pass", func() bool { return time.Now().After(firstUntil.Add(100 * time.Millisecond)) })
 	if busy := post(); busy.StatusCode != http.StatusServiceUnavailable {
 		t.Fatalf("redelivery past the first lease: %d, want 503 (the lease renewed)", busy.StatusCode)
 	}

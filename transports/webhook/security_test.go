@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/idemqtest"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
 	"github.com/idemq/idemq/transports/webhook"
@@ -33,7 +34,7 @@ func TestKeyRotationOverlap(t *testing.T) {
 	ep, old := addEndpoint(t, b, rc.srv.URL, nil)
 	runRelay(t, b, fastSink(t, b, webhook.Config{}), relay.Config{})
 	publish(t, b, event("k", 0))
-	waitFor(t, "the first delivery", func() bool { return rc.count() == 1 })
+	idemqtest.WaitFor(t, "the first delivery", func() bool { return rc.count() == 1 })
 
 	newPrivate, newPublic := webhook.NewSigningKey()
 	if err := b.reg.RotateKey(b.ctx, ep.ID, newPrivate, time.Hour); err != nil {
@@ -48,7 +49,7 @@ func TestKeyRotationOverlap(t *testing.T) {
 	}
 	time.Sleep(50 * time.Millisecond) // past the Sink's RefreshInterval
 	publish(t, b, event("k", 1))
-	waitFor(t, "the second delivery", func() bool { return rc.count() == 2 })
+	idemqtest.WaitFor(t, "the second delivery", func() bool { return rc.count() == 2 })
 
 	verifies := func(h hit, key string) bool {
 		keys, err := webhook.ParseKeys(key)
