@@ -9,7 +9,7 @@ KAFKA_EOS_KILLS ?= 100
 HISTORY_DURATION ?= 10m
 HISTORY_SEED ?=
 
-.PHONY: demo test test-suite badinput soak bench bench-peers lint pgbouncer
+.PHONY: demo test test-suite badinput soak bench bench-peers lint pgbouncer chromium
 
 # Both use the Postgres at IDEMQ_TEST_DATABASE_URL (default 127.0.0.1:5432)
 # and, when nothing answers there, a private server started from the
@@ -17,7 +17,7 @@ HISTORY_SEED ?=
 demo: ## run the end-to-end demo
 	$(GO) run ./examples/orders
 
-test: testenv/node_modules pgbouncer ## run the whole suite against real servers (race detector on)
+test: testenv/node_modules pgbouncer chromium ## run the whole suite against real servers (race detector on)
 	$(GO) run ./testenv/withpostgres $(MAKE) --no-print-directory test-suite
 
 # test-suite is test's body, run by testenv/withpostgres with a Postgres to
@@ -57,6 +57,17 @@ pgbouncer:
 		apt-get install -y -qq pgbouncer >/dev/null 2>&1 || \
 		{ apt-get update -qq >/dev/null && apt-get install -y -qq pgbouncer >/dev/null; } || \
 		{ echo "make: could not install pgbouncer; install it (apt-get install -y pgbouncer) and run make test again"; exit 1; }; }
+
+# chromium, the headless browser the console's browser test drives
+# (testenv.Chromium finds it): installed from the distribution when missing
+# (Debian/Ubuntu, as root).
+chromium:
+	@command -v chromium >/dev/null 2>&1 || test -x /usr/bin/chromium || test -n "$$IDEMQ_TEST_CHROMIUM" || { \
+		echo "make: installing chromium"; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get install -y -qq chromium >/dev/null 2>&1 || \
+		{ apt-get update -qq >/dev/null && apt-get install -y -qq chromium >/dev/null; } || \
+		{ echo "make: could not install chromium; install it (apt-get install -y chromium) and run make test again"; exit 1; }; }
 
 # staticcheck at a pinned release (2026.2.2), built by go run from the Go
 # module proxy: no tool dependency in go.mod, the same version everywhere.

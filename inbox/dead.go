@@ -22,6 +22,10 @@ type DeadFilter struct {
 	Scope string
 	// Key matches the idempotency key exactly.
 	Key string
+	// ErrorClass matches dead letters of this class exactly (a
+	// [DeadGroup]'s Class); [Unclassified] matches those stored without
+	// one. Conflicts have no class: the calls on conflicts ignore it.
+	ErrorClass string
 	// FailedBefore matches dead letters older than this time (filter by
 	// age: time.Now().Add(-age)).
 	FailedBefore time.Time
@@ -57,10 +61,24 @@ func (f DeadFilter) args(defaultLimit int) ([]any, error) {
 	return []any{scope, key, before, after, limit}, nil
 }
 
+// deadArgs are args and the error class ($6), for the statements on dead
+// letters.
+func (f DeadFilter) deadArgs(defaultLimit int) ([]any, error) {
+	args, err := f.args(defaultLimit)
+	if err != nil {
+		return nil, err
+	}
+	var class any
+	if f.ErrorClass != "" {
+		class = f.ErrorClass
+	}
+	return append(args, class), nil
+}
+
 // DeadLetters lists the dead letters that match f, oldest first. A
 // record's UpdatedAt is when it became a dead letter, LastError why.
 func (s *Store) DeadLetters(ctx context.Context, f DeadFilter) ([]Record, error) {
-	args, err := f.args(100)
+	args, err := f.deadArgs(100)
 	if err != nil {
 		return nil, err
 	}
@@ -73,14 +91,17 @@ func (s *Store) DeadLetters(ctx context.Context, f DeadFilter) ([]Record, error)
 		var id uuid.UUID
 		var text *string
 		var rec inboxsql.Scan
-		if err := row.Scan(append([]any{&scope, &id, &text}, rec.Dest()...)...); err != nil {
+		var class string
+		if err := row.Scan(append(append([]any{&scope, &id, &text}, rec.Dest()...), &class)...); err != nil {
 			return Record{}, err
 		}
 		key := id.String()
 		if text != nil {
 			key = *text
 		}
-		return Record(rec.Row(scope, key)), nil
+		r := Record(rec.Row(scope, key))
+		r.ErrorClass = class
+		return r, nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("inbox: list dead letters: %w", inboxsql.NotMigrated(err))
@@ -93,7 +114,7 @@ func (s *Store) DeadLetters(ctx context.Context, f DeadFilter) ([]Record, error)
 // message is applied, and its retries start afresh. It returns the number
 // released.
 func (s *Store) Release(ctx context.Context, f DeadFilter) (int64, error) {
-	return s.changeDead(ctx, s.db, f, s.sql.releaseDead, "release dead letters")
+	return s.changeDead(ctx, s.db, f, s.sql.releaseDead, "release dead letters", true)
 }
 
 // ReleaseTx is [Store.Release] in the caller's tx: the dead letters are
@@ -102,14 +123,14 @@ func (s *Store) ReleaseTx(ctx context.Context, tx pgx.Tx, f DeadFilter) (int64, 
 	if pgtx.IsNil(tx) {
 		return 0, inboxsql.ErrNilTx
 	}
-	return s.changeDead(ctx, tx, f, s.sql.releaseDead, "release dead letters")
+	return s.changeDead(ctx, tx, f, s.sql.releaseDead, "release dead letters", true)
 }
 
 // Purge deletes the dead letters that match f and returns how many it
 // deleted. A purged key is forgotten: a later delivery of its message is
 // applied as a new one.
 func (s *Store) Purge(ctx context.Context, f DeadFilter) (int64, error) {
-	return s.changeDead(ctx, s.db, f, s.sql.purgeDead, "purge dead letters")
+	return s.changeDead(ctx, s.db, f, s.sql.purgeDead, "purge dead letters", true)
 }
 
 // PurgeTx is [Store.Purge] in the caller's tx: the dead letters are gone if
@@ -118,11 +139,16 @@ func (s *Store) PurgeTx(ctx context.Context, tx pgx.Tx, f DeadFilter) (int64, er
 	if pgtx.IsNil(tx) {
 		return 0, inboxsql.ErrNilTx
 	}
-	return s.changeDead(ctx, tx, f, s.sql.purgeDead, "purge dead letters")
+	return s.changeDead(ctx, tx, f, s.sql.purgeDead, "purge dead letters", true)
 }
 
-func (s *Store) changeDead(ctx context.Context, db DB, f DeadFilter, sql, what string) (int64, error) {
+// changeDead runs sql on what f selects: dead letters (with the error
+// class parameter) or conflicts.
+func (s *Store) changeDead(ctx context.Context, db DB, f DeadFilter, sql, what string, dead bool) (int64, error) {
 	args, err := f.args(0)
+	if dead {
+		args, err = f.deadArgs(0)
+	}
 	if err != nil {
 		return 0, err
 	}
@@ -267,7 +293,7 @@ func (s *Store) releaseConflicts(ctx context.Context, db DB, f DeadFilter) (int6
 // PurgeConflicts deletes the conflicts that match f, leaving the keys'
 // records as they are, and returns how many it deleted.
 func (s *Store) PurgeConflicts(ctx context.Context, f DeadFilter) (int64, error) {
-	return s.changeDead(ctx, s.db, f, s.sql.purgeConflicts, "purge conflicts")
+	return s.changeDead(ctx, s.db, f, s.sql.purgeConflicts, "purge conflicts", false)
 }
 
 // PurgeConflictsTx is [Store.PurgeConflicts] in the caller's tx: the
@@ -276,5 +302,5 @@ func (s *Store) PurgeConflictsTx(ctx context.Context, tx pgx.Tx, f DeadFilter) (
 	if pgtx.IsNil(tx) {
 		return 0, inboxsql.ErrNilTx
 	}
-	return s.changeDead(ctx, tx, f, s.sql.purgeConflicts, "purge conflicts")
+	return s.changeDead(ctx, tx, f, s.sql.purgeConflicts, "purge conflicts", false)
 }

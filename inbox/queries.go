@@ -1,6 +1,7 @@
 package inbox
 
 import (
+	"github.com/idemq/idemq/internal/errclass"
 	"github.com/idemq/idemq/internal/inboxsql"
 	"github.com/idemq/idemq/internal/pgutil"
 )
@@ -11,7 +12,7 @@ import (
 type queries struct {
 	gc, acquire, complete, fail, extend, abandon, listDead, releaseDead string
 	purgeDead, stats, gcConflicts, listConflicts, releaseConflicts      string
-	purgeConflicts                                                      string
+	purgeConflicts, deadGroups, unclassified, classify, lookup          string
 }
 
 func newQueries(t pgutil.Table) queries {
@@ -71,15 +72,48 @@ RETURNING lease_until`),
 		// Dead letters selected by a DeadFilter (see deadWhere), oldest
 		// first.
 		listDead: render(`
-SELECT s.name, r.key_id, r.key_text, {{columns}} FROM {{table}} r JOIN {{scopes}} s ON s.id = r.scope_id
+SELECT s.name, r.key_id, r.key_text, {{columns}}, coalesce(r.error_class, '` + errclass.Unclassified + `')
+FROM {{table}} r JOIN {{scopes}} s ON s.id = r.scope_id
 WHERE ` + deadWhere + `
 ORDER BY r.updated_at, r.key_id
 LIMIT $5`),
 
+		// Dead letters grouped by error class and scope, through the
+		// partial (scope_id, error_class, updated_at) index of migration
+		// 0006, with a sample (the oldest key of the group), most
+		// numerous first, up to $5 groups.
+		deadGroups: render(`
+SELECT g.class, s.name, g.n, g.first, g.last, k.key_id, k.key_text, k.last_error
+FROM (SELECT r.scope_id, r.error_class AS class, count(*) AS n, min(r.updated_at) AS first, max(r.updated_at) AS last
+      FROM {{table}} r JOIN {{scopes}} s ON s.id = r.scope_id
+      WHERE ` + deadWhere + `
+      GROUP BY r.scope_id, r.error_class) AS g
+JOIN {{scopes}} s ON s.id = g.scope_id
+CROSS JOIN LATERAL (SELECT r.key_id, r.key_text, r.last_error FROM {{table}} r
+      WHERE r.scope_id = g.scope_id AND r.status = {{failed_final}} AND r.error_class IS NOT DISTINCT FROM g.class
+      ORDER BY r.updated_at LIMIT 1) AS k
+ORDER BY g.n DESC, g.class, s.name
+LIMIT $5`),
+		// Up to $1 dead letters stored without a class (scope, key id,
+		// error); classify sets the classes $3 of keys ($1, $2).
+		unclassified: render(`
+SELECT scope_id, key_id, coalesce(last_error, '') FROM {{table}}
+WHERE status = {{failed_final}} AND error_class IS NULL LIMIT $1`),
+		classify: render(`
+UPDATE {{table}} r SET error_class = u.c
+FROM unnest($1::int4[], $2::uuid[], $3::text[]) AS u(s, k, c)
+WHERE r.scope_id = u.s AND r.key_id = u.k AND r.status = {{failed_final}} AND r.error_class IS NULL`),
+		// The records of key id $1 in every scope: one primary-key probe
+		// per scope (scopes are few: consumers and request routes).
+		lookup: render(`
+SELECT s.name, coalesce(r.error_class, ''), {{columns}}
+FROM {{scopes}} s CROSS JOIN LATERAL (SELECT * FROM {{table}} r WHERE r.scope_id = s.id AND r.key_id = $1) r
+ORDER BY r.updated_at DESC`),
+
 		// A released dead letter is FAILED_RETRYABLE with no failures: the
 		// next delivery takes it over and applies the message afresh.
 		releaseDead: render(`
-UPDATE {{table}} t SET status = {{failed_retryable}}, failures = 0, updated_at = now()
+UPDATE {{table}} t SET status = {{failed_retryable}}, failures = 0, error_class = NULL, updated_at = now()
 FROM (` + deadSelect + `) d
 WHERE t.scope_id = d.scope_id AND t.key_id = d.key_id`),
 
@@ -152,10 +186,12 @@ WHERE c.scope_id = d.scope_id AND c.key_id = d.key_id AND c.fingerprint = d.fing
 
 // deadWhere selects dead letters by a DeadFilter: static SQL whose
 // parameters are NULL when a filter field is unset. $1 scope, $2 key id,
-// $3 failed before, $4 failed at or after.
+// $3 failed before, $4 failed at or after, $6 error class (unclassified:
+// stored without one).
 const deadWhere = `r.status = {{failed_final}}
 	AND ($1::text IS NULL OR s.name = $1) AND ($2::uuid IS NULL OR r.key_id = $2)
-	AND ($3::timestamptz IS NULL OR r.updated_at < $3) AND ($4::timestamptz IS NULL OR r.updated_at >= $4)`
+	AND ($3::timestamptz IS NULL OR r.updated_at < $3) AND ($4::timestamptz IS NULL OR r.updated_at >= $4)
+	AND ($6::text IS NULL OR r.error_class = $6 OR ($6 = '` + errclass.Unclassified + `' AND r.error_class IS NULL))`
 
 // conflictWhere is deadWhere for the conflicts table, by when a conflict
 // was last seen.

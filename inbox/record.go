@@ -46,6 +46,9 @@ type Record struct {
 	Failures  int
 	Result    []byte
 	LastError string
+	// ErrorClass is the class of LastError (see [DeadGroup]) of a dead
+	// letter listed by [Store.DeadLetters]; empty in other results.
+	ErrorClass string
 	// Superseded lists the fingerprints the key was applied with before a
 	// released conflict handed it to Fingerprint (see
 	// [Store.ReleaseConflicts]): their redeliveries are duplicates.

@@ -101,8 +101,8 @@ func TestMigrateIsIdempotentAndConcurrent(t *testing.T) {
 		`SELECT count(*) FROM idemq.idemq_migrations WHERE owner = 'inbox:idemq.events_inbox'`).Scan(&versions); err != nil {
 		t.Fatal(err)
 	}
-	if versions != 5 {
-		t.Fatalf("migration log has %d versions, want 5", versions)
+	if versions != 6 {
+		t.Fatalf("migration log has %d versions, want 6", versions)
 	}
 }
 

@@ -51,6 +51,7 @@ type Telemetry struct {
 	relay      relayInstruments
 	request    metric.Int64Counter
 	webhook    webhookInstruments
+	meter      metric.Meter // for ObserveOutbox
 }
 
 // Attribute keys of the idemq.* metrics.
@@ -82,6 +83,7 @@ func New(cfg Config) (*Telemetry, error) {
 	t := &Telemetry{
 		tracer:     cfg.TracerProvider.Tracer(ScopeName),
 		propagator: cfg.Propagator,
+		meter:      m,
 	}
 	b := builder{m: m}
 	t.consumer = consumerInstruments{

@@ -21,10 +21,10 @@ import (
 	"github.com/idemq/idemq/transports/webhook"
 )
 
-// The names a Prometheus scrape shows, through the OTel exporter with the
-// translation strategy pinned as dashboards need: one event into every
-// hook, then the families of the registry. The package doc lists them.
-func TestPrometheusNames(t *testing.T) {
+// prometheusTelemetry returns a Telemetry whose metrics a Prometheus
+// registry gathers, names translated as the binary pins them.
+func prometheusTelemetry(t *testing.T) (*prometheus.Registry, *otelidemq.Telemetry) {
+	t.Helper()
 	reg := prometheus.NewRegistry()
 	exporter, err := otelprom.New(otelprom.WithRegisterer(reg), otelprom.WithoutScopeInfo(),
 		otelprom.WithTranslationStrategy(otlptranslator.UnderscoreEscapingWithSuffixes))
@@ -35,6 +35,14 @@ func TestPrometheusNames(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return reg, tel
+}
+
+// The names a Prometheus scrape shows, through the OTel exporter with the
+// translation strategy pinned as dashboards need: one event into every
+// hook, then the families of the registry. The package doc lists them.
+func TestPrometheusNames(t *testing.T) {
+	reg, tel := prometheusTelemetry(t)
 
 	ch := tel.ConsumerHooks(consumer.Hooks{})
 	ch.OnResult(consumer.ResultEvent{Scope: "billing", Result: consumer.Result{Outcome: consumer.Applied, Duration: time.Millisecond}})

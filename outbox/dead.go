@@ -26,6 +26,9 @@ type DeadLetter struct {
 	CreatedAt time.Time
 	// FailedAt is when it became a dead letter.
 	FailedAt time.Time
+	// ErrorClass is the class of LastError (see [DeadGroup]);
+	// [Unclassified] for a dead letter buried before classes were stored.
+	ErrorClass string
 }
 
 // DeadFilter selects dead letters. Zero fields match everything; set fields
@@ -39,11 +42,25 @@ type DeadFilter struct {
 	DestinationPrefix string
 	// Key matches the ordering key exactly.
 	Key string
+	// KeyPrefix matches ordering keys that start with it.
+	KeyPrefix string
+	// ErrorClass matches dead letters of this class exactly (a
+	// [DeadGroup]'s Class); [Unclassified] matches those stored without
+	// one.
+	ErrorClass string
 	// FailedBefore matches dead letters older than this time (filter by
 	// age: time.Now().Add(-age)).
 	FailedBefore time.Time
-	// FailedAfter matches dead letters that failed at or after this time.
+	// FailedAfter matches dead letters that failed at or after this time:
+	// replaying everything that failed since T is Replay with FailedAfter
+	// T.
 	FailedAfter time.Time
+	// After lists (replays, purges) the dead letters enqueued after the
+	// one with this id: pass the last ID of a page to get the next one
+	// (keyset pagination through the id index and the primary key). An
+	// id that is no longer a dead letter (replayed, purged) matches
+	// nothing: start again from the first page.
+	After uuid.UUID
 	// Limit caps the number of dead letters listed, replayed or purged, in
 	// enqueue order. For DeadLetters it defaults to 100; for Replay and
 	// Purge zero means no limit.
@@ -69,13 +86,18 @@ func (f DeadFilter) args(defaultLimit int) []any {
 	if f.IDs != nil {
 		ids = f.IDs
 	}
+	var after any
+	if f.After != uuid.Nil {
+		after = f.After
+	}
 	var limit any
 	if f.Limit > 0 {
 		limit = f.Limit
 	} else if defaultLimit > 0 {
 		limit = defaultLimit
 	}
-	return []any{ids, opt(f.Destination), opt(f.DestinationPrefix), opt(f.Key), optTime(f.FailedBefore), optTime(f.FailedAfter), limit}
+	return []any{ids, opt(f.Destination), opt(f.DestinationPrefix), opt(f.Key), optTime(f.FailedBefore), optTime(f.FailedAfter),
+		opt(f.ErrorClass), opt(f.KeyPrefix), limit, after}
 }
 
 // DeadLetters lists the dead letters that match f, oldest enqueued first.
@@ -90,7 +112,7 @@ func (o *Outbox) DeadLetters(ctx context.Context, f DeadFilter) ([]DeadLetter, e
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (DeadLetter, error) {
 		var d DeadLetter
 		var headers []byte
-		if err := row.Scan(&d.ID, &d.Destination, &d.Key, &d.Payload, &headers, &d.Attempts, &d.LastError, &d.CreatedAt, &d.FailedAt); err != nil {
+		if err := row.Scan(&d.ID, &d.Destination, &d.Key, &d.Payload, &headers, &d.Attempts, &d.LastError, &d.CreatedAt, &d.FailedAt, &d.ErrorClass); err != nil {
 			return d, err
 		}
 		// Headers that do not decode stay nil: the dead letter is still

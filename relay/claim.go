@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/internal/errclass"
 	"github.com/idemq/idemq/internal/errtext"
 	"github.com/idemq/idemq/internal/outboxsql"
 )
@@ -769,7 +770,7 @@ func (r *Relay) commit(ctx context.Context, tx *claimTx, d decision) error {
 	}
 	if len(d.dead.seqs) > 0 {
 		s := d.dead
-		b.Queue(r.sql.Bury, s.seqs, s.ids, s.created, s.attempts, s.dests, s.payloads, s.keys, s.headers, s.errs)
+		b.Queue(r.sql.Bury, s.seqs, s.ids, s.created, s.attempts, s.dests, s.payloads, s.keys, s.headers, s.errs, errclass.All(s.errs))
 	}
 	if len(d.parkKeys) > 0 {
 		b.Queue(r.sql.Park, d.parkKeys, d.parkDests)

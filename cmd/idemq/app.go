@@ -48,7 +48,7 @@ func newApp(stdout, stderr io.Writer) *cli.Command {
 				Sources: cli.EnvVars("IDEMQ_WEBHOOK_TABLE")},
 			&cli.BoolFlag{Name: flagJSON, Usage: "print JSON instead of tables", Sources: cli.EnvVars("IDEMQ_JSON")},
 		},
-		Commands: []*cli.Command{migrateCommand(), relayCommand(), dlqCommand(), gcCommand(), statsCommand(), webhookCommand(), versionCommand()},
+		Commands: []*cli.Command{migrateCommand(), relayCommand(), dlqCommand(), gcCommand(), statsCommand(), webhookCommand(), uiCommand(), versionCommand()},
 		// --version prints what the version command does.
 		Version: buildVersion().String(),
 		Action:  groupAction,

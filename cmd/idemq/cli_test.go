@@ -87,7 +87,7 @@ func TestMigrateExport(t *testing.T) {
 	validate := []string{"--schema", "billing", "migrate", "validate", "--components", "outbox,inbox,webhook"}
 	var files []string
 	mustJSON(t, "postgres://127.0.0.1:1/unreachable", &files, export...)
-	if len(files) != 16 || files[0] != "0001_idemq_outbox_outbox.up.sql" || files[15] != "0008_idemq_webhook_endpoints_endpoints.down.sql" {
+	if len(files) != 22 || files[0] != "0001_idemq_outbox_outbox.up.sql" || files[21] != "0011_idemq_webhook_endpoints_endpoints.down.sql" {
 		t.Fatalf("export wrote %v", files)
 	}
 	if out := mustRun(t, "", export...); !strings.Contains(out, "nothing to export") {
@@ -95,7 +95,7 @@ func TestMigrateExport(t *testing.T) {
 	}
 	wantCode(t, "", exitUsage, "migrate", "export")
 	wantCode(t, "", exitUsage, "migrate", "export", "--format", "liquibase", t.TempDir())
-	if out := mustRun(t, "", "migrate", "export", "--format", "flyway", t.TempDir()); !strings.Contains(out, "V0005__idemq_inbox_conflicts.sql") {
+	if out := mustRun(t, "", "migrate", "export", "--format", "flyway", t.TempDir()); !strings.Contains(out, "V0007__idemq_inbox_conflicts.sql") {
 		t.Errorf("export --format flyway wrote:\n%s", out)
 	}
 

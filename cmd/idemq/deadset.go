@@ -28,6 +28,8 @@ type deadSet struct {
 	ib   *inbox.Store // nil without --inbox
 	inf  inbox.DeadFilter
 	keys []string // with --inbox, the keys --id names (each one's set is inf with that Key)
+	// audited is the outbox whose audit log records the moves.
+	audited *outbox.Outbox
 }
 
 // openDeadSet reads the filter flags, refusing bad ones before it
@@ -55,6 +57,11 @@ func openDeadSet(ctx context.Context, cmd *cli.Command) (s *deadSet, done func()
 		s.ib = ib
 	} else {
 		s.ob = ob
+	}
+	s.audited = ob
+	if err := s.selectGroup(ctx); err != nil {
+		s.pool.Close()
+		return nil, nil, err
 	}
 	return s, s.pool.Close, nil
 }

@@ -26,6 +26,11 @@ func dlqFlags() []cli.Flag {
 		&cli.StringFlag{Name: "destination-prefix", Usage: "outbox destinations starting with this"},
 		&cli.StringFlag{Name: "scope", Usage: "inbox scope (consumer name), exactly"},
 		&cli.StringFlag{Name: "key", Usage: "outbox ordering key, or inbox key, exactly"},
+		&cli.StringFlag{Name: "key-prefix", Usage: "outbox ordering keys starting with this"},
+		&cli.StringFlag{Name: "group", Usage: "the dead letters of one group (its id, as dlq groups shows it: 6 hex digits or more)"},
+		&cli.StringFlag{Name: "class", Usage: "dead letters of this error class exactly (as dlq groups shows it)"},
+		&cli.TimestampFlag{Name: "since", Usage: "dead letters that failed at or after this time (RFC 3339)",
+			Config: cli.TimestampConfig{Layouts: []string{time.RFC3339, time.DateTime, time.DateOnly}}},
 		&cli.StringSliceFlag{Name: "id", Usage: "outbox message id, or with --inbox inbox key (the message id) (repeatable)"},
 		&cli.DurationFlag{Name: "older-than", Usage: "dead letters that failed longer ago than this"},
 		&cli.DurationFlag{Name: "newer-than", Usage: "dead letters that failed within this"},
@@ -54,7 +59,11 @@ func dlqCommand() *cli.Command {
 			"messages refused because their key was applied with another payload. Replay and purge exit 5 when a\n" +
 			"--destination, --scope, --key or --id matches no dead letter, and then change nothing. Purge needs a filter or --all;\n" +
 			"on a terminal it prints the count and the filter and asks first (--yes does not ask). --dry-run prints what\n" +
-			"would be replayed or purged and changes nothing. Ages (--older-than, --newer-than) must be positive.",
+			"would be replayed or purged and changes nothing. Ages (--older-than, --newer-than) must be positive.\n" +
+			"dlq groups groups dead letters by error class (the error text with ids, numbers, addresses and times\n" +
+			"replaced by placeholders) and destination (--inbox: scope); --group ID then selects one group in list,\n" +
+			"replay and purge, and --since T everything that failed since T. Replays and purges of outbox dead letters\n" +
+			"are written to the outbox's audit log.",
 		Action: groupAction,
 		Commands: []*cli.Command{
 			{Name: "list", Usage: "list dead letters, oldest first", Flags: dlqFlags(), Action: dlqList},
@@ -62,6 +71,10 @@ func dlqCommand() *cli.Command {
 				Flags: dlqFlags(), Action: dlqShow},
 			{Name: "replay", Usage: "put dead letters back for another attempt", Flags: moveFlags(false), Action: dlqMove(false)},
 			{Name: "purge", Usage: "delete dead letters (a filter or --all is required)", Flags: moveFlags(true), Action: dlqMove(true)},
+			{Name: "groups", Usage: "group dead letters by error class and destination (--inbox: scope), largest first",
+				Flags: dlqFlags(), Action: dlqGroups},
+			{Name: "classify", Usage: "store the error class of dead letters written before idemq stored classes",
+				Flags: dlqFlags(), Action: dlqClassify},
 		},
 	}
 }
@@ -77,6 +90,8 @@ func outboxFilter(cmd *cli.Command) (outbox.DeadFilter, error) {
 		Destination:       cmd.String("destination"),
 		DestinationPrefix: cmd.String("destination-prefix"),
 		Key:               cmd.String("key"),
+		KeyPrefix:         cmd.String("key-prefix"),
+		ErrorClass:        cmd.String("class"),
 	}
 	var err error
 	if f.Limit, err = limitFlag(cmd); err != nil {
@@ -104,6 +119,7 @@ type deadLetterJSON struct {
 	PayloadText *string           `json:"payload_text,omitempty"`
 	Attempts    int               `json:"attempts"`
 	LastError   string            `json:"last_error"`
+	ErrorClass  string            `json:"error_class"`
 	CreatedAt   time.Time         `json:"created_at"`
 	FailedAt    time.Time         `json:"failed_at"`
 }
@@ -128,7 +144,7 @@ func jsonDead(dead []outbox.DeadLetter) []deadLetterJSON {
 	out := make([]deadLetterJSON, len(dead))
 	for i, d := range dead {
 		out[i] = deadLetterJSON{ID: d.ID, Destination: d.Destination, Key: d.Key, Headers: d.Headers, Payload: d.Payload,
-			Attempts: d.Attempts, LastError: d.LastError, CreatedAt: d.CreatedAt, FailedAt: d.FailedAt}
+			Attempts: d.Attempts, LastError: d.LastError, ErrorClass: d.ErrorClass, CreatedAt: d.CreatedAt, FailedAt: d.FailedAt}
 		if utf8.Valid(d.Payload) {
 			out[i].PayloadText = new(string(d.Payload))
 		}
@@ -168,6 +184,7 @@ func dlqShow(ctx context.Context, cmd *cli.Command) error {
 		t.row("created", timestamp(d.CreatedAt))
 		t.row("failed", timestamp(d.FailedAt))
 		t.row("error", d.LastError)
+		t.row("class", d.ErrorClass)
 		for name, v := range d.Headers {
 			t.row("header "+name, v)
 		}
@@ -177,7 +194,7 @@ func dlqShow(ctx context.Context, cmd *cli.Command) error {
 
 // filterFlags are the dlq flags that narrow a selection; purge without any
 // of them needs --all.
-var filterFlags = []string{"destination", "destination-prefix", "scope", "key", "id", "older-than", "newer-than"}
+var filterFlags = []string{"destination", "destination-prefix", "scope", "key", "key-prefix", "group", "class", "id", "older-than", "newer-than", "since"}
 
 // dlqMove replays (purge false) or purges the selected dead letters. It
 // changes nothing when an --id names no dead letter; with --dry-run it
@@ -211,7 +228,7 @@ func dlqMove(purge bool) cli.ActionFunc {
 		if err != nil {
 			return err
 		}
-		if n == 0 && slices.ContainsFunc([]string{"destination", "scope", "key", "id"}, cmd.IsSet) {
+		if n == 0 && slices.ContainsFunc([]string{"destination", "scope", "key", "id", "group"}, cmd.IsSet) {
 			return withCode(exitNotFound, "no %s %s; nothing changed", set.noun(), describeFilter(cmd))
 		}
 		if cmd.Bool("dry-run") {
@@ -226,8 +243,10 @@ func dlqMove(purge bool) cli.ActionFunc {
 			set.failedBefore(countedAt)
 		}
 		err = pgx.BeginFunc(ctx, set.pool, func(tx pgx.Tx) (err error) {
-			n, err = set.move(ctx, tx, purge)
-			return err
+			if n, err = set.move(ctx, tx, purge); err != nil {
+				return err
+			}
+			return set.audit(ctx, tx, purge, n)
 		})
 		if err != nil {
 			return err
@@ -248,6 +267,8 @@ func describeFilter(cmd *cli.Command) string {
 			parts = append(parts, "--id "+strings.Join(cmd.StringSlice(name), " --id "))
 		case "older-than", "newer-than":
 			parts = append(parts, "--"+name+" "+cmd.Duration(name).String())
+		case "since":
+			parts = append(parts, "--since "+timestamp(cmd.Timestamp(name)))
 		default:
 			parts = append(parts, fmt.Sprintf("--%s %q", name, cmd.String(name)))
 		}
@@ -296,6 +317,15 @@ func failedWindow(cmd *cli.Command) (before, after time.Time, err error) {
 			return before, after, usageError("--%s %v: want a positive age, e.g. 24h", name, d)
 		}
 		*at = now.Add(-d)
+	}
+	if cmd.IsSet("since") {
+		since := cmd.Timestamp("since")
+		if since.After(now) {
+			return before, after, usageError("--since %s is in the future", timestamp(since))
+		}
+		if since.After(after) {
+			after = since
+		}
 	}
 	return before, after, nil
 }

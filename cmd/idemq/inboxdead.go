@@ -25,7 +25,7 @@ type inboxDead struct {
 
 // inboxFilter reads the filter flags for inbox dead letters.
 func inboxFilter(cmd *cli.Command) (inbox.DeadFilter, error) {
-	for _, f := range []string{"destination", "destination-prefix"} {
+	for _, f := range []string{"destination", "destination-prefix", "key-prefix"} {
 		if cmd.IsSet(f) {
 			return inbox.DeadFilter{}, usageError("--%s selects outbox dead letters: drop --inbox", f)
 		}
@@ -34,7 +34,7 @@ func inboxFilter(cmd *cli.Command) (inbox.DeadFilter, error) {
 		// With --inbox both name the inbox key (the message id).
 		return inbox.DeadFilter{}, usageError("--id and --key both name inbox keys: give one of them")
 	}
-	f := inbox.DeadFilter{Scope: cmd.String("scope"), Key: cmd.String("key")}
+	f := inbox.DeadFilter{Scope: cmd.String("scope"), Key: cmd.String("key"), ErrorClass: cmd.String("class")}
 	var err error
 	if f.Limit, err = limitFlag(cmd); err != nil {
 		return f, err

@@ -149,7 +149,7 @@ func runRelay(ctx context.Context, cmd *cli.Command) error {
 	if cmd.Bool("check") {
 		return checkRelay(cmd, pool, ob, cfg, sc)
 	}
-	tel, err := newTelemetry(ctx)
+	tel, err := outboxTelemetry(ctx, ob)
 	if err != nil {
 		return err
 	}

@@ -162,6 +162,8 @@ func TestRelayDrainsIntoNATSAndKafka(t *testing.T) {
 			{"messaging_client_sent_messages_total{", fmt.Sprintf("messaging_destination_name=%q", subject+".created"), fmt.Sprint(n)},
 			{"idemq_outbox_pending{", "", "0"},
 			{"idemq_outbox_oldest_pending_age_seconds{", "", ""},
+			{"idemq_outbox_partition_token{", `idemq_outbox_partition="0"`, ""},
+			{"idemq_relay_liveness_remaining_seconds{", "", ""},
 			{"messaging_client_operation_duration_seconds_count{", "", ""},
 			{"target_info{", `service_name="idemq"`, "1"},
 			{"go_goroutines", "", ""},

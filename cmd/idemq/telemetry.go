@@ -20,6 +20,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/idemq/idemq/otelidemq"
+	"github.com/idemq/idemq/outbox"
 )
 
 // telemetry is the OpenTelemetry SDK the binary wires for otelidemq, which
@@ -88,6 +89,20 @@ func newTelemetry(ctx context.Context) (*telemetry, error) {
 	otel.SetTextMapPropagator(prop)
 	t.Telemetry, err = otelidemq.New(otelidemq.Config{MeterProvider: t.meters, TracerProvider: t.tracers, Propagator: prop})
 	if err != nil {
+		return nil, errors.Join(err, t.shutdown())
+	}
+	return t, nil
+}
+
+// outboxTelemetry is newTelemetry that also reports ob's backlog gauges
+// (depth, oldest due, held, partitions, relays), read from index edges at
+// each scrape.
+func outboxTelemetry(ctx context.Context, ob *outbox.Outbox) (*telemetry, error) {
+	t, err := newTelemetry(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := t.ObserveOutbox(ob); err != nil {
 		return nil, errors.Join(err, t.shutdown())
 	}
 	return t, nil

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/idemq/idemq/internal/errclass"
 	"github.com/idemq/idemq/internal/pgtx"
 )
 
@@ -236,7 +237,7 @@ func (s *Store) DeadLetterTx(ctx context.Context, tx pgx.Tx, scope, key string, 
 		text = "dead letter"
 	}
 	for range 2 {
-		tag, err := tx.Exec(ctx, s.sql.deadLetter, append(k.Args(s.opts.Retention), failures, text)...)
+		tag, err := tx.Exec(ctx, s.sql.deadLetter, append(k.Args(s.opts.Retention), failures, text, errclass.Of(text))...)
 		if err != nil {
 			return ClaimResult{}, fmt.Errorf("inbox: dead-letter %q: %w", key, err)
 		}

@@ -76,6 +76,7 @@ type Row struct {
 	Failures    int
 	Result      []byte
 	LastError   string
+	ErrorClass  string
 	Superseded  [][]byte
 	CreatedAt   time.Time
 	UpdatedAt   time.Time

@@ -91,11 +91,11 @@ SELECT (SELECT count(*) FROM gone) + (SELECT count(*) FROM back)`),
 		// $1 scope, $2 key id, $3 fingerprint, $4 key text, $5 retention,
 		// $6 failures, $7 error.
 		deadLetter: render(`
-INSERT INTO {{table}} AS r (expires_at, key_id, scope_id, status, fingerprint, key_text, failures, last_error)
-VALUES (now() + $5::interval, $2, $1, {{failed_final}}, $3, $4, $6, $7)
+INSERT INTO {{table}} AS r (expires_at, key_id, scope_id, status, fingerprint, key_text, failures, last_error, error_class)
+VALUES (now() + $5::interval, $2, $1, {{failed_final}}, $3, $4, $6, $7, $8)
 ON CONFLICT (scope_id, key_id) DO UPDATE
 SET status = excluded.status, failures = greatest(r.failures, excluded.failures), last_error = excluded.last_error,
-	updated_at = now(), expires_at = excluded.expires_at
+	error_class = excluded.error_class, updated_at = now(), expires_at = excluded.expires_at
 WHERE r.status = {{failed_retryable}} AND r.fingerprint = excluded.fingerprint`),
 
 		// Keys are inserted in key order so that concurrent batches lock

@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"fmt"
 
+	"github.com/idemq/idemq/internal/errclass"
 	"github.com/idemq/idemq/internal/pgutil"
 )
 
@@ -124,25 +125,63 @@ type Queries struct {
 	// relay's Watermarker), which a crash or a failed commit left behind.
 	Delivered string
 
-	// ListDead lists dead letters by the DeadFilter parameters ($1-$6) up
-	// to $7. LockDead locks them (seq, key) for Replay and Purge,
+	// ListDead lists dead letters by the DeadFilter parameters ($1-$8,
+	// $10) up to $9. LockDead locks them (seq, key) for Replay and Purge,
 	// LockPartitions bumps the gen of the partitions of the keys in $1
 	// (all of them if $2), in partition order, without waiting for their
 	// owners' batches; Replay moves the dead letters with seq in $1 back,
 	// Purge deletes them, and Unpark releases the rows parked behind keys
 	// in $1 that have no dead letter left on their destination.
 	ListDead, LockDead, LockPartitions, Replay, Purge, Unpark string
+
+	// DeadGroups groups the dead letters that match the DeadFilter
+	// parameters ($1-$8) by error class and destination: class (NULL:
+	// unclassified), destination, count, first and last failure, and the
+	// id and error of the oldest, most numerous groups first, up to $9.
+	DeadGroups string
+	// Unclassified returns up to $1 dead letters (seq, last_error) stored
+	// without an error class; Classify sets the classes $2 of seqs $1.
+	Unclassified, Classify string
+
+	// GaugeEdges, GaugeSample, GaugeStats, GaugePartitions and
+	// GaugeRelays are the statements of outbox.Gauges, each reading index
+	// edges or a bounded slice of an index, never the whole table: see
+	// their comments below.
+	GaugeEdges, GaugeSample, GaugeStats, GaugePartitions, GaugeRelays string
+
+	// ByKey lists up to $2 pending rows of key $1 in seq order among the
+	// oldest $3 rows of its partition, through the (partition, seq) index
+	// (the outbox has no index on key: every enqueue would pay for it):
+	// seq, id, destination, attempts, created_at, available_at,
+	// last_error.
+	ByKey string
+
+	// Audit writes an entry of the audit log (migration 0004): $1 actor,
+	// $2 action, $3 target, $4 filter (JSON text), $5 rows. AuditLog
+	// reads up to $2 entries older than id $1 (NULL: the latest), latest
+	// first.
+	Audit, AuditLog string
 }
 
 // deadWhere is the dead-letter filter: static SQL whose parameters are NULL
 // when a filter field is unset ($1 ids, $2 destination, $3 destination
-// prefix, $4 key, $5 failed before, $6 failed at or after).
+// prefix, $4 key, $5 failed before, $6 failed at or after, $7 error class,
+// where Unclassified matches rows stored without one, $8 key prefix, $10
+// the id of the dead letter to list after, in seq order: keyset
+// pagination through the id index and the primary key).
 const deadWhere = `($1::uuid[] IS NULL OR id = ANY($1))
   AND ($2::text IS NULL OR destination = $2)
   AND ($3::text IS NULL OR starts_with(destination, $3))
   AND ($4::text IS NULL OR key = $4)
   AND ($5::timestamptz IS NULL OR failed_at < $5)
-  AND ($6::timestamptz IS NULL OR failed_at >= $6)`
+  AND ($6::timestamptz IS NULL OR failed_at >= $6)
+  AND ($7::text IS NULL OR error_class = $7 OR ($7 = '` + Unclassified + `' AND error_class IS NULL))
+  AND ($8::text IS NULL OR starts_with(key, $8))
+  AND ($10::uuid IS NULL OR seq > (SELECT a.seq FROM %[1]s AS a WHERE a.id = $10 ORDER BY a.seq LIMIT 1))`
+
+// Unclassified is the error class of dead letters stored without one
+// (buried before migration 0003).
+const Unclassified = errclass.Unclassified
 
 // For validates schema and table and returns the statements on that table.
 func For(schema, table string) (Queries, error) {
@@ -155,7 +194,7 @@ func For(schema, table string) (Queries, error) {
 
 // New returns the statements on table t.
 func New(t pgutil.Table) Queries {
-	table, dead, lease, relays := t.String(), t.Ident("_dead"), t.Ident("_lease"), t.Ident("_relays")
+	table, dead, lease, relays, audit := t.String(), t.Ident("_dead"), t.Ident("_lease"), t.Ident("_relays"), t.Ident("_audit")
 	// live is true for a lease row whose owner is a live worker.
 	live := `EXISTS (SELECT 1 FROM ` + relays + ` AS w WHERE w.owner = l.owner AND w.expires_at > now())`
 	// claimable is true for the rows at ctids $1 that this transaction
@@ -164,6 +203,8 @@ func New(t pgutil.Table) Queries {
 	// were deduplicated by a hash aggregate and joined to a TID scan per
 	// row. (A join on the seqs as well lets the planner pick a full index
 	// scan when its statistics say the table is small.)
+	// where is the dead-letter filter on this table.
+	where := fmt.Sprintf(deadWhere, dead)
 	claimable := `ctid = ANY(ARRAY(SELECT x.ctid FROM ` + table + ` AS x WHERE x.ctid = ANY($1::tid[]) FOR UPDATE SKIP LOCKED))`
 	// gens is true while partitions $2 have gens $3.
 	gens := `NOT EXISTS (SELECT 1 FROM unnest($2::int4[], $3::int8[]) AS g(part, gen) JOIN ` + lease + ` AS l ON l.part = g.part WHERE l.gen <> g.gen)`
@@ -320,10 +361,12 @@ SELECT s, i, c, CASE WHEN d < 0 THEN 'infinity'::timestamptz ELSE clock_timestam
        a, dst, p, k, h::jsonb, e
 FROM unnest($1::int8[], $2::uuid[], $3::timestamptz[], $4::int8[], $5::int4[], $6::text[], $7::bytea[], $8::text[], $9::text[], $10::text[])
      AS u(s, i, c, d, a, dst, p, k, h, e)`,
-		Bury: `INSERT INTO ` + dead + ` (seq, id, created_at, failed_at, attempts, destination, payload, key, headers, last_error)
-SELECT s, i, c, clock_timestamp(), a, dst, p, k, h::jsonb, e
-FROM unnest($1::int8[], $2::uuid[], $3::timestamptz[], $4::int4[], $5::text[], $6::bytea[], $7::text[], $8::text[], $9::text[])
-     AS u(s, i, c, a, dst, p, k, h, e)`,
+		// Bury writes dead letters with their error classes ($10, see
+		// internal/errclass).
+		Bury: `INSERT INTO ` + dead + ` (seq, id, created_at, failed_at, attempts, destination, payload, key, headers, last_error, error_class)
+SELECT s, i, c, clock_timestamp(), a, dst, p, k, h::jsonb, e, ec
+FROM unnest($1::int8[], $2::uuid[], $3::timestamptz[], $4::int4[], $5::text[], $6::bytea[], $7::text[], $8::text[], $9::text[], $10::text[])
+     AS u(s, i, c, a, dst, p, k, h, e, ec)`,
 		// The followers of keys $1 on destinations $2 (NULL: every
 		// destination) whose head became a dead letter wait
 		// (ParkFollowers).
@@ -346,10 +389,68 @@ RETURNING seq, id, destination, key, payload, headers, attempts, created_at`,
   AND (o.key IS NULL OR NOT EXISTS (SELECT 1 FROM ` + dead + ` AS d WHERE d.key = o.key AND ($4 OR d.destination = o.destination)))
 RETURNING seq, id, destination, key, payload, headers, attempts, created_at`,
 
-		ListDead: `SELECT id, destination, coalesce(key, ''), payload, headers, attempts, last_error, created_at, failed_at
-FROM ` + dead + ` WHERE ` + deadWhere + ` ORDER BY seq LIMIT $7`,
-		LockDead: `SELECT seq, key FROM ` + dead + ` WHERE ` + deadWhere + `
-ORDER BY seq LIMIT $7 FOR UPDATE`,
+		ListDead: `SELECT id, destination, coalesce(key, ''), payload, headers, attempts, last_error, created_at, failed_at,
+       coalesce(error_class, '` + Unclassified + `')
+FROM ` + dead + ` WHERE ` + where + ` ORDER BY seq LIMIT $9`,
+		LockDead: `SELECT seq, key FROM ` + dead + ` WHERE ` + where + `
+ORDER BY seq LIMIT $9 FOR UPDATE`,
+		// The aggregate reads the (error_class, destination, seq) INCLUDE
+		// (failed_at) index of migration 0003 alone (an index-only scan
+		// while the visibility map is current), then one primary-key probe
+		// per group for its sample.
+		DeadGroups: `SELECT g.class, g.destination, g.n, g.first, g.last, d.id, d.last_error
+FROM (SELECT error_class AS class, destination, count(*) AS n, min(failed_at) AS first, max(failed_at) AS last, min(seq) AS sample
+      FROM ` + dead + ` WHERE ` + where + `
+      GROUP BY error_class, destination) AS g
+JOIN ` + dead + ` AS d ON d.seq = g.sample
+ORDER BY g.n DESC, g.class, g.destination
+LIMIT $9`,
+		Unclassified: `SELECT seq, last_error FROM ` + dead + ` WHERE error_class IS NULL ORDER BY error_class, destination, seq LIMIT $1`,
+		Classify: `UPDATE ` + dead + ` AS d SET error_class = u.c
+FROM unnest($1::int8[], $2::text[]) AS u(s, c) WHERE d.seq = u.s AND d.error_class IS NULL`,
+		// The lowest seq and its age and the highest seq (primary-key
+		// edges), and the planner's estimate of the rows in table $1:
+		// reltuples per page at the last vacuum or analyze times the pages
+		// now (NULL: never analyzed).
+		GaugeEdges: `SELECT lo.seq, extract(epoch FROM clock_timestamp() - lo.created_at)::float8,
+       (SELECT seq FROM ` + table + ` ORDER BY seq DESC LIMIT 1),
+       (SELECT CASE WHEN c.reltuples < 0 OR c.relpages = 0 THEN NULL
+                    ELSE (c.reltuples / c.relpages * (pg_relation_size(c.oid) / current_setting('block_size')::int8))::int8 END
+        FROM pg_class AS c WHERE c.oid = $1::regclass)
+FROM (SELECT 1) AS one LEFT JOIN LATERAL (SELECT seq, created_at FROM ` + table + ` ORDER BY seq LIMIT 1) AS lo ON true`,
+		// The oldest $2 rows (primary-key order) by destination: count, age
+		// of the oldest, how long the oldest due one has been due, and the
+		// rows held: parked behind a dead letter, no route ($1 = NoRoute),
+		// waiting for a retry or a sink.
+		GaugeSample: `SELECT destination, count(*),
+       extract(epoch FROM clock_timestamp() - min(created_at))::float8,
+       extract(epoch FROM clock_timestamp() - min(available_at) FILTER (WHERE available_at <= now()))::float8,
+       count(*) FILTER (WHERE available_at = 'infinity'),
+       count(*) FILTER (WHERE available_at > now() AND available_at < 'infinity' AND strpos(last_error, $1) > 0),
+       count(*) FILTER (WHERE available_at > now() AND available_at < 'infinity' AND coalesce(strpos(last_error, $1), 0) = 0)
+FROM (SELECT destination, created_at, available_at, last_error FROM ` + table + ` ORDER BY seq LIMIT $2) AS s
+GROUP BY destination ORDER BY destination`,
+		// The planner's statistics of the destination column of table $2
+		// in schema $1: its most common values and their frequencies.
+		GaugeStats: `SELECT coalesce(most_common_vals::text::text[], '{}'), coalesce(most_common_freqs, '{}')
+FROM pg_stats WHERE schemaname = $1 AND tablename = $2 AND attname = 'destination'`,
+		// Per partition (-1: unkeyed rows): owner and token, and the head
+		// (its lowest seq and its age), one edge of the (partition, seq)
+		// index each.
+		GaugePartitions: `SELECT l.part, l.owner, coalesce(l.token, 0), h.seq, extract(epoch FROM clock_timestamp() - h.created_at)::float8
+FROM (SELECT part, owner, token FROM ` + lease + ` UNION ALL SELECT -1, NULL, NULL) AS l
+LEFT JOIN LATERAL (SELECT o.seq, o.created_at FROM ` + table + ` AS o WHERE ` + oPartition + ` = l.part
+                   ORDER BY ` + oPartition + `, o.seq LIMIT 1) AS h ON true
+ORDER BY l.part`,
+		ByKey: `SELECT seq, id, destination, attempts, created_at, available_at, coalesce(last_error, '')
+FROM (SELECT * FROM ` + table + ` WHERE ` + partition + ` = ` + fmt.Sprintf(partOf, "$1::text") + `
+      ORDER BY ` + partition + `, seq LIMIT $3) AS o
+WHERE key = $1 ORDER BY seq LIMIT $2`,
+		// The relay workers and when their liveness runs out.
+		GaugeRelays: `SELECT owner, expires_at, expires_at > now() FROM ` + relays + ` ORDER BY owner`,
+		Audit:       `INSERT INTO ` + audit + ` (actor, action, target, filter, rows) VALUES ($1, $2, $3, $4::jsonb, $5)`,
+		AuditLog: `SELECT id, at, actor, action, target, filter, rows FROM ` + audit + `
+WHERE $1::int8 IS NULL OR id < $1 ORDER BY id DESC LIMIT $2`,
 		LockPartitions: `UPDATE ` + lease + ` AS t SET gen = t.gen + 1
 FROM (SELECT part FROM ` + lease + `
       WHERE $2 OR part IN (SELECT ` + fmt.Sprintf(partOf, "k") + ` FROM unnest($1::text[]) AS k)

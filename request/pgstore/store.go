@@ -231,3 +231,11 @@ func record(id request.ID, r inbox.Record) (request.Record, error) {
 	}
 	return rec, nil
 }
+
+// Lookup returns the records of request key in every scope (tenant or
+// principal), most recently updated first, as the inbox stores them: the
+// scope is the request scope with the store's "r:" prefix. The operator
+// console's lookup page uses it.
+func (s *Store) Lookup(ctx context.Context, key string) ([]inbox.Record, error) {
+	return s.in.Lookup(ctx, key)
+}

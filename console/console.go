@@ -1,0 +1,224 @@
+package console
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"embed"
+	"encoding/hex"
+	"html/template"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/inbox"
+	"github.com/idemq/idemq/internal/nilcheck"
+	"github.com/idemq/idemq/outbox"
+	"github.com/idemq/idemq/transports/webhook"
+)
+
+//go:embed templates/*.html static/*
+var assets embed.FS
+
+// Config configures the console. Outbox is required; the other stores add
+// their pages when set.
+type Config struct {
+	// DB is the database the stores live in: actions run in its
+	// transactions, so that an action and its audit entry commit
+	// together. Required with AllowActions; a *pgxpool.Pool usually.
+	DB outbox.DB
+	// Outbox is the outbox whose backlog, relays and dead letters the
+	// console shows; its audit log records every action. Required.
+	Outbox *outbox.Outbox
+	// Inbox adds the Inbox page (dead letters by group, conflicts) and
+	// inbox records to lookups. Optional.
+	Inbox *inbox.Store
+	// Requests adds request records to lookups: *pgstore.Store implements
+	// it. Optional.
+	Requests RequestLookup
+	// Webhooks adds the Webhooks page (failing and disabled endpoints,
+	// enable). Optional.
+	Webhooks *webhook.Registry
+
+	// AllowActions lets authenticated users act: replay, purge, release,
+	// enable. Defaults to false: read-only.
+	AllowActions bool
+	// Token is a bearer token: requests carry it in an Authorization
+	// header, browsers through the login page's cookie. Empty: no token.
+	Token string
+	// User and Password enable basic auth. Both or neither.
+	User, Password string
+
+	// Prefix is the path the handler is mounted under, for its links:
+	// "/console" when mounted with http.StripPrefix("/console", h).
+	// Defaults to "" (the root).
+	Prefix string
+	// Logger receives page and action errors. Defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// RequestLookup finds the request records of one idempotency key in every
+// scope: *pgstore.Store implements it.
+type RequestLookup interface {
+	Lookup(ctx context.Context, key string) ([]inbox.Record, error)
+}
+
+// handler is the console.
+type handler struct {
+	cfg    Config
+	pages  map[string]*template.Template
+	secret []byte // signs the CSRF tokens
+	mux    *http.ServeMux
+	log    *slog.Logger
+}
+
+// NewHandler validates cfg and returns the console's handler. It touches
+// no database: pages read it when they are requested. Invalid settings
+// (no Outbox, half of basic auth, actions allowed with nobody to
+// authenticate) match idemq.ErrConfig.
+func NewHandler(cfg Config) (http.Handler, error) {
+	switch {
+	case nilcheck.IsNil(cfg.Outbox):
+		return nil, idemq.NewConfigError("console", "Outbox", "is required: the console shows an outbox")
+	case (cfg.User == "") != (cfg.Password == ""):
+		return nil, idemq.NewConfigError("console", "User", "and Password go together: set both for basic auth, or neither")
+	case cfg.AllowActions && nilcheck.IsNil(cfg.DB):
+		return nil, idemq.NewConfigError("console", "DB", "is required with AllowActions: actions and their audit entries commit in one transaction")
+	case cfg.AllowActions && cfg.Token == "" && cfg.User == "":
+		return nil, idemq.NewConfigError("console", "AllowActions", "needs a Token or a User and Password: actions need an authenticated user")
+	case cfg.Prefix != "" && (!strings.HasPrefix(cfg.Prefix, "/") || strings.HasSuffix(cfg.Prefix, "/")):
+		return nil, idemq.NewConfigError("console", "Prefix", "%q: want a path such as /console, without a trailing slash", cfg.Prefix)
+	}
+	if nilcheck.IsNil(cfg.Inbox) {
+		cfg.Inbox = nil
+	}
+	if nilcheck.IsNil(cfg.Webhooks) {
+		cfg.Webhooks = nil
+	}
+	if nilcheck.IsNil(cfg.Requests) {
+		cfg.Requests = nil
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	h := &handler{cfg: cfg, pages: map[string]*template.Template{}, secret: make([]byte, 32), mux: http.NewServeMux(), log: cfg.Logger}
+	if _, err := rand.Read(h.secret); err != nil {
+		return nil, err
+	}
+	for _, page := range []string{"overview", "dead", "message", "inbox", "webhooks", "lookup", "audit", "login"} {
+		t, err := template.New("layout.html").Funcs(funcs).ParseFS(assets, "templates/layout.html", "templates/"+page+".html")
+		if err != nil {
+			return nil, err
+		}
+		h.pages[page] = t
+	}
+	static, err := fs.Sub(assets, "static")
+	if err != nil {
+		return nil, err
+	}
+	h.mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
+	h.mux.HandleFunc("GET /{$}", h.overview)
+	h.mux.HandleFunc("GET /dead", h.dead)
+	h.mux.HandleFunc("GET /dead/{id}", h.message)
+	h.mux.HandleFunc("GET /inbox", h.inbox)
+	h.mux.HandleFunc("GET /webhooks", h.webhooks)
+	h.mux.HandleFunc("GET /lookup", h.lookup)
+	h.mux.HandleFunc("GET /audit", h.audit)
+	h.mux.HandleFunc("GET /login", h.loginPage)
+	h.mux.HandleFunc("POST /login", h.login)
+	h.mux.HandleFunc("POST /actions/{action}", h.act)
+	// CrossOriginProtection refuses non-safe requests a browser marks
+	// cross-site (Sec-Fetch-Site) or whose Origin is another host; the
+	// form token (csrfToken) covers browsers that send neither.
+	return http.NewCrossOriginProtection().Handler(h), nil
+}
+
+// ServeHTTP authenticates, then routes.
+func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("X-Frame-Options", "DENY")
+	w.Header().Set("Content-Security-Policy", "default-src 'self'; style-src 'self'; script-src 'none'; form-action 'self'; frame-ancestors 'none'")
+	w.Header().Set("Referrer-Policy", "same-origin")
+	w.Header().Set("Cache-Control", "no-store")
+	if !strings.HasPrefix(r.URL.Path, "/static/") && r.URL.Path != "/login" && h.authRequired() && h.user(r) == "" {
+		if h.cfg.User != "" {
+			w.Header().Set("WWW-Authenticate", `Basic realm="idemq console", charset="UTF-8"`)
+		}
+		if h.cfg.Token != "" && r.Method == http.MethodGet && !strings.Contains(r.Header.Get("Authorization"), " ") {
+			http.Redirect(w, r, h.cfg.Prefix+"/login", http.StatusSeeOther)
+			return
+		}
+		http.Error(w, "authentication required", http.StatusUnauthorized)
+		return
+	}
+	h.mux.ServeHTTP(w, r)
+}
+
+// authRequired reports whether a token or basic auth is configured: then
+// every page needs it.
+func (h *handler) authRequired() bool { return h.cfg.Token != "" || h.cfg.User != "" }
+
+// tokenCookie holds the bearer token a browser gave the login page.
+const tokenCookie = "idemq_console_token"
+
+// user returns the authenticated user of r, "" for none: the basic-auth
+// user, or "token" for the bearer token (header or cookie).
+func (h *handler) user(r *http.Request) string {
+	if h.cfg.Token != "" {
+		if tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok && equal(tok, h.cfg.Token) {
+			return "token"
+		}
+		if c, err := r.Cookie(tokenCookie); err == nil && equal(c.Value, h.cfg.Token) {
+			return "token"
+		}
+	}
+	if h.cfg.User != "" {
+		if u, p, ok := r.BasicAuth(); ok && equal(u, h.cfg.User) && equal(p, h.cfg.Password) {
+			return u
+		}
+	}
+	return ""
+}
+
+// equal compares secrets in constant time.
+func equal(a, b string) bool { return subtle.ConstantTimeCompare([]byte(a), []byte(b)) == 1 }
+
+// csrfToken is the form token of user: an HMAC of the user's name under
+// the handler's secret, so a page of another user (or of no user) cannot
+// be replayed.
+func (h *handler) csrfToken(user string) string {
+	m := hmac.New(sha256.New, h.secret)
+	m.Write([]byte("csrf\x00" + user))
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+// canAct reports whether r's user may act: actions allowed and a user.
+func (h *handler) canAct(r *http.Request) bool { return h.cfg.AllowActions && h.user(r) != "" }
+
+func (h *handler) loginPage(w http.ResponseWriter, r *http.Request) {
+	h.render(w, r, "login", "Sign in", map[string]any{"TokenLogin": h.cfg.Token != ""})
+}
+
+// login checks the token posted by the login form and keeps it in an
+// HttpOnly, SameSite=Strict cookie.
+func (h *handler) login(w http.ResponseWriter, r *http.Request) {
+	if h.cfg.Token == "" || !equal(r.PostFormValue("token"), h.cfg.Token) {
+		time.Sleep(500 * time.Millisecond) // slow down guessing
+		http.Error(w, "wrong token", http.StatusUnauthorized)
+		return
+	}
+	http.SetCookie(w, &http.Cookie{Name: tokenCookie, Value: h.cfg.Token, Path: cmpOr(h.cfg.Prefix, "/"), HttpOnly: true,
+		Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode, MaxAge: 12 * 3600})
+	http.Redirect(w, r, h.cfg.Prefix+"/", http.StatusSeeOther)
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}

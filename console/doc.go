@@ -1,0 +1,27 @@
+// Package console is idemq's operator console: an [http.Handler] a service
+// mounts (or `idemq ui` serves) that shows the outbox's backlog and the
+// relays draining it, dead letters grouped by cause, the inbox's dead
+// letters and conflicts, webhook endpoints, one idempotency key's story,
+// and the audit log, and lets an authenticated operator act on them.
+//
+// Pages are rendered on the server from html/template with their style
+// sheet embedded (go:embed): nothing to build or install beside the
+// binary. Every page reads index edges or bounded index ranges (see
+// outbox.Outbox.Gauges and outbox.Outbox.DeadGroups), never count(*) over
+// the outbox.
+//
+// # Safety
+//
+// The console is read-only unless [Config.AllowActions] is set, and even
+// then every action (replay a group, replay everything failed since a
+// time, purge a group, release inbox dead letters, enable a webhook
+// endpoint) needs an authenticated user: a bearer token
+// ([Config.Token], in an Authorization header or through the login page's
+// cookie) or basic auth ([Config.User] and [Config.Password]). When either
+// is configured, every page needs it too. Every POST is checked twice
+// against cross-site request forgery: net/http's CrossOriginProtection
+// (Sec-Fetch-Site and Origin) and a per-user token in the form. Every
+// action is written to the outbox's audit log (outbox migration 0004) in
+// the transaction that acts, and shown on the Audit page. Replays keep each
+// message's id, so a replay done twice is absorbed by the receiving inbox.
+package console

@@ -1,0 +1,374 @@
+package console
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"html/template"
+	"net/http"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/idemq/idemq/inbox"
+	"github.com/idemq/idemq/outbox"
+	"github.com/idemq/idemq/transports/webhook"
+)
+
+// funcs are the templates' helpers.
+var funcs = template.FuncMap{
+	"ago": func(t time.Time) string {
+		if t.IsZero() {
+			return "-"
+		}
+		return roundDuration(time.Since(t)) + " ago"
+	},
+	"dur": func(d time.Duration) string {
+		if d <= 0 {
+			return "-"
+		}
+		return roundDuration(d)
+	},
+	"ts": func(t time.Time) string {
+		if t.IsZero() {
+			return "-"
+		}
+		return t.UTC().Format("2006-01-02 15:04:05Z")
+	},
+	"clip": func(s string, n int) string {
+		r := []rune(s)
+		if len(r) <= n {
+			return s
+		}
+		return string(r[:n-1]) + "…"
+	},
+	"payload": func(p []byte) string {
+		var out bytes.Buffer
+		if json.Indent(&out, p, "", "  ") == nil {
+			return out.String()
+		}
+		if strings.ToValidUTF8(string(p), "") == string(p) {
+			return string(p)
+		}
+		return fmt.Sprintf("(%d bytes of binary)", len(p))
+	},
+	"status": func(s inbox.Status) string { return s.String() },
+	"query":  func(kv ...string) template.URL { return query(kv...) },
+}
+
+// query builds a query string from key, value pairs, leaving out empty
+// values.
+func query(kv ...string) template.URL {
+	v := url.Values{}
+	for i := 0; i+1 < len(kv); i += 2 {
+		if kv[i+1] != "" {
+			v.Set(kv[i], kv[i+1])
+		}
+	}
+	if len(v) == 0 {
+		return ""
+	}
+	return template.URL("?" + v.Encode())
+}
+
+// roundDuration shows d to the second (to the millisecond below one).
+func roundDuration(d time.Duration) string {
+	if d < time.Second {
+		return d.Round(time.Millisecond).String()
+	}
+	return d.Round(time.Second).String()
+}
+
+// view is what every page's template gets.
+type view struct {
+	Title, Prefix, User, CSRF, Flash, Error string
+	Page                                    string
+	CanAct, ActionsAllowed                  bool
+	HasInbox, HasWebhooks                   bool
+	Data                                    any
+}
+
+// render executes page's template with data, buffered, so that an error
+// becomes a 500 and not half a page.
+func (h *handler) render(w http.ResponseWriter, r *http.Request, page, title string, data any) {
+	user := h.user(r)
+	v := view{Title: title, Prefix: h.cfg.Prefix, User: user, Page: page, CanAct: h.canAct(r), ActionsAllowed: h.cfg.AllowActions,
+		HasInbox: h.cfg.Inbox != nil, HasWebhooks: h.cfg.Webhooks != nil, Data: data,
+		Flash: r.URL.Query().Get("done"), Error: r.URL.Query().Get("error")}
+	if v.CanAct {
+		v.CSRF = h.csrfToken(user)
+	}
+	var buf bytes.Buffer
+	if err := h.pages[page].Execute(&buf, v); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	_, _ = buf.WriteTo(w)
+}
+
+// fail answers a page whose data could not be read.
+func (h *handler) fail(w http.ResponseWriter, r *http.Request, err error) {
+	h.log.ErrorContext(r.Context(), "console: page failed", "path", r.URL.Path, "err", err)
+	http.Error(w, "the console could not read the database: "+err.Error(), http.StatusInternalServerError)
+}
+
+// destinationRow is one row of the overview's destinations table.
+type destinationRow struct {
+	outbox.DestinationGauge
+	FailedLastHour int64
+}
+
+func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	g, err := h.cfg.Outbox.Gauges(ctx)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	recent, err := h.cfg.Outbox.DeadGroups(ctx, outbox.DeadFilter{FailedAfter: time.Now().Add(-time.Hour), Limit: 1000})
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	failed := map[string]int64{}
+	for _, grp := range recent {
+		failed[grp.Destination] += grp.Count
+	}
+	var rows []destinationRow
+	for _, d := range g.Destinations {
+		rows = append(rows, destinationRow{DestinationGauge: d, FailedLastHour: failed[d.Destination]})
+		delete(failed, d.Destination)
+	}
+	for dest, n := range failed { // failing destinations with no backlog
+		rows = append(rows, destinationRow{DestinationGauge: outbox.DestinationGauge{Destination: dest}, FailedLastHour: n})
+	}
+	sort.Slice(rows, func(i, j int) bool { return rows[i].Destination < rows[j].Destination })
+	owned := 0
+	for _, p := range g.Partitions {
+		if p.Owner != uuid.Nil {
+			owned++
+		}
+	}
+	h.render(w, r, "overview", "Overview", map[string]any{"Gauges": g, "Destinations": rows, "Owned": owned, "Sample": outbox.GaugeSample})
+}
+
+// pageSize is the number of dead letters a page lists.
+const pageSize = 100
+
+// deadFilter reads the dead-letter filters of a page's query.
+func deadFilter(r *http.Request) (outbox.DeadFilter, error) {
+	q := r.URL.Query()
+	f := outbox.DeadFilter{Destination: q.Get("destination"), KeyPrefix: q.Get("key_prefix"), ErrorClass: q.Get("class"), Limit: 100}
+	for name, at := range map[string]*time.Time{"since": &f.FailedAfter, "until": &f.FailedBefore} {
+		if s := q.Get(name); s != "" {
+			t, err := parseTime(s)
+			if err != nil {
+				return f, fmt.Errorf("%s: %w", name, err)
+			}
+			*at = t
+		}
+	}
+	return f, nil
+}
+
+// parseTime reads a time from a form: RFC 3339, or the browser's
+// datetime-local (taken as UTC).
+func parseTime(s string) (time.Time, error) {
+	for _, layout := range []string{time.RFC3339, "2006-01-02T15:04", "2006-01-02T15:04:05", time.DateTime, time.DateOnly} {
+		if t, err := time.Parse(layout, s); err == nil {
+			return t, nil
+		}
+	}
+	return time.Time{}, fmt.Errorf("%q is not a time: want 2006-01-02T15:04 or RFC 3339", s)
+}
+
+func (h *handler) dead(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	f, err := deadFilter(r)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	data := map[string]any{"Filter": f, "Since": r.URL.Query().Get("since"), "Until": r.URL.Query().Get("until")}
+	groups, err := h.cfg.Outbox.DeadGroups(ctx, f)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	data["Groups"] = groups
+	if id := r.URL.Query().Get("group"); id != "" {
+		g, err := groupIn(groups, id)
+		if err != nil {
+			// Not among the page's groups (a filter, or past the first
+			// 100): look it up among all.
+			g, err = h.cfg.Outbox.DeadGroup(ctx, id)
+		}
+		switch {
+		case errors.Is(err, outbox.ErrNoGroup):
+			data["Missing"] = id
+		case err != nil:
+			h.fail(w, r, err)
+			return
+		default:
+			data["Group"] = g
+			gf := g.Filter()
+			gf.KeyPrefix, gf.FailedAfter, gf.FailedBefore, gf.Limit = f.KeyPrefix, f.FailedAfter, f.FailedBefore, pageSize
+			if after := r.URL.Query().Get("after"); after != "" {
+				if gf.After, err = uuid.Parse(after); err != nil {
+					http.Error(w, "after: "+err.Error(), http.StatusBadRequest)
+					return
+				}
+			}
+			dead, err := h.cfg.Outbox.DeadLetters(ctx, gf)
+			if err != nil {
+				h.fail(w, r, err)
+				return
+			}
+			data["Messages"] = dead
+			if len(dead) == pageSize {
+				data["Next"] = dead[len(dead)-1].ID.String()
+			}
+		}
+	}
+	h.render(w, r, "dead", "Dead letters", data)
+}
+
+// groupIn returns the group of groups whose ID is id.
+func groupIn(groups []outbox.DeadGroup, id string) (outbox.DeadGroup, error) {
+	for _, g := range groups {
+		if g.ID == id {
+			return g, nil
+		}
+	}
+	return outbox.DeadGroup{}, outbox.ErrNoGroup
+}
+
+func (h *handler) message(w http.ResponseWriter, r *http.Request) {
+	id, err := uuid.Parse(r.PathValue("id"))
+	if err != nil {
+		http.Error(w, "not a message id: "+err.Error(), http.StatusBadRequest)
+		return
+	}
+	dead, err := h.cfg.Outbox.DeadLetters(r.Context(), outbox.DeadFilter{IDs: []uuid.UUID{id}})
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	if len(dead) == 0 {
+		http.Error(w, "no dead letter with id "+id.String()+" (replayed or purged?)", http.StatusNotFound)
+		return
+	}
+	d := dead[0]
+	var headers []string
+	for k := range d.Headers {
+		headers = append(headers, k)
+	}
+	sort.Strings(headers)
+	h.render(w, r, "message", "Dead letter "+id.String(), map[string]any{"M": d, "HeaderNames": headers,
+		"GroupID": outbox.GroupID(d.ErrorClass, d.Destination)})
+}
+
+func (h *handler) inbox(w http.ResponseWriter, r *http.Request) {
+	if h.cfg.Inbox == nil {
+		http.NotFound(w, r)
+		return
+	}
+	ctx := r.Context()
+	scope := r.URL.Query().Get("scope")
+	groups, err := h.cfg.Inbox.DeadGroups(ctx, inbox.DeadFilter{Scope: scope})
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	conflicts, err := h.cfg.Inbox.Conflicts(ctx, inbox.DeadFilter{Scope: scope, Limit: 100})
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	h.render(w, r, "inbox", "Inbox", map[string]any{"Scope": scope, "Groups": groups, "Conflicts": conflicts})
+}
+
+func (h *handler) webhooks(w http.ResponseWriter, r *http.Request) {
+	if h.cfg.Webhooks == nil {
+		http.NotFound(w, r)
+		return
+	}
+	eps, err := h.cfg.Webhooks.List(r.Context())
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	var failing, disabled, healthy []webhook.Endpoint
+	for _, ep := range eps {
+		switch {
+		case !ep.DisabledAt.IsZero():
+			disabled = append(disabled, ep)
+		case !ep.FailingSince.IsZero():
+			failing = append(failing, ep)
+		default:
+			healthy = append(healthy, ep)
+		}
+	}
+	h.render(w, r, "webhooks", "Webhook endpoints", map[string]any{"Disabled": disabled, "Failing": failing, "Healthy": healthy})
+}
+
+func (h *handler) lookup(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	key := strings.TrimSpace(r.URL.Query().Get("key"))
+	data := map[string]any{"Key": key, "Window": outbox.PendingWindow}
+	if key != "" {
+		pending, err := h.cfg.Outbox.PendingByKey(ctx, key, 100)
+		if err != nil {
+			h.fail(w, r, err)
+			return
+		}
+		f := outbox.DeadFilter{Key: key}
+		if id, err := uuid.Parse(key); err == nil {
+			f = outbox.DeadFilter{IDs: []uuid.UUID{id}}
+		}
+		dead, err := h.cfg.Outbox.DeadLetters(ctx, f)
+		if err != nil {
+			h.fail(w, r, err)
+			return
+		}
+		data["Pending"], data["Dead"] = pending, dead
+		if h.cfg.Inbox != nil {
+			recs, err := h.cfg.Inbox.Lookup(ctx, key)
+			if err != nil {
+				h.fail(w, r, err)
+				return
+			}
+			data["Inbox"] = recs
+		}
+		if h.cfg.Requests != nil {
+			recs, err := h.cfg.Requests.Lookup(ctx, key)
+			if err != nil {
+				h.fail(w, r, err)
+				return
+			}
+			data["Requests"] = recs
+		}
+	}
+	h.render(w, r, "lookup", "Look up a key", data)
+}
+
+func (h *handler) audit(w http.ResponseWriter, r *http.Request) {
+	before, _ := strconv.ParseInt(r.URL.Query().Get("before"), 10, 64)
+	const page = 50
+	entries, err := h.cfg.Outbox.AuditLog(r.Context(), before, page)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	var next int64
+	if len(entries) == page {
+		next = entries[len(entries)-1].ID
+	}
+	h.render(w, r, "audit", "Audit log", map[string]any{"Entries": entries, "Next": next})
+}

@@ -1,0 +1,2 @@
+-- Dropping the column drops its index.
+ALTER TABLE {{table}} DROP COLUMN error_class;
