@@ -11,7 +11,7 @@ import (
 type queries struct {
 	registerScope, claim, takeOver, takeOverBatch, recordFailure, failClaim  string
 	deadLetter, claimBatch, get, getBatch, gc                                string
-	acquire, complete, fail, extend, abandon                                 string
+	acquire, acquireAsync, complete, fail, extend, abandon                   string
 	listDead, releaseDead, purgeDead, stats, gcConflicts                     string
 	recordConflict, listConflicts, releaseConflicts, purgeConflicts, unclaim string
 }
@@ -155,6 +155,20 @@ WHERE t.scope_id = expired.scope_id AND t.key_id = expired.key_id`),
 		acquire: render(`
 INSERT INTO {{table}} AS r (expires_at, key_id, scope_id, status, fingerprint, key_text, owner, lease_until, token)
 VALUES (now() + $5::interval, $2, $1, {{in_progress}}, $3, $4, $6, now() + $7::interval, {{now_us}})
+ON CONFLICT (scope_id, key_id) DO UPDATE
+SET attempts = r.attempts + 1, token = greatest(r.token + 1, excluded.token), status = {{in_progress}},
+	owner = excluded.owner, lease_until = excluded.lease_until, updated_at = now(), expires_at = excluded.expires_at
+WHERE r.fingerprint = excluded.fingerprint
+	AND (r.status = {{failed_retryable}} OR (r.status = {{in_progress}} AND r.lease_until < now()))
+RETURNING r.token, r.lease_until, r.failures`),
+
+		// acquire committed without waiting for its WAL to reach disk
+		// (Config.AsyncAcquire): set_config(…, true) lasts until the
+		// statement's own transaction commits. $1 … $7 as in acquire.
+		acquireAsync: render(`
+INSERT INTO {{table}} AS r (expires_at, key_id, scope_id, status, fingerprint, key_text, owner, lease_until, token)
+SELECT now() + $5::interval, $2::uuid, $1::int, {{in_progress}}, $3::bytea, $4::text, $6::text, now() + $7::interval, {{now_us}}
+FROM (SELECT set_config('synchronous_commit', 'off', true)) async
 ON CONFLICT (scope_id, key_id) DO UPDATE
 SET attempts = r.attempts + 1, token = greatest(r.token + 1, excluded.token), status = {{in_progress}},
 	owner = excluded.owner, lease_until = excluded.lease_until, updated_at = now(), expires_at = excluded.expires_at

@@ -72,6 +72,18 @@ type Config struct {
 	// is not held up. It needs Postgres 14 or later on Linux; set
 	// ConnectionCheckDisabled for older servers. Defaults to 2 seconds.
 	ConnectionCheckInterval time.Duration
+	// AsyncAcquire commits the claims of Acquire with synchronous_commit
+	// off: the claim's transaction does not wait for its WAL to reach
+	// disk, so a claim costs no flush of its own. Nothing else changes:
+	// the claim is visible at once, and the transaction that completes
+	// the lease (Complete, or CompleteTx with the caller's writes) commits
+	// durably, which flushes the claim's earlier WAL with it. Only a
+	// Postgres crash within about three wal_writer_delay of a claim can
+	// forget it; the key then looks unclaimed, as after its lease ran out,
+	// and the holder's finalize is fenced out. A Store on a pgx.Tx
+	// ignores it, since the setting would last until that transaction
+	// ends. Defaults to false.
+	AsyncAcquire bool
 }
 
 func (c Config) withDefaults() Config {
@@ -127,7 +139,13 @@ func New(db DB, cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Store{db: db, cfg: cfg, table: table, sql: newQueries(table), connCheck: connCheck(db, cfg), scopes: map[string]int32{}}, nil
+	sql := newQueries(table)
+	if _, inTx := db.(pgx.Tx); cfg.AsyncAcquire && !inTx {
+		// On a transaction the setting would outlast the claim and make
+		// the caller's commit asynchronous too.
+		sql.acquire = sql.acquireAsync
+	}
+	return &Store{db: db, cfg: cfg, table: table, sql: sql, connCheck: connCheck(db, cfg), scopes: map[string]int32{}}, nil
 }
 
 // connCheck returns the client_connection_check_interval a Store sets, in

@@ -45,6 +45,19 @@ type Config struct {
 	// RecordTTL is how long a record is kept after its last change.
 	// Defaults to request.RecordTTLDefault (24 hours).
 	RecordTTL time.Duration
+	// SynchronousClaims makes a claim wait until its WAL is on disk. By
+	// default claims commit with synchronous_commit off (see
+	// inbox.Config.AsyncAcquire): a claim then costs no flush of its own,
+	// and the durable commit that completes the request (Complete, or
+	// CompleteTx in the handler's transaction) flushes it too. What the
+	// default gives up: a Postgres crash within a fraction of a second
+	// after a claim may forget it, so a retry that arrives while the
+	// first attempt is still running is served instead of answered 409,
+	// and the first attempt's completion is then fenced out. With
+	// CompleteTx nothing is lost, since the first attempt's transaction
+	// cannot commit; a handler with effects outside Postgres may run them
+	// twice. Set it where that window must be closed. Defaults to false.
+	SynchronousClaims bool
 }
 
 // TableDefault is the default Config.Table.
@@ -84,7 +97,7 @@ func New(db inbox.DB, cfg Config) (*Store, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	in, err := inbox.New(db, inbox.Config{Schema: cfg.Schema, Table: cfg.Table, Retention: cfg.RecordTTL, MaxKeyLen: 1024})
+	in, err := inbox.New(db, inbox.Config{Schema: cfg.Schema, Table: cfg.Table, Retention: cfg.RecordTTL, MaxKeyLen: 1024, AsyncAcquire: !cfg.SynchronousClaims})
 	if err != nil {
 		return nil, err
 	}
