@@ -84,6 +84,21 @@ type Config struct {
 	// ignores it, since the setting would last until that transaction
 	// ends. Defaults to false.
 	AsyncAcquire bool
+	// Partitioning lays the table out in partitions whose expiry is a
+	// DROP instead of DELETE and VACUUM (see [Partitioning]); Migrate
+	// moves an existing table into the layout, and Down to version 5 out
+	// of it. GC then drops expired partitions and creates the next ones.
+	// Defaults to Unpartitioned.
+	Partitioning Partitioning
+	// PartitionInterval is the width of a partition's bucket, a whole
+	// number of seconds; keep it the same for the life of the table.
+	// Defaults to Retention under PartitionByArrival (where it may not be
+	// less) and to 24 hours under PartitionByKey.
+	PartitionInterval time.Duration
+	// BoundaryGrace is how close to a bucket boundary a claim under
+	// PartitionByArrival takes the advisory lock of its key first; a claim
+	// transaction must commit within it. Defaults to 1 minute.
+	BoundaryGrace time.Duration
 }
 
 func (c Config) withDefaults() Config {
@@ -92,7 +107,7 @@ func (c Config) withDefaults() Config {
 	c.MaxKeyLen = cmp.Or(c.MaxKeyLen, MaxKeyLenDefault)
 	c.Retention = cmp.Or(c.Retention, RetentionDefault)
 	c.ConnectionCheckInterval = cmp.Or(c.ConnectionCheckInterval, ConnectionCheckIntervalDefault)
-	return c
+	return c.partitionDefaults()
 }
 
 func (c Config) validate() error {
@@ -108,7 +123,7 @@ func (c Config) validate() error {
 	case c.ConnectionCheckInterval > 0 && c.ConnectionCheckInterval < time.Millisecond:
 		return idemq.NewConfigError("inbox", "ConnectionCheckInterval", "%v is below the server's unit of 1ms", c.ConnectionCheckInterval)
 	}
-	return nil
+	return c.validatePartitioning()
 }
 
 // Store is the inbox of one database. It is safe for concurrent use.
@@ -144,6 +159,9 @@ func New(db DB, cfg Config) (*Store, error) {
 		// On a transaction the setting would outlast the claim and make
 		// the caller's commit asynchronous too.
 		sql.acquire = sql.acquireAsync
+	}
+	if cfg.Partitioning != Unpartitioned {
+		partitionQueries(&sql, table.String(), cfg)
 	}
 	return &Store{db: db, cfg: cfg, table: table, sql: sql, connCheck: connCheck(db, cfg), scopes: map[string]int32{}}, nil
 }
@@ -185,8 +203,10 @@ const setConnCheck = `SELECT set_config('client_connection_check_interval', $1, 
 // [migrate.New] of this Store alone. It is idempotent and safe to run from
 // several processes at once.
 func (s *Store) Migrate(ctx context.Context) error {
-	_, err := migrate.New(s.db, s).Migrate(ctx)
-	return err
+	if _, err := migrate.New(s.db, s).Migrate(ctx); err != nil {
+		return err
+	}
+	return s.EnsurePartitions(ctx)
 }
 
 // PendingMigrations returns the migrations Migrate would apply, in order;
@@ -197,7 +217,7 @@ func (s *Store) PendingMigrations(ctx context.Context) ([]migrate.Migration, err
 
 // MigrationSource implements [migrate.Store]: the inbox tables' migrations.
 func (s *Store) MigrationSource() migrate.Source {
-	return migrate.Source{Component: "inbox", Schema: s.cfg.Schema, Table: s.cfg.Table, Files: migrations, Dir: "migrations"}
+	return migrate.Source{Component: "inbox", Schema: s.cfg.Schema, Table: s.cfg.Table, Files: s.migrationFiles(), Dir: "migrations"}
 }
 
 // Config returns the configuration with its defaults filled in.
@@ -294,6 +314,7 @@ func (s *Store) BeginClaim(ctx context.Context, scope, key string, fingerprint [
 	}
 	var inserted bool
 	b := &pgx.Batch{}
+	s.queueBoundaryLock(b, k.scopeID, k.id)
 	b.Queue(s.sql.claim, k.args(s.cfg.Retention)...).Exec(func(tag pgconn.CommandTag) error {
 		inserted = tag.RowsAffected() == 1
 		return nil
@@ -314,6 +335,9 @@ func (s *Store) BeginClaim(ctx context.Context, scope, key string, fingerprint [
 
 // claim inserts the record of a new key, or takes over a failed one.
 func (s *Store) claim(ctx context.Context, tx pgx.Tx, k keyArgs) (ClaimResult, error) {
+	if err := s.boundaryLock(ctx, tx, k.scopeID, k.id); err != nil {
+		return ClaimResult{}, err
+	}
 	tag, err := tx.Exec(ctx, s.sql.claim, k.args(s.cfg.Retention)...)
 	if err != nil {
 		return ClaimResult{}, fmt.Errorf("inbox: claim %q: %w", k.key, err)
@@ -499,6 +523,9 @@ func (s *Store) resolve(ctx context.Context, scope, key string, fingerprint []by
 		return keyArgs{}, err
 	}
 	id, text := keyID(key)
+	if err := s.checkPartitionKey(id, text); err != nil {
+		return keyArgs{}, err
+	}
 	return keyArgs{scope: scope, key: key, scopeID: scopeID, id: id, text: text, fingerprint: nonNil(fingerprint)}, nil
 }
 
@@ -548,6 +575,10 @@ func (s *Store) ClaimBatchTx(ctx context.Context, tx pgx.Tx, scope string, items
 			continue
 		}
 		id, text := keyID(it.Key)
+		if err := s.checkPartitionKey(id, text); err != nil {
+			claims[i].Err = err
+			continue
+		}
 		if _, dup := index[id]; dup {
 			return nil, fmt.Errorf("inbox: key %q appears twice in the batch", it.Key)
 		}
@@ -560,6 +591,9 @@ func (s *Store) ClaimBatchTx(ctx context.Context, tx pgx.Tx, scope string, items
 		return claims, nil
 	}
 
+	if err := s.boundaryLock(ctx, tx, scopeID, ids...); err != nil {
+		return nil, err
+	}
 	// The duplicate path, read only for keys the insert skipped; failed
 	// keys are taken over, and a key GC deleted in between is claimed
 	// again.
@@ -722,6 +756,9 @@ func (s *Store) Get(ctx context.Context, scope, key string) (Record, error) {
 func (s *Store) GC(ctx context.Context, batchSize int) (int64, error) {
 	if batchSize <= 0 {
 		batchSize = 1000
+	}
+	if err := s.gcPartitions(ctx); err != nil {
+		return 0, err
 	}
 	var total int64
 	for _, sql := range []string{s.sql.gc, s.sql.gcConflicts} {

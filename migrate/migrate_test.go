@@ -63,6 +63,14 @@ func stores() []storeCase {
 		cases = append(cases,
 			inboxCase(names.schema, names.inbox),
 			storeCase{
+				name: "inbox partitioned " + names.schema + "." + names.inbox + "_pa",
+				open: func(t *testing.T, db migrate.DB) migrate.Store {
+					cfg := inbox.Config{Schema: names.schema, Table: names.inbox[:min(len(names.inbox), 44)] + "_pa", Partitioning: inbox.PartitionByArrival}
+					return must(inbox.New(db, cfg))(t)
+				},
+				seed: seedInbox,
+			},
+			storeCase{
 				name: "outbox " + names.schema + "." + names.outbox,
 				open: func(t *testing.T, db migrate.DB) migrate.Store {
 					return must(outbox.New(db, outbox.Config{Schema: names.schema, Table: names.outbox}))(t)
