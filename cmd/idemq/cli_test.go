@@ -407,3 +407,54 @@ func deadIDs(dead []deadLetterJSON) []string {
 	}
 	return out
 }
+
+// TestMigrateToPartitionedInbox: migrate --inbox-partitioned moves a plain
+// inbox holding records into the partitioned layout; its keys stay
+// duplicates, and validate and gc work with the same flag.
+func TestMigrateToPartitionedInbox(t *testing.T) {
+	t.Parallel()
+	url := testenv.PostgresURL(t)
+	mustRun(t, url, "migrate")
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	plain, err := inbox.New(pool, inbox.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	claim := func(ib *inbox.Store, key string) inbox.ClaimResult {
+		t.Helper()
+		tx, c, err := ib.BeginClaim(ctx, "billing", key, []byte("fp"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	if c := claim(plain, "order-1"); !c.New {
+		t.Fatalf("claim before: %+v", c)
+	}
+	flag := []string{"--inbox-partitioned", "arrival"}
+	mustRun(t, url, append(flag, "migrate")...)
+	wantCode(t, url, exitOK, append(flag, "migrate", "validate")...)
+	mustRun(t, url, append(flag, "gc")...)
+	part, err := inbox.New(pool, inbox.Config{Partitioning: inbox.PartitionByArrival})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := claim(part, "order-1"); c.New {
+		t.Fatalf("a key claimed before the migration, claimed again after it: %+v", c)
+	}
+	if c := claim(part, "order-2"); !c.New {
+		t.Fatalf("a new key after the migration: %+v", c)
+	}
+	var parts int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_inherits WHERE inhparent = 'idemq_inbox'::regclass`).Scan(&parts); err != nil || parts < 3 {
+		t.Fatalf("%d partitions, %v; want bucket 0 and the current ones", parts, err)
+	}
+}
