@@ -42,7 +42,10 @@ const (
 	// global and a claim probes one partition. A key that is not a
 	// UUIDv7 is refused (ErrInvalidKey). GC drops a bucket once its end
 	// is Retention in the past: a key is deduplicated for Retention after
-	// the time it carries.
+	// the time it carries. A key older than that is stored in the oldest
+	// bucket (it is past the window: a later copy may be applied again),
+	// one from a clock more than PartitionsAhead buckets ahead in the
+	// newest.
 	PartitionByKey
 )
 
@@ -94,7 +97,7 @@ func (c Config) validatePartitioning() error {
 		return idemq.NewConfigError("inbox", "PartitionInterval", "%v is not a whole number of seconds", c.PartitionInterval)
 	case c.Partitioning == PartitionByArrival && c.PartitionInterval < c.Retention:
 		return idemq.NewConfigError("inbox", "PartitionInterval", "%v is below Retention (%v): claims probe two buckets, which must span Retention", c.PartitionInterval, c.Retention)
-	case c.BoundaryGrace < 0 || 2*c.BoundaryGrace >= c.PartitionInterval:
+	case c.Partitioning == PartitionByArrival && (c.BoundaryGrace < 0 || 2*c.BoundaryGrace >= c.PartitionInterval):
 		return idemq.NewConfigError("inbox", "BoundaryGrace", "%v: want a positive duration under half of PartitionInterval", c.BoundaryGrace)
 	}
 	return nil
@@ -146,7 +149,13 @@ func partitionQueries(q *queries, table string, cfg Config) {
 	secs := strconv.FormatInt(int64(cfg.PartitionInterval/time.Second), 10)
 	bucket := func(key string) string {
 		if cfg.Partitioning == PartitionByKey {
-			return `((('x' || substr(replace(` + key + `::text, '-', ''), 1, 12))::bit(48)::bigint / (` + secs + ` * 1000))::int)`
+			// The key's own bucket, clamped to the partitions that exist:
+			// a key older than Retention goes to the oldest (it is past
+			// the window anyway), one from a clock far ahead to the last.
+			retention := strconv.FormatInt(int64(cfg.Retention/time.Second), 10)
+			own := `(('x' || substr(replace(` + key + `::text, '-', ''), 1, 12))::bit(48)::bigint / (` + secs + ` * 1000))`
+			return `least(greatest(` + own + `, floor((extract(epoch FROM statement_timestamp()) - ` + retention + `) / ` + secs + `)),
+	floor(extract(epoch FROM statement_timestamp()) / ` + secs + `) + ` + strconv.Itoa(PartitionsAhead) + `)::int`
 		}
 		now := `floor(extract(epoch FROM statement_timestamp()) / ` + secs + `)::int`
 		return `coalesce((SELECT p.bucket FROM ` + table + ` p WHERE p.scope_id = $1 AND p.key_id = ` + key +
@@ -255,7 +264,8 @@ func (s *Store) EnsurePartitions(ctx context.Context) error {
 	cur := s.bucketAt(now)
 	from := cur - 1
 	if s.cfg.Partitioning == PartitionByKey {
-		from = s.bucketAt(now.Add(-s.cfg.Retention)) - 1
+		// Older keys are past Retention; their bucket is one GC drops.
+		from = s.bucketAt(now.Add(-s.cfg.Retention))
 	}
 	for b := from; b <= cur+PartitionsAhead; b++ {
 		if b < 1 || slices.Contains(existing, b) {

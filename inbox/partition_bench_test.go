@@ -150,15 +150,13 @@ func BenchmarkPartitionedStorage(b *testing.B) {
 		case inbox.Unpartitioned:
 			stmts = append(stmts, `INSERT INTO idemq_inbox (expires_at, key_id, scope_id, status, fingerprint)
 			SELECT now() - interval '1 hour' - i * interval '1 microsecond', `+keys+`, 1, 2, sha256(i::text::bytea) FROM generate_series(1, $1) i`)
-		case inbox.PartitionByArrival:
-			// Arrival buckets follow the clock; the bench's records
-			// arrived two hours ago, in a partition made for them.
+		default:
+			// Records that arrived (or were keyed) two hours ago, in the
+			// partition of their bucket, which is past the retention of an
+			// hour: GC drops it.
 			stmts = append(stmts,
 				fmt.Sprintf(`CREATE TABLE idemq_inbox_p%d PARTITION OF idemq_inbox FOR VALUES FROM (%d) TO (%d)`, bucket, bucket, bucket+1),
 				fmt.Sprintf(`INSERT INTO idemq_inbox (bucket, expires_at, key_id, scope_id, status, fingerprint)
-			SELECT %d, now() - interval '1 hour' - i * interval '1 microsecond', `+keys+`, 1, 2, sha256(i::text::bytea) FROM generate_series(1, $1) i`, bucket))
-		case inbox.PartitionByKey:
-			stmts = append(stmts, fmt.Sprintf(`INSERT INTO idemq_inbox (bucket, expires_at, key_id, scope_id, status, fingerprint)
 			SELECT %d, now() - interval '1 hour' - i * interval '1 microsecond', `+keys+`, 1, 2, sha256(i::text::bytea) FROM generate_series(1, $1) i`, bucket))
 		}
 		stmts = append(stmts, `VACUUM ANALYZE idemq_inbox`)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -246,29 +247,46 @@ func raceBoundary(t *testing.T, grace time.Duration) (before, applied int) {
 }
 
 // TestPartitionedGCDropsPartitions: GC drops whole expired partitions and
-// creates the next ones; expiry writes next to no WAL.
+// keeps the live ones; a key older than Retention is still claimed, in the
+// oldest partition.
 func TestPartitionedGCDropsPartitions(t *testing.T) {
 	t.Parallel()
 	b := setup(t, inbox.Config{Partitioning: inbox.PartitionByKey, Retention: time.Hour, PartitionInterval: time.Hour})
 	ctx := context.Background()
-	old := v7At(t, time.Now().Add(-2*time.Hour))
+	old := v7At(t, time.Now().Add(-3*time.Hour))
 	if c, err := claimIn(t, b, old, "a", true); err != nil || !c.New {
-		t.Fatalf("old key: %+v, %v", c, err)
+		t.Fatalf("a key older than Retention: %+v, %v", c, err)
 	}
 	fresh := v7At(t, time.Now())
 	if c, err := claimIn(t, b, fresh, "a", true); err != nil || !c.New {
 		t.Fatalf("fresh key: %+v, %v", c, err)
+	}
+	// A partition of three hours ago, as GC left one behind when it last
+	// ran then, with a record.
+	var bucket int64
+	if err := b.pool.QueryRow(ctx, `SELECT floor(extract(epoch FROM now() - interval '3 hours') / 3600)::bigint`).Scan(&bucket); err != nil {
+		t.Fatal(err)
+	}
+	expired := v7At(t, time.Now().Add(-3*time.Hour))
+	for _, sql := range []string{
+		fmt.Sprintf(`CREATE TABLE idemq_inbox_p%d PARTITION OF idemq_inbox FOR VALUES FROM (%d) TO (%d)`, bucket, bucket, bucket+1),
+		fmt.Sprintf(`INSERT INTO idemq_inbox (bucket, expires_at, key_id, scope_id, status, fingerprint) VALUES (%d, now(), '%s', 1, 2, '\x01')`, bucket, expired),
+	} {
+		if _, err := b.pool.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
 	}
 	before := partitions(t, b.pool)
 	if _, err := b.store.GC(ctx, 0); err != nil {
 		t.Fatal(err)
 	}
 	after := partitions(t, b.pool)
-	if len(after) >= len(before) {
-		t.Fatalf("partitions before GC %v, after %v: want fewer", before, after)
+	// Bucket 0, the empty table from before partitioning, goes too.
+	if len(after) != len(before)-2 || slices.Contains(after, fmt.Sprintf("idemq_inbox_p%d", bucket)) || slices.Contains(after, "idemq_inbox_p0") {
+		t.Fatalf("partitions before GC %v, after %v: want the expired one and bucket 0 dropped", before, after)
 	}
-	if rows(t, b.pool, old) != 0 || rows(t, b.pool, fresh) != 1 {
-		t.Fatalf("after GC: old key %d records, fresh key %d; want 0 and 1", rows(t, b.pool, old), rows(t, b.pool, fresh))
+	if rows(t, b.pool, expired) != 0 || rows(t, b.pool, fresh) != 1 || rows(t, b.pool, old) != 1 {
+		t.Fatalf("after GC: expired key %d records, fresh %d, old %d; want 0, 1, 1", rows(t, b.pool, expired), rows(t, b.pool, fresh), rows(t, b.pool, old))
 	}
 }
 
