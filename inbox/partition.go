@@ -154,8 +154,11 @@ func partitionQueries(q *queries, table string, cfg Config) {
 			// the window anyway), one from a clock far ahead to the last.
 			retention := strconv.FormatInt(int64(cfg.Retention/time.Second), 10)
 			own := `(('x' || substr(replace(` + key + `::text, '-', ''), 1, 12))::bit(48)::bigint / (` + secs + ` * 1000))`
-			return `least(greatest(` + own + `, floor((extract(epoch FROM statement_timestamp()) - ` + retention + `) / ` + secs + `)),
-	floor(extract(epoch FROM statement_timestamp()) / ` + secs + `) + ` + strconv.Itoa(PartitionsAhead) + `)::int`
+			// A record the key has in bucket 0 (the table from before
+			// partitioning) comes first, so that the insert meets it.
+			return `coalesce((SELECT p.bucket FROM ` + table + ` p WHERE p.scope_id = $1 AND p.key_id = ` + key + ` AND p.bucket = 0 LIMIT 1),
+	least(greatest(` + own + `, floor((extract(epoch FROM statement_timestamp()) - ` + retention + `) / ` + secs + `)),
+	floor(extract(epoch FROM statement_timestamp()) / ` + secs + `) + ` + strconv.Itoa(PartitionsAhead) + `)::int)`
 		}
 		now := `floor(extract(epoch FROM statement_timestamp()) / ` + secs + `)::int`
 		return `coalesce((SELECT p.bucket FROM ` + table + ` p WHERE p.scope_id = $1 AND p.key_id = ` + key +

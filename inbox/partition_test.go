@@ -355,6 +355,11 @@ func TestMigrateLiveInboxToPartitioned(t *testing.T) {
 	}
 	close(stop)
 	wg.Wait()
+	// The plain Store fails on the partitioned table rather than writing
+	// records the partitioned claims would miss.
+	if _, err := claimIn(t, b, "kafka/orders/3/0", "a", false); err == nil {
+		t.Fatal("a claim through the plain Config succeeded on the partitioned table")
+	}
 
 	pb := bundle{pool: pool, store: part}
 	for _, key := range claimed {

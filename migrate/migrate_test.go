@@ -68,7 +68,10 @@ func stores() []storeCase {
 					cfg := inbox.Config{Schema: names.schema, Table: names.inbox[:min(len(names.inbox), 44)] + "_pa", Partitioning: inbox.PartitionByArrival}
 					return must(inbox.New(db, cfg))(t)
 				},
-				seed: seedInbox,
+				// Rows from before partitioning, in bucket 0.
+				seed: func(table string) string {
+					return strings.Replace(strings.Replace(seedInbox(table), "(expires_at,", "(bucket, expires_at,", 1), "SELECT now()", "SELECT 0, now()", 1)
+				},
 			},
 			storeCase{
 				name: "outbox " + names.schema + "." + names.outbox,

@@ -37,6 +37,9 @@ BEGIN
 	EXECUTE format('CREATE TABLE %I.%I (LIKE %I.%I INCLUDING DEFAULTS INCLUDING CONSTRAINTS, PRIMARY KEY (scope_id, key_id, bucket)) PARTITION BY RANGE (bucket)',
 		ns, name, ns, name || '_p0');
 	EXECUTE format('ALTER TABLE %I.%I DROP CONSTRAINT idemq_bucket_0', ns, name);
+	-- Every insert names its bucket: a Store still on the plain Config
+	-- fails here rather than writing records the partitioned claims miss.
+	EXECUTE format('ALTER TABLE %I.%I ALTER COLUMN bucket DROP DEFAULT', ns, name);
 	-- The dead letters' partial index, on every partition; bucket 0 has it.
 	EXECUTE format('CREATE INDEX ON %I.%I (scope_id, updated_at) WHERE status = 4', ns, name);
 	EXECUTE format('ALTER TABLE %I.%I ATTACH PARTITION %I.%I FOR VALUES FROM (MINVALUE) TO (1)', ns, name, ns, name || '_p0');
