@@ -401,3 +401,42 @@ func undo(ctx context.Context, pool *pgxpool.Pool, s *inbox.Store, to int) error
 	_, err := migrate.New(pool, s).Down(ctx, to)
 	return err
 }
+
+// TestMigrateInboxToPartitionedByKey: UUIDv7 keys claimed in a plain
+// inbox stay duplicates after it moved to PartitionByKey, where their
+// records sit in bucket 0 rather than in their keys' buckets.
+func TestMigrateInboxToPartitionedByKey(t *testing.T) {
+	t.Parallel()
+	b := setup(t, inbox.Config{})
+	ctx := context.Background()
+	var keys []string
+	for range 50 {
+		key := v7At(t, time.Now())
+		if c, err := claimIn(t, b, key, "a", true); err != nil || !c.New {
+			t.Fatalf("claim %s: %+v, %v", key, c, err)
+		}
+		keys = append(keys, key)
+	}
+	if err := b.store.PrepareLivePartitioning(ctx); err != nil {
+		t.Fatal(err)
+	}
+	part, err := inbox.New(b.pool, inbox.Config{Partitioning: inbox.PartitionByKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := part.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	pb := bundle{pool: b.pool, store: part}
+	for _, key := range keys {
+		if c, err := claimIn(t, pb, key, "a", true); err != nil || c.New {
+			t.Fatalf("key %s claimed before the migration: %+v, %v; want a duplicate", key, c, err)
+		}
+		if n := rows(t, b.pool, key); n != 1 {
+			t.Fatalf("key %s has %d records", key, n)
+		}
+	}
+	if c, err := claimIn(t, pb, v7At(t, time.Now()), "a", true); err != nil || !c.New {
+		t.Fatalf("a new key: %+v, %v", c, err)
+	}
+}
