@@ -176,7 +176,7 @@ func partitionQueries(q *queries, table string, cfg Config) {
 	q.claim = insert(q.claim, "VALUES (", "$2::uuid")
 	q.recordFailure = insert(q.recordFailure, "VALUES (", "$2::uuid")
 	q.deadLetter = insert(q.deadLetter, "VALUES (", "$2::uuid")
-	q.acquire = insert(q.acquire, "VALUES (", "$2::uuid")
+	q.acquire = insert(q.acquire, "SELECT ", "$2::uuid")
 	q.acquireAsync = insert(q.acquireAsync, "SELECT ", "$2::uuid")
 	q.claimBatch = insert(q.claimBatch, "SELECT ", "i.key_id")
 	q.get += ` ORDER BY r.bucket DESC LIMIT 1`
