@@ -5,7 +5,8 @@
 // A claim is one INSERT … ON CONFLICT DO UPDATE that takes a new, released
 // or expired key and sets its fencing token to the larger of the previous
 // token + 1 and the database clock in microseconds, so that a key whose
-// record GC deleted never hands out a smaller token; Complete, Release
+// record GC deleted never hands out a smaller token, and commits without
+// waiting for its WAL flush (see [Config.SynchronousClaims]); Complete, Release
 // and Extend are UPDATEs that compare that token. [Store.CompleteTx] completes inside
 // the caller's transaction, so that a handler's writes and the request's
 // record commit together: if the key was taken over meanwhile, CompleteTx
