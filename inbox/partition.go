@@ -35,6 +35,8 @@ const (
 	// takes a transaction-scoped advisory lock on its key, so the second
 	// waits for the first and then sees its record. Claim transactions
 	// must commit within BoundaryGrace and run at READ COMMITTED.
+	// RecordFailure and Acquire, statements in transactions of their own,
+	// take no lock: their window is one statement's duration.
 	PartitionByArrival
 	// PartitionByKey partitions records by the time in their key, for
 	// inboxes whose keys are all UUIDv7 (idemq's outbox ids are): the

@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/inbox"
 	"github.com/idemq/idemq/migrate"
 	"github.com/idemq/idemq/testenv"
@@ -438,5 +439,37 @@ func TestMigrateInboxToPartitionedByKey(t *testing.T) {
 	}
 	if c, err := claimIn(t, pb, v7At(t, time.Now()), "a", true); err != nil || !c.New {
 		t.Fatalf("a new key: %+v, %v", c, err)
+	}
+}
+
+// TestPartitioningSettings: settings a partitioned layout cannot work
+// with are ConfigErrors on the field at fault.
+func TestPartitioningSettings(t *testing.T) {
+	t.Parallel()
+	pool := testenv.Postgres(t)
+	for _, c := range []struct {
+		cfg   inbox.Config
+		field string
+	}{
+		{inbox.Config{Partitioning: 7}, "Partitioning"},
+		{inbox.Config{Partitioning: inbox.PartitionByKey, PartitionInterval: 1500 * time.Millisecond}, "PartitionInterval"},
+		{inbox.Config{Partitioning: inbox.PartitionByArrival, Retention: 48 * time.Hour, PartitionInterval: 24 * time.Hour}, "PartitionInterval"},
+		{inbox.Config{Partitioning: inbox.PartitionByArrival, PartitionInterval: 7 * 24 * time.Hour, BoundaryGrace: 4 * 24 * time.Hour}, "BoundaryGrace"},
+	} {
+		var ce *idemq.ConfigError
+		if _, err := inbox.New(pool, c.cfg); !errors.As(err, &ce) || ce.Field != c.field {
+			t.Errorf("%+v: %v, want a ConfigError on %s", c.cfg, err, c.field)
+		}
+	}
+	// The interval defaults to the retention by arrival, 24 hours by key;
+	// an unpartitioned inbox ignores it.
+	for _, cfg := range []inbox.Config{
+		{Partitioning: inbox.PartitionByArrival, Retention: time.Hour},
+		{Partitioning: inbox.PartitionByKey},
+		{PartitionInterval: time.Millisecond},
+	} {
+		if _, err := inbox.New(pool, cfg); err != nil {
+			t.Errorf("%+v: %v", cfg, err)
+		}
 	}
 }

@@ -33,3 +33,25 @@ func TestConformance(t *testing.T) {
 		},
 	})
 }
+
+// TestConformanceSynchronousClaims: the suite with claims that wait for
+// their WAL flush, as they did before claims became asynchronous.
+func TestConformanceSynchronousClaims(t *testing.T) {
+	requesttest.Run(t, requesttest.Harness{
+		New: func(t *testing.T, ttl time.Duration) request.Store {
+			pool := testenv.Postgres(t)
+			s, err := pgstore.New(pool, pgstore.Config{RecordTTL: ttl, SynchronousClaims: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Migrate(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			return s
+		},
+		Collect: func(ctx context.Context, s request.Store) error {
+			_, err := s.(*pgstore.Store).GC(ctx, 0)
+			return err
+		},
+	})
+}
