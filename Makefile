@@ -7,7 +7,7 @@ SOAK_BUSY_POOL ?= 60s
 HISTORY_DURATION ?= 10m
 HISTORY_SEED ?=
 
-.PHONY: demo test test-suite soak bench bench-peers lint pgbouncer
+.PHONY: demo test test-suite badinput soak bench bench-peers lint pgbouncer
 
 # Both use the Postgres at IDEMQ_TEST_DATABASE_URL (default 127.0.0.1:5432)
 # and, when nothing answers there, a private server started from the
@@ -24,6 +24,9 @@ test-suite:
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 20m ./...
 	cd cmd/idemq && $(GO) vet ./... && $(GO) test -race -count=1 -timeout 10m ./...
+
+badinput: testenv/node_modules ## run the bad-input suite: every TestBadInput test, of the library and of the binary
+	$(GO) run ./testenv/withpostgres sh -c '$(GO) test -race -count=1 -timeout 20m -run BadInput ./... && cd cmd/idemq && $(GO) test -race -count=1 -timeout 10m -run BadInput ./...'
 
 soak: ## the crash soak: 100,000 messages (SOAK_MESSAGES sets it; SOAK_INTERVAL the mean time between faults) through relays and consumers SIGKILLed at random; then a minute of 48 relay workers on a busy pool of 4 (SOAK_BUSY_POOL); then the relay's history check under faults for HISTORY_DURATION (HISTORY_SEED replays a schedule)
 	IDEMQ_SOAK_MESSAGES=$(SOAK_MESSAGES) IDEMQ_SOAK_INTERVAL=$(SOAK_INTERVAL) $(GO) test -count=1 -timeout 60m -v -run '^TestSoak$$' ./soak

@@ -118,7 +118,7 @@ func TestBadInputLeasedContextCancelledGivesTheLeaseBack(t *testing.T) {
 	pool := setup(t)
 	started := make(chan struct{}, 1)
 	calls := 0
-	c := newLeased(t, pool, "worker", time.Hour, func(ctx context.Context, m *consumer.Message, lease inbox.Lease) error {
+	c := newLeased(t, pool, "worker", time.Hour, func(ctx context.Context, m *consumer.Message, lease idemq.Lease) error {
 		calls++
 		if calls == 1 {
 			started <- struct{}{}

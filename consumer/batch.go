@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/inbox"
+	"github.com/idemq/idemq/internal/inboxsql"
 	"github.com/idemq/idemq/internal/pgtx"
 )
 
@@ -104,9 +105,9 @@ type pending struct {
 	msg         *Message
 	key         string
 	fingerprint []byte
-	claim       inbox.BatchClaim // what the batch's claim found
-	err         error            // what its handler (or its conflict's recording) returned; if not nil, its writes were rolled back
-	passed      bool             // settled by applyAll's pass: the per-message path leaves it alone
+	claim       inboxsql.BatchClaim // what the batch's claim found
+	err         error               // what its handler (or its conflict's recording) returned; if not nil, its writes were rolled back
+	passed      bool                // settled by applyAll's pass: the per-message path leaves it alone
 }
 
 // disposition is what becomes of one message of a batch once the batch's
@@ -165,14 +166,14 @@ func (c *Consumer) applyBatch(ctx context.Context, batch []pending) ([]dispositi
 	if len(batch) == 0 {
 		return nil, nil
 	}
-	if err := c.store.RegisterScope(ctx, c.scope); err != nil {
+	if err := c.claims.RegisterScope(ctx, c.scope); err != nil {
 		return nil, err
 	}
-	items := make([]inbox.Item, len(batch))
+	items := make([]inboxsql.Item, len(batch))
 	for i, p := range batch {
-		items[i] = inbox.Item{Key: p.key, Fingerprint: p.fingerprint}
+		items[i] = inboxsql.Item{Key: p.key, Fingerprint: p.fingerprint}
 	}
-	tx, claims, err := c.store.BeginClaimBatch(ctx, c.scope, items)
+	tx, claims, err := c.claims.BeginClaimBatch(ctx, c.scope, items)
 	if err != nil {
 		return nil, err
 	}
@@ -226,13 +227,13 @@ func (c *Consumer) applyBatch(ctx context.Context, batch []pending) ([]dispositi
 	for i, d := range ds {
 		switch {
 		case d.failure != nil:
-			rec, err := c.store.FailClaimTx(ctx, tx, c.scope, batch[i].key, d.failure.err)
+			rec, err := c.claims.FailClaimTx(ctx, tx, c.scope, batch[i].key, d.failure.err)
 			if err != nil {
 				return nil, err
 			}
 			d.failure.failures = rec.Failures
 		case d.unclaim:
-			if err := c.store.UnclaimTx(ctx, tx, c.scope, batch[i].key); err != nil {
+			if err := c.claims.UnclaimTx(ctx, tx, c.scope, batch[i].key); err != nil {
 				return nil, err
 			}
 		}

@@ -23,7 +23,7 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 	}
 	defer pool.Close()
 	handler := func(context.Context, pgx.Tx, *consumer.Message) error { return nil }
-	leased := func(context.Context, *consumer.Message, inbox.Lease) error { return nil }
+	leased := func(context.Context, *consumer.Message, idemq.Lease) error { return nil }
 	for _, tc := range []struct {
 		field string
 		new   func() (*consumer.Consumer, error)
@@ -60,7 +60,7 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 // panicking.
 func TestShortestLeaseRuns(t *testing.T) {
 	pool := setup(t)
-	c, err := consumer.NewLeased(pool, "mailer", func(ctx context.Context, m *consumer.Message, lease inbox.Lease) error {
+	c, err := consumer.NewLeased(pool, "mailer", func(ctx context.Context, m *consumer.Message, lease idemq.Lease) error {
 		time.Sleep(5 * consumer.LeaseTTLMin) // several extensions
 		return nil
 	}, consumer.Config{LeaseTTL: consumer.LeaseTTLMin})

@@ -17,6 +17,7 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/inbox"
+	"github.com/idemq/idemq/internal/inboxsql"
 )
 
 // Message is one delivery from a transport.
@@ -45,7 +46,7 @@ type Handler func(ctx context.Context, tx pgx.Tx, msg *Message) error
 // HTTP call, an email) while the consumer holds a lease on its key. Pass
 // lease.Key and lease.Token downstream so the far side can deduplicate and
 // reject a stale writer. ctx is cancelled if the lease is lost.
-type LeasedHandler func(ctx context.Context, msg *Message, lease inbox.Lease) error
+type LeasedHandler func(ctx context.Context, msg *Message, lease idemq.Lease) error
 
 // DeadLetterFunc is called when a message becomes a dead letter or a
 // conflict, inside the transaction that records it, so it can enqueue the
@@ -194,7 +195,8 @@ func defaultOwner() string {
 type Consumer struct {
 	pool    *pgxpool.Pool
 	scope   string
-	store   *inbox.Store
+	store   *inbox.Store    // setup, leases, administration
+	claims  *inboxsql.Store // the claim protocol, on the same table
 	handler Handler
 	batch   BatchHandler // set by NewBatched; handler then calls it with one message
 	leased  LeasedHandler
@@ -236,7 +238,14 @@ func newConsumer(pool *pgxpool.Pool, scope string, cfg Config, set func(*Consume
 	if err != nil {
 		return nil, err
 	}
-	c := &Consumer{pool: pool, scope: scope, store: store, cfg: cfg}
+	ic := store.Config() // with its defaults
+	claims, err := inboxsql.New(pool, inboxsql.Options{Schema: ic.Schema, Table: ic.Table, MaxKeyLen: ic.MaxKeyLen,
+		Retention: ic.Retention, ConnectionCheckInterval: ic.ConnectionCheckInterval, Conflict: conflictError,
+		Partitioning: inboxsql.Partitioning(ic.Partitioning), PartitionInterval: ic.PartitionInterval, BoundaryGrace: ic.BoundaryGrace})
+	if err != nil {
+		return nil, err
+	}
+	c := &Consumer{pool: pool, scope: scope, store: store, claims: claims, cfg: cfg}
 	set(c)
 	return c, nil
 }
@@ -255,7 +264,13 @@ func (c *Consumer) Store() *inbox.Store { return c.store }
 // consumer's inbox (non-empty, within Inbox.MaxKeyLen bytes, valid UTF-8
 // without NUL), so a transport can fall back to another id before the
 // message reaches [Consumer.Process].
-func (c *Consumer) ValidKey(key string) error { return c.store.Validate(key, nil) }
+func (c *Consumer) ValidKey(key string) error { return c.claims.Validate(key, nil) }
+
+// conflictError is the error of a claim whose key has a record with
+// another fingerprint.
+func conflictError(key string, fingerprint []byte, stored inboxsql.Row) error {
+	return &inbox.ConflictError{Key: key, Fingerprint: fingerprint, Stored: inbox.Record(stored)}
+}
 
 // maxScope bounds a scope name, as the inbox's scopes table does.
 const maxScope = 200

@@ -20,6 +20,7 @@ import (
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/inbox"
+	"github.com/idemq/idemq/internal/inboxsql"
 )
 
 // The crash tests run the consumer in a child process, the test binary
@@ -192,7 +193,13 @@ func crashSetup(t *testing.T) *crashBundle {
 // lock makes the parent hold an uncommitted claim of crashKey.
 func (b *crashBundle) lock(t *testing.T) {
 	t.Helper()
-	tx, claim, err := b.parent.Store().BeginClaim(context.Background(), "billing", crashKey, fingerprint("p"))
+	ic := b.parent.Store().Config()
+	claims, err := inboxsql.New(b.pool, inboxsql.Options{Schema: ic.Schema, Table: ic.Table, MaxKeyLen: ic.MaxKeyLen,
+		Retention: ic.Retention, ConnectionCheckInterval: ic.ConnectionCheckInterval})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, claim, err := claims.BeginClaim(context.Background(), "billing", crashKey, fingerprint("p"))
 	if err != nil || !claim.New {
 		t.Fatalf("parent claim: %+v, %v", claim, err)
 	}

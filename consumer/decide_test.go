@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/inbox"
+	"github.com/idemq/idemq/internal/inboxsql"
 	"github.com/idemq/idemq/internal/pgtx"
 )
 
@@ -17,7 +18,7 @@ import (
 // what decide must make of it.
 type decideCase struct {
 	name  string
-	claim inbox.BatchClaim
+	claim inboxsql.BatchClaim
 	err   error // what its handler (or its conflict's recording) returned
 
 	outcome  Outcome // of the result; 0 when the message is retried alone
@@ -28,11 +29,11 @@ type decideCase struct {
 }
 
 func decideCases() []decideCase {
-	fresh := func(failures int) inbox.BatchClaim {
-		return inbox.BatchClaim{ClaimResult: inbox.ClaimResult{New: true, Failures: failures}}
+	fresh := func(failures int) inboxsql.BatchClaim {
+		return inboxsql.BatchClaim{ClaimResult: inboxsql.ClaimResult{New: true, Failures: failures}}
 	}
-	stored := func(rec inbox.Record) inbox.BatchClaim {
-		return inbox.BatchClaim{ClaimResult: inbox.ClaimResult{Existing: &rec}}
+	stored := func(rec inboxsql.Row) inboxsql.BatchClaim {
+		return inboxsql.BatchClaim{ClaimResult: inboxsql.ClaimResult{Existing: &rec}}
 	}
 	conflict := &inbox.ConflictError{Key: "k", Fingerprint: []byte{2}, Stored: inbox.Record{Status: inbox.Succeeded, Fingerprint: []byte{1}}}
 	pgErr := func(code string) error { return fmt.Errorf("insert order: %w", &pgconn.PgError{Code: code}) }
@@ -46,13 +47,13 @@ func decideCases() []decideCase {
 	tooMany := idemq.Permanent(fmt.Errorf("%w: 31 deliveries", ErrTooManyDeliveries))
 
 	return []decideCase{
-		{name: "stored success is a duplicate", claim: stored(inbox.Record{Status: inbox.Succeeded}), outcome: Duplicate},
-		{name: "stored dead letter stays dead", claim: stored(inbox.Record{Status: inbox.FailedFinal, LastError: "poison", Attempts: 3}),
+		{name: "stored success is a duplicate", claim: stored(inboxsql.Row{Status: inbox.Succeeded}), outcome: Duplicate},
+		{name: "stored dead letter stays dead", claim: stored(inboxsql.Row{Status: inbox.FailedFinal, LastError: "poison", Attempts: 3}),
 			outcome: DeadLettered, attempts: 3, errIs: ErrDeadLetter},
-		{name: "key leased elsewhere is in progress", claim: stored(inbox.Record{Status: inbox.InProgress, LeaseUntil: time.Now().Add(time.Hour)}),
+		{name: "key leased elsewhere is in progress", claim: stored(inboxsql.Row{Status: inbox.InProgress, LeaseUntil: time.Now().Add(time.Hour)}),
 			outcome: Retry, errIs: ErrInProgress},
-		{name: "recorded conflict", claim: inbox.BatchClaim{Err: conflict}, outcome: Conflict, errIs: conflict},
-		{name: "conflict whose recording failed is retried", claim: inbox.BatchClaim{Err: conflict}, err: hookDown, outcome: Retry, errIs: hookDown},
+		{name: "recorded conflict", claim: inboxsql.BatchClaim{Err: conflict}, outcome: Conflict, errIs: conflict},
+		{name: "conflict whose recording failed is retried", claim: inboxsql.BatchClaim{Err: conflict}, err: hookDown, outcome: Retry, errIs: hookDown},
 		{name: "new message applied", claim: fresh(0), outcome: Applied, attempts: 1},
 		{name: "applied after two failed attempts", claim: fresh(2), outcome: Applied, attempts: 3},
 		{name: "handler error is a counted failure", claim: fresh(1), err: boom, failure: true, errIs: boom},
@@ -110,7 +111,7 @@ func TestDecideEachDisposition(t *testing.T) {
 // The message under another worker's lease is told when to come back.
 func TestDecideInProgressWaitsForTheLease(t *testing.T) {
 	until := time.Now().Add(time.Hour)
-	claim := inbox.BatchClaim{ClaimResult: inbox.ClaimResult{Existing: &inbox.Record{Status: inbox.InProgress, LeaseUntil: until}}}
+	claim := inboxsql.BatchClaim{ClaimResult: inboxsql.ClaimResult{Existing: &inboxsql.Row{Status: inbox.InProgress, LeaseUntil: until}}}
 	r := decide([]pending{{key: "k", claim: claim}})[0].result
 	if r.RetryAfter <= 0 || r.RetryAfter > time.Hour {
 		t.Fatalf("retry after %v; want the lease's remaining time, at most an hour", r.RetryAfter)

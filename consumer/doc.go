@@ -62,7 +62,7 @@
 // # Leased mode
 //
 // [NewLeased] is for side effects outside Postgres. The key is held under a
-// lease with a fencing token ([inbox.Lease]) while the [LeasedHandler] runs,
+// lease with a fencing token ([idemq.Lease]) while the [LeasedHandler] runs,
 // extended as long as it runs, and recorded as applied when it returns nil.
 // A worker whose lease was taken over cannot record its result; pass the
 // key and token downstream so the far side can reject it too.

@@ -28,7 +28,7 @@ func newMailbox(t *testing.T, pool *pgxpool.Pool) mailbox {
 
 var errStaleToken = errors.New("mailbox: stale fencing token")
 
-func (m mailbox) send(ctx context.Context, lease inbox.Lease, sender string) error {
+func (m mailbox) send(ctx context.Context, lease idemq.Lease, sender string) error {
 	tag, err := m.pool.Exec(ctx, `INSERT INTO mails VALUES ($1, $2, $3)
 		ON CONFLICT (key) DO UPDATE SET token = excluded.token, sender = excluded.sender
 		WHERE mails.token < excluded.token`, lease.Key, lease.Token, sender)
@@ -60,13 +60,13 @@ func TestLeasedTakeoverRejectsTheStaleWorker(t *testing.T) {
 	ctx := context.Background()
 	started, resume := make(chan struct{}), make(chan struct{})
 	var sendErrA error
-	a := newLeased(t, pool, "worker-a", time.Hour, func(ctx context.Context, m *consumer.Message, lease inbox.Lease) error {
+	a := newLeased(t, pool, "worker-a", time.Hour, func(ctx context.Context, m *consumer.Message, lease idemq.Lease) error {
 		close(started)
 		<-resume // a long pause: GC, a stuck downstream call
 		sendErrA = mails.send(context.WithoutCancel(ctx), lease, "worker-a")
 		return nil
 	})
-	b := newLeased(t, pool, "worker-b", time.Hour, func(ctx context.Context, m *consumer.Message, lease inbox.Lease) error {
+	b := newLeased(t, pool, "worker-b", time.Hour, func(ctx context.Context, m *consumer.Message, lease idemq.Lease) error {
 		return mails.send(ctx, lease, "worker-b")
 	})
 
@@ -84,7 +84,7 @@ func TestLeasedTakeoverRejectsTheStaleWorker(t *testing.T) {
 		t.Fatalf("B's takeover: %+v, want Applied as attempt 1", r)
 	}
 	close(resume)
-	if r := <-resultA; r.Outcome != consumer.Retry || !errors.Is(r.Err, inbox.ErrLeaseLost) {
+	if r := <-resultA; r.Outcome != consumer.Retry || !errors.Is(r.Err, idemq.ErrLeaseLost) {
 		t.Fatalf("A after the takeover: %+v, want Retry with ErrLeaseLost", r)
 	}
 	if !errors.Is(sendErrA, errStaleToken) {
@@ -110,12 +110,12 @@ func TestLeaseIsExtendedWhileTheHandlerRuns(t *testing.T) {
 	ctx := context.Background()
 	running := make(chan struct{})
 	finish := make(chan struct{})
-	a := newLeased(t, pool, "worker-a", 600*time.Millisecond, func(ctx context.Context, m *consumer.Message, lease inbox.Lease) error {
+	a := newLeased(t, pool, "worker-a", 600*time.Millisecond, func(ctx context.Context, m *consumer.Message, lease idemq.Lease) error {
 		close(running)
 		<-finish
 		return ctx.Err()
 	})
-	b := newLeased(t, pool, "worker-b", time.Minute, func(context.Context, *consumer.Message, inbox.Lease) error {
+	b := newLeased(t, pool, "worker-b", time.Minute, func(context.Context, *consumer.Message, idemq.Lease) error {
 		t.Error("B ran the handler while A held the key")
 		return nil
 	})
@@ -150,7 +150,7 @@ func TestLeasedFailureReleasesTheKeyAndRetries(t *testing.T) {
 	pool := setup(t)
 	mails := newMailbox(t, pool)
 	calls := 0
-	c := newLeased(t, pool, "worker", time.Minute, func(ctx context.Context, m *consumer.Message, lease inbox.Lease) error {
+	c := newLeased(t, pool, "worker", time.Minute, func(ctx context.Context, m *consumer.Message, lease idemq.Lease) error {
 		calls++
 		if calls == 1 {
 			return errors.New("smtp 451 try later")

@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/inbox"
+	"github.com/idemq/idemq/internal/inboxsql"
 	"github.com/idemq/idemq/internal/lifecycle"
 	"github.com/idemq/idemq/internal/pgtx"
 )
@@ -34,7 +35,7 @@ func (c *Consumer) Process(ctx context.Context, msg *Message) Result {
 	if err != nil {
 		return c.finish(ctx, start, c.invalid(ctx, msg, key, err))
 	}
-	if err := c.store.RegisterScope(ctx, c.scope); err != nil {
+	if err := c.claims.RegisterScope(ctx, c.scope); err != nil {
 		return c.finish(ctx, start, retryLater(key, err))
 	}
 	return c.finish(ctx, start, c.run(ctx, msg, key, fingerprint, nil))
@@ -57,7 +58,7 @@ func (c *Consumer) identify(msg *Message) (key string, fingerprint []byte, err e
 		return err
 	})
 	if err == nil {
-		err = c.store.Validate(key, fingerprint)
+		err = c.claims.Validate(key, fingerprint)
 	}
 	if err != nil {
 		return "", nil, fmt.Errorf("%w: %w", ErrInvalidMessage, err)
@@ -83,6 +84,11 @@ func (c *Consumer) run(ctx context.Context, msg *Message, key string, fingerprin
 				return r
 			}
 		}
+		// A durable retry, so Retry.Delay rather than a backoff.BackOff: n
+		// is the inbox's count of failed attempts, which survives
+		// redeliveries and crashes, and the same n and delay decide between
+		// waiting, handing the message back (Redeliver) and dead-lettering
+		// it. A BackOff counts only the attempts of this loop.
 		n := failed.failures
 		hint, _ := idemq.RetryAfterHint(failed.err)
 		delay := c.cfg.Retry.Delay(n, hint)
@@ -110,7 +116,7 @@ func (c *Consumer) try(ctx context.Context, msg *Message, key string, fingerprin
 	if c.leased != nil {
 		return c.tryLeased(ctx, msg, key, fingerprint)
 	}
-	tx, claim, err := c.store.BeginClaim(ctx, c.scope, key, fingerprint)
+	tx, claim, err := c.claims.BeginClaim(ctx, c.scope, key, fingerprint)
 	if tx != nil {
 		defer tx.Rollback(ctx) //nolint:errcheck // after Commit a no-op; a failed rollback closes the connection
 	}
@@ -203,7 +209,7 @@ func transient(err error) bool {
 // transaction rolled back. If that fails the attempt is not counted and
 // the message is Retry: a database error is never held against it.
 func (c *Consumer) recordFailure(ctx context.Context, key string, fingerprint []byte, handlerErr error) (Result, *failure) {
-	rec, err := c.store.RecordFailure(ctx, c.scope, key, fingerprint, handlerErr)
+	rec, err := c.claims.RecordFailure(ctx, c.scope, key, fingerprint, handlerErr)
 	if err != nil {
 		return retryLater(key, errors.Join(handlerErr, fmt.Errorf("consumer: count failed attempt: %w", err))), nil
 	}
@@ -227,7 +233,7 @@ func (c *Consumer) tryLeased(ctx context.Context, msg *Message, key string, fing
 		return retryLater(key, err), nil
 	}
 	if !claim.New {
-		return existingResult(key, claim.Existing), nil
+		return existingResult(key, (*inboxsql.Row)(claim.Existing)), nil
 	}
 	lease := claim.Lease
 	handlerErr := c.overDelivered(msg)
@@ -241,7 +247,7 @@ func (c *Consumer) tryLeased(ctx context.Context, msg *Message, key string, fing
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.LeaseTTL)
 	defer cancel()
 	if handlerErr != nil {
-		if errors.Is(handlerErr, inbox.ErrLeaseLost) {
+		if errors.Is(handlerErr, idemq.ErrLeaseLost) {
 			return retryLater(key, handlerErr), nil // another worker holds the key now
 		}
 		if ctx.Err() != nil {
@@ -268,32 +274,19 @@ func (c *Consumer) tryLeased(ctx context.Context, msg *Message, key string, fing
 
 // underLease runs fn while extending the lease every third of its
 // duration; fn's context is cancelled if the lease is lost.
-func (c *Consumer) underLease(ctx context.Context, lease inbox.Lease, fn func(context.Context) error) error {
+func (c *Consumer) underLease(ctx context.Context, lease idemq.Lease, fn func(context.Context) error) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	done := make(chan struct{})
-	stopped := make(chan struct{})
-	go func() {
-		defer close(stopped)
-		ticker := time.NewTicker(c.cfg.LeaseTTL / 3)
-		defer ticker.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-ticker.C:
-				if _, err := c.store.Extend(ctx, lease, c.cfg.LeaseTTL); errors.Is(err, inbox.ErrLeaseLost) {
-					cancel(err)
-					return
-				}
-			}
+	stop := lifecycle.KeepAlive(ctx, c.cfg.LeaseTTL/3, func(rctx context.Context) error {
+		_, err := c.store.Extend(rctx, lease, c.cfg.LeaseTTL)
+		if errors.Is(err, idemq.ErrLeaseLost) {
+			cancel(err)
 		}
-	}()
+		return err
+	})
 	err := fn(ctx)
-	close(done)
-	<-stopped
-	if cause := context.Cause(ctx); errors.Is(cause, inbox.ErrLeaseLost) {
-		return errors.Join(err, cause)
+	if lost := stop(); lost != nil {
+		return errors.Join(err, lost)
 	}
 	return err
 }
@@ -314,7 +307,7 @@ func (c *Consumer) conflict(ctx context.Context, tx pgx.Tx, msg *Message, key st
 // recordConflict records a conflict in tx, so it can be listed, released
 // and purged (inbox.Store.Conflicts), and calls the dead-letter hook.
 func (c *Consumer) recordConflict(ctx context.Context, tx pgx.Tx, msg *Message, conflict *inbox.ConflictError) error {
-	if err := c.store.RecordConflictTx(ctx, tx, c.scope, conflict.Key, conflict.Fingerprint); err != nil {
+	if err := c.claims.RecordConflictTx(ctx, tx, c.scope, conflict.Key, conflict.Fingerprint); err != nil {
 		return err
 	}
 	if c.cfg.DeadLetter != nil {
@@ -328,9 +321,9 @@ func (c *Consumer) recordConflict(ctx context.Context, tx pgx.Tx, msg *Message, 
 // deadLetter records msg as FAILED_FINAL with its cause and the number of
 // failed attempts, and calls the dead-letter hook, in one transaction.
 func (c *Consumer) deadLetter(ctx context.Context, msg *Message, key string, fingerprint []byte, attempts int, cause error) Result {
-	var found *inbox.Record
+	var found *inboxsql.Row
 	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
-		claim, err := c.store.DeadLetterTx(ctx, tx, c.scope, key, fingerprint, attempts, cause)
+		claim, err := c.claims.DeadLetterTx(ctx, tx, c.scope, key, fingerprint, attempts, cause)
 		if err != nil {
 			return err
 		}
@@ -365,7 +358,7 @@ func (c *Consumer) invalid(ctx context.Context, msg *Message, key string, cause 
 }
 
 // existingResult maps a stored record found by a claim to an outcome.
-func existingResult(key string, rec *inbox.Record) Result {
+func existingResult(key string, rec *inboxsql.Row) Result {
 	switch rec.Status {
 	case inbox.Succeeded:
 		return Result{Outcome: Duplicate, Key: key}

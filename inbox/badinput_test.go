@@ -45,7 +45,7 @@ func TestBadInputSettings(t *testing.T) {
 // UTF-8.
 func TestBadInputKeyWithNUL(t *testing.T) {
 	b := setup(t, inbox.Config{})
-	err := b.store.Validate("ab\x00c", nil)
+	err := b.claims.Validate("ab\x00c", nil)
 	if !errors.Is(err, inbox.ErrInvalidKey) || !strings.Contains(err.Error(), "NUL at byte 2") || strings.Contains(err.Error(), "UTF-8") {
 		t.Fatalf("NUL key: %v, want ErrInvalidKey naming the NUL", err)
 	}
@@ -54,14 +54,16 @@ func TestBadInputKeyWithNUL(t *testing.T) {
 // TestBadInputNotMigrated: every kind of call on a database without the
 // inbox tables says to run the migrations.
 func TestBadInputNotMigrated(t *testing.T) {
-	store, err := inbox.New(testenv.Postgres(t), inbox.Config{})
+	pool := testenv.Postgres(t)
+	store, err := inbox.New(pool, inbox.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
+	claims := claimsOf(t, pool, store)
 	ctx := context.Background()
 	calls := map[string]func() error{
 		"Get":         func() error { _, err := store.Get(ctx, "s", "k"); return err },
-		"BeginClaim":  func() error { _, _, err := store.BeginClaim(ctx, "s", "k", fp("p")); return err },
+		"BeginClaim":  func() error { _, _, err := claims.BeginClaim(ctx, "s", "k", fp("p")); return err },
 		"Acquire":     func() error { _, err := store.Acquire(ctx, "s", "k", fp("p"), "me", time.Minute); return err },
 		"GC":          func() error { _, err := store.GC(ctx, 0); return err },
 		"Stats":       func() error { _, err := store.Stats(ctx); return err },

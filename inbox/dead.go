@@ -9,6 +9,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemq/idemq/internal/inboxsql"
 	"github.com/idemq/idemq/internal/pgtx"
 )
 
@@ -41,7 +42,7 @@ func (f DeadFilter) args(defaultLimit int) ([]any, error) {
 		scope = f.Scope
 	}
 	if f.Key != "" {
-		id, _ := keyID(f.Key)
+		id, _ := inboxsql.KeyID(f.Key)
 		key = id
 	}
 	if !f.FailedBefore.IsZero() {
@@ -65,24 +66,24 @@ func (s *Store) DeadLetters(ctx context.Context, f DeadFilter) ([]Record, error)
 	}
 	rows, err := s.db.Query(ctx, s.sql.listDead, args...)
 	if err != nil {
-		return nil, fmt.Errorf("inbox: list dead letters: %w", notMigrated(err))
+		return nil, fmt.Errorf("inbox: list dead letters: %w", inboxsql.NotMigrated(err))
 	}
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Record, error) {
 		var scope string
 		var id uuid.UUID
 		var text *string
-		var rec storedRecord
-		if err := row.Scan(append([]any{&scope, &id, &text}, rec.dest()...)...); err != nil {
+		var rec inboxsql.Scan
+		if err := row.Scan(append([]any{&scope, &id, &text}, rec.Dest()...)...); err != nil {
 			return Record{}, err
 		}
 		key := id.String()
 		if text != nil {
 			key = *text
 		}
-		return rec.record(scope, key), nil
+		return Record(rec.Row(scope, key)), nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("inbox: list dead letters: %w", notMigrated(err))
+		return nil, fmt.Errorf("inbox: list dead letters: %w", inboxsql.NotMigrated(err))
 	}
 	return out, nil
 }
@@ -99,7 +100,7 @@ func (s *Store) Release(ctx context.Context, f DeadFilter) (int64, error) {
 // released if and only if tx commits.
 func (s *Store) ReleaseTx(ctx context.Context, tx pgx.Tx, f DeadFilter) (int64, error) {
 	if pgtx.IsNil(tx) {
-		return 0, errNilTx
+		return 0, inboxsql.ErrNilTx
 	}
 	return s.changeDead(ctx, tx, f, s.sql.releaseDead, "release dead letters")
 }
@@ -115,7 +116,7 @@ func (s *Store) Purge(ctx context.Context, f DeadFilter) (int64, error) {
 // and only if tx commits.
 func (s *Store) PurgeTx(ctx context.Context, tx pgx.Tx, f DeadFilter) (int64, error) {
 	if pgtx.IsNil(tx) {
-		return 0, errNilTx
+		return 0, inboxsql.ErrNilTx
 	}
 	return s.changeDead(ctx, tx, f, s.sql.purgeDead, "purge dead letters")
 }
@@ -127,7 +128,7 @@ func (s *Store) changeDead(ctx context.Context, db DB, f DeadFilter, sql, what s
 	}
 	tag, err := db.Exec(ctx, sql, args...)
 	if err != nil {
-		return 0, fmt.Errorf("inbox: %s: %w", what, notMigrated(err))
+		return 0, fmt.Errorf("inbox: %s: %w", what, inboxsql.NotMigrated(err))
 	}
 	return tag.RowsAffected(), nil
 }
@@ -155,7 +156,7 @@ type Stats struct {
 func (s *Store) Stats(ctx context.Context) (Stats, error) {
 	rows, err := s.db.Query(ctx, s.sql.stats)
 	if err != nil {
-		return Stats{}, fmt.Errorf("inbox: stats: %w", notMigrated(err))
+		return Stats{}, fmt.Errorf("inbox: stats: %w", inboxsql.NotMigrated(err))
 	}
 	var st Stats
 	var status Status
@@ -177,7 +178,7 @@ func (s *Store) Stats(ctx context.Context) (Stats, error) {
 		return nil
 	})
 	if err != nil {
-		return Stats{}, fmt.Errorf("inbox: stats: %w", notMigrated(err))
+		return Stats{}, fmt.Errorf("inbox: stats: %w", inboxsql.NotMigrated(err))
 	}
 	return st, nil
 }
@@ -198,23 +199,6 @@ type Conflict struct {
 	UpdatedAt time.Time
 }
 
-// RecordConflictTx records in tx that a message of key with fingerprint
-// conflicted with the key's record, or counts one more sighting. If tx
-// rolls back, so does the record.
-func (s *Store) RecordConflictTx(ctx context.Context, tx pgx.Tx, scope, key string, fingerprint []byte) error {
-	if pgtx.IsNil(tx) {
-		return errNilTx
-	}
-	k, err := s.resolve(ctx, scope, key, fingerprint)
-	if err != nil {
-		return err
-	}
-	if _, err := tx.Exec(ctx, s.sql.recordConflict, k.args(s.cfg.Retention)...); err != nil {
-		return fmt.Errorf("inbox: record conflict %q: %w", key, err)
-	}
-	return nil
-}
-
 // Conflicts lists the conflicts that match f, least recently seen first.
 func (s *Store) Conflicts(ctx context.Context, f DeadFilter) ([]Conflict, error) {
 	args, err := f.args(100)
@@ -223,7 +207,7 @@ func (s *Store) Conflicts(ctx context.Context, f DeadFilter) ([]Conflict, error)
 	}
 	rows, err := s.db.Query(ctx, s.sql.listConflicts, args...)
 	if err != nil {
-		return nil, fmt.Errorf("inbox: list conflicts: %w", notMigrated(err))
+		return nil, fmt.Errorf("inbox: list conflicts: %w", inboxsql.NotMigrated(err))
 	}
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Conflict, error) {
 		var c Conflict
@@ -239,7 +223,7 @@ func (s *Store) Conflicts(ctx context.Context, f DeadFilter) ([]Conflict, error)
 		return c, nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("inbox: list conflicts: %w", notMigrated(err))
+		return nil, fmt.Errorf("inbox: list conflicts: %w", inboxsql.NotMigrated(err))
 	}
 	return out, nil
 }
@@ -263,7 +247,7 @@ func (s *Store) ReleaseConflicts(ctx context.Context, f DeadFilter) (int64, erro
 // conflicts are released if and only if tx commits.
 func (s *Store) ReleaseConflictsTx(ctx context.Context, tx pgx.Tx, f DeadFilter) (int64, error) {
 	if pgtx.IsNil(tx) {
-		return 0, errNilTx
+		return 0, inboxsql.ErrNilTx
 	}
 	return s.releaseConflicts(ctx, tx, f)
 }
@@ -275,7 +259,7 @@ func (s *Store) releaseConflicts(ctx context.Context, db DB, f DeadFilter) (int6
 	}
 	var n int64
 	if err := db.QueryRow(ctx, s.sql.releaseConflicts, args...).Scan(&n); err != nil {
-		return 0, fmt.Errorf("inbox: release conflicts: %w", notMigrated(err))
+		return 0, fmt.Errorf("inbox: release conflicts: %w", inboxsql.NotMigrated(err))
 	}
 	return n, nil
 }
@@ -290,7 +274,7 @@ func (s *Store) PurgeConflicts(ctx context.Context, f DeadFilter) (int64, error)
 // conflicts are gone if and only if tx commits.
 func (s *Store) PurgeConflictsTx(ctx context.Context, tx pgx.Tx, f DeadFilter) (int64, error) {
 	if pgtx.IsNil(tx) {
-		return 0, errNilTx
+		return 0, inboxsql.ErrNilTx
 	}
 	return s.changeDead(ctx, tx, f, s.sql.purgeConflicts, "purge conflicts")
 }

@@ -16,7 +16,7 @@ func deadLetter(t *testing.T, b bundle, scope, key string) {
 	t.Helper()
 	ctx := context.Background()
 	err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
-		_, err := b.store.DeadLetterTx(ctx, tx, scope, key, fp("p"), 3, errors.New("poison "+key))
+		_, err := b.claims.DeadLetterTx(ctx, tx, scope, key, fp("p"), 3, errors.New("poison "+key))
 		return err
 	})
 	if err != nil {
@@ -83,7 +83,7 @@ func TestDeadLettersAreListedReleasedAndPurgedByFilter(t *testing.T) {
 	// attempt; the purged one as a new key; a dead letter still refuses.
 	err = pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
 		for key, want := range map[string]bool{"b-1": true, "old": true, "b-2": false} {
-			c, err := b.store.ClaimTx(ctx, tx, "billing", key, fp("p"))
+			c, err := b.claims.ClaimTx(ctx, tx, "billing", key, fp("p"))
 			if err != nil || c.New != want || c.Failures != 0 {
 				t.Errorf("claim %s after release/purge: %+v, %v; want new=%v", key, c, err, want)
 			}

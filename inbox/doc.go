@@ -5,12 +5,12 @@
 // the message id or a business key. The record is written in one of two
 // ways:
 //
-//   - Transactional: [Store.ClaimTx] and [Store.ClaimBatchTx] write the
-//     record SUCCEEDED inside the caller's pgx.Tx, the same transaction
-//     that carries the message's side effects ([Store.BeginClaim] begins
-//     that transaction and claims in one round trip). The claim exists if
-//     and only if those effects committed, so a failed handler never marks
-//     a message as seen; [Store.RecordFailure] then counts the failed
+//   - Transactional: a consumer (package consumer, the one path that
+//     claims keys) writes the record SUCCEEDED inside the pgx.Tx that
+//     carries the message's side effects, begun with the claim in one
+//     round trip, or for a whole batch with one statement. The claim
+//     exists if and only if those effects committed, so a failed handler
+//     never marks a message as seen; the consumer then counts the failed
 //     attempt (FAILED_RETRYABLE) in a transaction of its own, and the next
 //     claim takes that record over. Two transactions claiming one key
 //     serialise on the primary key (or, for a failed key, on its row
@@ -42,9 +42,9 @@
 // Crashed consumers: a process killed while one of its statements runs
 // (waiting on a lock, say) leaves a backend that holds its uncommitted
 // claims until that statement ends, and the key's next owner waits behind
-// it. The transactions [Store.BeginClaim] and [Store.BeginClaimBatch] begin
-// therefore set client_connection_check_interval ([Config.ConnectionCheckInterval],
-// 2 seconds by default), so the server ends such a backend within seconds.
+// it. The transactions a consumer begins to claim keys therefore set
+// client_connection_check_interval ([Config.ConnectionCheckInterval], 2
+// seconds by default), so the server ends such a backend within seconds.
 // This needs Postgres 14 or later on Linux; on older servers set
 // [ConnectionCheckDisabled].
 //

@@ -10,6 +10,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/inbox"
 	"github.com/idemq/idemq/testenv"
 )
@@ -31,41 +33,31 @@ func exampleStore(ctx context.Context) (*pgxpool.Pool, *inbox.Store, func()) {
 	return pool, store, done
 }
 
-// ClaimTx records a key inside the business transaction; a second delivery
-// finds it, and a reused key with another payload is a conflict.
-func ExampleStore_ClaimTx() {
+// Consumers (package consumer) claim keys in the inbox inside the
+// business transaction; the Store reads what they recorded.
+func ExampleStore_Get() {
 	ctx := context.Background()
 	pool, store, done := exampleStore(ctx)
 	defer done()
 
-	deliver := func(payload string) {
-		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			claim, err := store.ClaimTx(ctx, tx, "shipping", "order-7", []byte(payload))
-			var conflict *inbox.ConflictError
-			switch {
-			case errors.As(err, &conflict):
-				fmt.Println("conflict with the record first seen as", conflict.Stored.Status)
-				return nil
-			case err != nil:
-				return err
-			case claim.New:
-				fmt.Println("new: apply the message in this transaction")
-			default:
-				fmt.Println("duplicate of a", claim.Existing.Status, "record")
-			}
-			return nil
-		})
-		if err != nil {
-			log.Fatal(err)
-		}
+	ship := func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error { return nil } // write in tx
+	c, err := consumer.New(pool, "shipping", ship, consumer.Config{})
+	if err != nil {
+		log.Fatal(err)
 	}
-	deliver("ship 1 box")
-	deliver("ship 1 box")
-	deliver("ship 9 boxes")
+	msg := &consumer.Message{ID: "order-7", Payload: []byte("ship 1 box")}
+	fmt.Println("first delivery:", c.Process(ctx, msg).Outcome)
+	fmt.Println("redelivery:", c.Process(ctx, msg).Outcome)
+
+	rec, err := store.Get(ctx, "shipping", "order-7")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("record:", rec.Status)
 	// Output:
-	// new: apply the message in this transaction
-	// duplicate of a SUCCEEDED record
-	// conflict with the record first seen as SUCCEEDED
+	// first delivery: applied
+	// redelivery: duplicate
+	// record: SUCCEEDED
 }
 
 // Acquire leases a key for an effect outside Postgres; the fencing token
@@ -103,13 +95,20 @@ func ExampleStore_DeadLetters() {
 	pool, store, done := exampleStore(ctx)
 	defer done()
 
-	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		_, err := store.DeadLetterTx(ctx, tx, "billing", "order-9", nil, 5, errors.New("unknown currency"))
-		return err
-	})
+	// A handler that rejects the message for good: it becomes a dead letter.
+	fixed := false
+	bill := func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
+		if !fixed {
+			return idemq.Permanent(errors.New("unknown currency"))
+		}
+		return nil
+	}
+	c, err := consumer.New(pool, "billing", bill, consumer.Config{})
 	if err != nil {
 		log.Fatal(err)
 	}
+	msg := &consumer.Message{ID: "order-9", Payload: []byte("42 XYZ")}
+	c.Process(ctx, msg)
 	dead, err := store.DeadLetters(ctx, inbox.DeadFilter{Scope: "billing"})
 	if err != nil {
 		log.Fatal(err)
@@ -122,15 +121,9 @@ func ExampleStore_DeadLetters() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		claim, err := store.ClaimTx(ctx, tx, "billing", "order-9", nil)
-		fmt.Println("released:", released, "next delivery is new:", claim.New)
-		return err
-	})
-	if err != nil {
-		log.Fatal(err)
-	}
+	fixed = true
+	fmt.Println("released:", released, "next delivery:", c.Process(ctx, msg).Outcome)
 	// Output:
-	// billing/order-9 after 5 failures: unknown currency
-	// released: 1 next delivery is new: true
+	// billing/order-9 after 1 failures: permanent: unknown currency
+	// released: 1 next delivery: applied
 }

@@ -9,6 +9,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/internal/inboxsql"
 	"github.com/idemq/idemq/internal/pgtx"
 )
 
@@ -27,28 +29,28 @@ func (s *Store) Acquire(ctx context.Context, scope, key string, fingerprint []by
 	if err := checkTTL(ttl); err != nil {
 		return AcquireResult{}, err
 	}
-	k, err := s.resolve(ctx, scope, key, fingerprint)
+	k, err := s.core.Resolve(ctx, scope, key, fingerprint)
 	if err != nil {
 		return AcquireResult{}, err
 	}
 	for range 2 {
-		lease := Lease{Scope: scope, Key: key, Owner: owner}
+		lease := idemq.Lease{Scope: scope, Key: key}
 		var failures int32
-		err := s.db.QueryRow(ctx, s.sql.acquire, append(k.args(s.cfg.Retention), owner, ttl)...).
+		err := s.db.QueryRow(ctx, s.sql.acquire, append(k.Args(s.cfg.Retention), owner, ttl)...).
 			Scan(&lease.Token, &lease.Until, &failures)
 		if err == nil {
-			return AcquireResult{ClaimResult: ClaimResult{New: true, Failures: int(failures)}, Lease: lease}, nil
+			return AcquireResult{New: true, Failures: int(failures), Lease: lease}, nil
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
 			return AcquireResult{}, fmt.Errorf("inbox: acquire %q: %w", key, err)
 		}
-		rec, found, err := s.stored(ctx, s.db, k)
+		rec, found, err := s.stored(ctx, k)
 		if err != nil {
 			return AcquireResult{}, err
 		}
 		if found {
-			rec, err := against(rec, key, k.fingerprint)
-			return AcquireResult{ClaimResult: ClaimResult{Existing: &rec}}, err
+			rec, err := s.against(rec, key, k.Fingerprint)
+			return AcquireResult{Existing: &rec}, err
 		}
 		// Deleted by GC in between: claim it afresh.
 	}
@@ -68,79 +70,79 @@ func checkTTL(ttl time.Duration) error {
 }
 
 // Complete finalizes a lease as SUCCEEDED with an optional result to replay
-// to later duplicates. It fails with ErrLeaseLost when the lease was taken
+// to later duplicates. It fails with idemq.ErrLeaseLost when the lease was taken
 // over or already finalized; the successor's outcome then stands.
-func (s *Store) Complete(ctx context.Context, lease Lease, result []byte) error {
+func (s *Store) Complete(ctx context.Context, lease idemq.Lease, result []byte) error {
 	return s.finalize(ctx, s.db, lease, s.sql.complete, result, s.cfg.Retention)
 }
 
 // CompleteTx is [Store.Complete] inside the caller's transaction, so that
 // the finalize commits with the caller's own writes; if tx rolls back, the
 // lease stays as it was and runs out.
-func (s *Store) CompleteTx(ctx context.Context, tx pgx.Tx, lease Lease, result []byte) error {
+func (s *Store) CompleteTx(ctx context.Context, tx pgx.Tx, lease idemq.Lease, result []byte) error {
 	if pgtx.IsNil(tx) {
-		return errNilTx
+		return inboxsql.ErrNilTx
 	}
 	return s.finalize(ctx, tx, lease, s.sql.complete, result, s.cfg.Retention)
 }
 
 // Fail finalizes a lease after a failed attempt as FAILED_RETRYABLE: the
 // key goes to the next Acquire at once, with one more failure counted and
-// cause kept as the record's last error. It fails with ErrLeaseLost like
+// cause kept as the record's last error. It fails with idemq.ErrLeaseLost like
 // [Store.Complete].
-func (s *Store) Fail(ctx context.Context, lease Lease, cause error) error {
-	return s.finalize(ctx, s.db, lease, s.sql.fail, FailedRetryable, errText(cause), s.cfg.Retention)
+func (s *Store) Fail(ctx context.Context, lease idemq.Lease, cause error) error {
+	return s.finalize(ctx, s.db, lease, s.sql.fail, FailedRetryable, inboxsql.ErrText(cause), s.cfg.Retention)
 }
 
 // FailTx is [Store.Fail] inside the caller's transaction; if tx rolls
 // back, the lease stays as it was and runs out.
-func (s *Store) FailTx(ctx context.Context, tx pgx.Tx, lease Lease, cause error) error {
+func (s *Store) FailTx(ctx context.Context, tx pgx.Tx, lease idemq.Lease, cause error) error {
 	if pgtx.IsNil(tx) {
-		return errNilTx
+		return inboxsql.ErrNilTx
 	}
-	return s.finalize(ctx, tx, lease, s.sql.fail, FailedRetryable, errText(cause), s.cfg.Retention)
+	return s.finalize(ctx, tx, lease, s.sql.fail, FailedRetryable, inboxsql.ErrText(cause), s.cfg.Retention)
 }
 
 // FailFinal finalizes a lease after a failed attempt as FAILED_FINAL: the
-// message is a dead letter, kept with cause. It fails with ErrLeaseLost
+// message is a dead letter, kept with cause. It fails with idemq.ErrLeaseLost
 // like [Store.Complete].
-func (s *Store) FailFinal(ctx context.Context, lease Lease, cause error) error {
-	return s.finalize(ctx, s.db, lease, s.sql.fail, FailedFinal, errText(cause), s.cfg.Retention)
+func (s *Store) FailFinal(ctx context.Context, lease idemq.Lease, cause error) error {
+	return s.finalize(ctx, s.db, lease, s.sql.fail, FailedFinal, inboxsql.ErrText(cause), s.cfg.Retention)
 }
 
 // FailFinalTx is [Store.FailFinal] inside the caller's transaction; if tx
 // rolls back, the lease stays as it was and runs out.
-func (s *Store) FailFinalTx(ctx context.Context, tx pgx.Tx, lease Lease, cause error) error {
+func (s *Store) FailFinalTx(ctx context.Context, tx pgx.Tx, lease idemq.Lease, cause error) error {
 	if pgtx.IsNil(tx) {
-		return errNilTx
+		return inboxsql.ErrNilTx
 	}
-	return s.finalize(ctx, tx, lease, s.sql.fail, FailedFinal, errText(cause), s.cfg.Retention)
+	return s.finalize(ctx, tx, lease, s.sql.fail, FailedFinal, inboxsql.ErrText(cause), s.cfg.Retention)
 }
 
 // Abandon gives the key back before its lease runs out, for a holder that
 // stops without an outcome (its context was cancelled, it shuts down): no
 // failure is counted and the next Acquire takes over at once instead of
-// waiting for the deadline. It fails with ErrLeaseLost like
+// waiting for the deadline. It fails with idemq.ErrLeaseLost like
 // [Store.Complete].
-func (s *Store) Abandon(ctx context.Context, lease Lease) error {
+func (s *Store) Abandon(ctx context.Context, lease idemq.Lease) error {
 	return s.finalize(ctx, s.db, lease, s.sql.abandon)
 }
 
 // Extend moves the lease's deadline to ttl from now, for work that runs
 // longer than planned, and returns the extended lease. It fails with
-// ErrLeaseLost when the lease was taken over or finalized.
-func (s *Store) Extend(ctx context.Context, lease Lease, ttl time.Duration) (Lease, error) {
+// idemq.ErrLeaseLost when the lease was taken over or finalized.
+func (s *Store) Extend(ctx context.Context, lease idemq.Lease, ttl time.Duration) (idemq.Lease, error) {
 	if err := checkTTL(ttl); err != nil {
 		return lease, err
 	}
-	scopeID, err := s.scopeID(ctx, lease.Scope)
+	scopeID, err := s.core.ScopeID(ctx, lease.Scope)
 	if err != nil {
 		return lease, err
 	}
-	id, _ := keyID(lease.Key)
+	id, _ := inboxsql.KeyID(lease.Key)
 	err = s.db.QueryRow(ctx, s.sql.extend, scopeID, id, lease.Token, ttl).Scan(&lease.Until)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return lease, ErrLeaseLost
+		return lease, idemq.ErrLeaseLost
 	}
 	if err != nil {
 		return lease, fmt.Errorf("inbox: extend lease %q: %w", lease.Key, err)
@@ -148,19 +150,19 @@ func (s *Store) Extend(ctx context.Context, lease Lease, ttl time.Duration) (Lea
 	return lease, nil
 }
 
-func (s *Store) finalize(ctx context.Context, db DB, lease Lease, sql string, args ...any) error {
-	scopeID, err := s.scopeID(ctx, lease.Scope)
+func (s *Store) finalize(ctx context.Context, db DB, lease idemq.Lease, sql string, args ...any) error {
+	scopeID, err := s.core.ScopeID(ctx, lease.Scope)
 	if err != nil {
 		return err
 	}
-	id, _ := keyID(lease.Key)
+	id, _ := inboxsql.KeyID(lease.Key)
 	var tag pgconn.CommandTag
 	tag, err = db.Exec(ctx, sql, append([]any{scopeID, id, lease.Token}, args...)...)
 	if err != nil {
 		return fmt.Errorf("inbox: finalize lease %q: %w", lease.Key, err)
 	}
 	if tag.RowsAffected() == 0 {
-		return ErrLeaseLost
+		return idemq.ErrLeaseLost
 	}
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/inbox"
 )
 
@@ -40,10 +41,10 @@ func TestLeaseTakeoverFencesTheStaleWorker(t *testing.T) {
 	if err := b.store.Complete(ctx, bl.Lease, []byte("sent by B")); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.store.Complete(ctx, a.Lease, []byte("sent by A")); !errors.Is(err, inbox.ErrLeaseLost) {
+	if err := b.store.Complete(ctx, a.Lease, []byte("sent by A")); !errors.Is(err, idemq.ErrLeaseLost) {
 		t.Fatalf("A's late Complete = %v, want ErrLeaseLost", err)
 	}
-	if err := b.store.FailFinal(ctx, a.Lease, errors.New("late")); !errors.Is(err, inbox.ErrLeaseLost) {
+	if err := b.store.FailFinal(ctx, a.Lease, errors.New("late")); !errors.Is(err, idemq.ErrLeaseLost) {
 		t.Fatalf("A's late Fail = %v, want ErrLeaseLost", err)
 	}
 	rec, err := b.store.Get(ctx, "mailer", "email-1")
@@ -96,7 +97,7 @@ func TestExtendKeepsTheLeaseAlive(t *testing.T) {
 	if err := b.store.Complete(ctx, extended, nil); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.store.Extend(ctx, extended, time.Hour); !errors.Is(err, inbox.ErrLeaseLost) {
+	if _, err := b.store.Extend(ctx, extended, time.Hour); !errors.Is(err, idemq.ErrLeaseLost) {
 		t.Fatalf("extend after completion = %v, want ErrLeaseLost", err)
 	}
 }

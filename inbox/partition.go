@@ -3,7 +3,6 @@ package inbox
 import (
 	"context"
 	"embed"
-	"encoding/binary"
 	"fmt"
 	"io/fs"
 	"slices"
@@ -11,10 +10,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/internal/inboxsql"
 )
 
 // Partitioning is the layout of the inbox table (Config.Partitioning).
@@ -71,7 +70,7 @@ const (
 	BoundaryGraceDefault          = time.Minute
 	// PartitionsAhead is how many buckets past the current one
 	// EnsurePartitions creates.
-	PartitionsAhead = 2
+	PartitionsAhead = inboxsql.PartitionsAhead
 )
 
 func (c Config) partitionDefaults() Config {
@@ -140,106 +139,17 @@ func (o overlay) ReadDir(name string) ([]fs.DirEntry, error) {
 	return append(ea, eb...), nil
 }
 
-// partitionQueries rewrites the statements that insert records for the
-// partitioned table: each names its bucket (the key's or the arrival
-// time's; under PartitionByArrival the bucket of a record the key already
-// has in the previous bucket or in bucket 0, so that the insert meets it
-// and the conflict clause finds it), and conflicts are on the primary
-// key, which includes the bucket. Reads find a key's newest record. GC
-// deletes no rows: it drops partitions (dropExpired).
+// partitionQueries rewrites the inbox's own statements for the
+// partitioned table (the claim protocol's are rewritten in inboxsql): an
+// acquire names its bucket, and GC deletes no rows: it drops partitions
+// (dropExpired).
 func partitionQueries(q *queries, table string, cfg Config) {
-	secs := strconv.FormatInt(int64(cfg.PartitionInterval/time.Second), 10)
-	bucket := func(key string) string {
-		if cfg.Partitioning == PartitionByKey {
-			// The key's own bucket, clamped to the partitions that exist:
-			// a key older than Retention goes to the oldest (it is past
-			// the window anyway), one from a clock far ahead to the last.
-			retention := strconv.FormatInt(int64(cfg.Retention/time.Second), 10)
-			own := `(('x' || substr(replace(` + key + `::text, '-', ''), 1, 12))::bit(48)::bigint / (` + secs + ` * 1000))`
-			// A record the key has in bucket 0 (the table from before
-			// partitioning) comes first, so that the insert meets it.
-			return `coalesce((SELECT p.bucket FROM ` + table + ` p WHERE p.scope_id = $1 AND p.key_id = ` + key + ` AND p.bucket = 0 LIMIT 1),
-	least(greatest(` + own + `, floor((extract(epoch FROM statement_timestamp()) - ` + retention + `) / ` + secs + `)),
-	floor(extract(epoch FROM statement_timestamp()) / ` + secs + `) + ` + strconv.Itoa(PartitionsAhead) + `)::int)`
-		}
-		now := `floor(extract(epoch FROM statement_timestamp()) / ` + secs + `)::int`
-		return `coalesce((SELECT p.bucket FROM ` + table + ` p WHERE p.scope_id = $1 AND p.key_id = ` + key +
-			` AND p.bucket IN (0, ` + now + ` - 1) LIMIT 1), ` + now + `)`
+	insert := func(sql string) string {
+		return inboxsql.PartitionInsert(sql, "SELECT ", "$2::uuid", table, inboxsql.Partitioning(cfg.Partitioning), cfg.PartitionInterval, cfg.Retention)
 	}
-	insert := func(sql, valuesFrom, key string) string {
-		out := strings.Replace(sql, "(expires_at, key_id, scope_id,", "(bucket, expires_at, key_id, scope_id,", 1)
-		out = strings.Replace(out, valuesFrom, valuesFrom+bucket(key)+", ", 1)
-		out = strings.ReplaceAll(out, "ON CONFLICT (scope_id, key_id)", "ON CONFLICT (scope_id, key_id, bucket)")
-		if out == sql || !strings.Contains(out, "(bucket,") {
-			panic("inbox: partitioned statement not rewritten: " + sql)
-		}
-		return out
-	}
-	q.claim = insert(q.claim, "VALUES (", "$2::uuid")
-	q.recordFailure = insert(q.recordFailure, "VALUES (", "$2::uuid")
-	q.deadLetter = insert(q.deadLetter, "VALUES (", "$2::uuid")
-	q.acquire = insert(q.acquire, "SELECT ", "$2::uuid")
-	q.acquireAsync = insert(q.acquireAsync, "SELECT ", "$2::uuid")
-	q.claimBatch = insert(q.claimBatch, "SELECT ", "i.key_id")
-	q.get += ` ORDER BY r.bucket DESC LIMIT 1`
+	q.acquire = insert(q.acquire)
+	q.acquireAsync = insert(q.acquireAsync)
 	q.gc = `SELECT $1::int WHERE false`
-}
-
-// checkPartitionKey refuses a key that PartitionByKey cannot place.
-func (s *Store) checkPartitionKey(id uuid.UUID, text *string) error {
-	if s.cfg.Partitioning == PartitionByKey && (text != nil || id.Version() != 7) {
-		return fmt.Errorf("%w: the inbox is partitioned by key and %s is not a UUIDv7", ErrInvalidKey, keyName(id, text))
-	}
-	return nil
-}
-
-func keyName(id uuid.UUID, text *string) string {
-	if text != nil {
-		return strconv.Quote(*text)
-	}
-	return id.String()
-}
-
-// nearBoundary reports whether now is within BoundaryGrace of a bucket
-// boundary under PartitionByArrival.
-func (s *Store) nearBoundary() bool {
-	if s.cfg.Partitioning != PartitionByArrival {
-		return false
-	}
-	in := time.Duration(time.Now().UnixNano() % int64(s.cfg.PartitionInterval))
-	return in < s.cfg.BoundaryGrace || s.cfg.PartitionInterval-in < s.cfg.BoundaryGrace
-}
-
-// boundaryLockSQL takes the advisory lock of (scope, key) until the
-// transaction ends. It is its own statement, before the claim: the claim's
-// snapshot is then taken after the lock was granted, so it sees the
-// record of a claim that held the lock and committed.
-const boundaryLockSQL = `SELECT pg_advisory_xact_lock($1::int, $2::int)`
-
-func lockKey(id uuid.UUID) int32 { return int32(binary.BigEndian.Uint32(id[12:])) }
-
-// boundaryLock takes the advisory lock of each key in tx when the claim
-// falls near a bucket boundary, in key order so that batches cannot
-// deadlock.
-func (s *Store) boundaryLock(ctx context.Context, tx pgx.Tx, scopeID int32, ids ...uuid.UUID) error {
-	if !s.nearBoundary() {
-		return nil
-	}
-	sorted := slices.Clone(ids)
-	slices.SortFunc(sorted, func(a, b uuid.UUID) int { return int(lockKey(a)>>1) - int(lockKey(b)>>1) })
-	for _, id := range sorted {
-		if _, err := tx.Exec(ctx, boundaryLockSQL, scopeID, lockKey(id)); err != nil {
-			return fmt.Errorf("inbox: boundary lock: %w", err)
-		}
-	}
-	return nil
-}
-
-// queueBoundaryLock is boundaryLock for a claim that travels in b.
-func (s *Store) queueBoundaryLock(b *pgx.Batch, scopeID int32, id uuid.UUID) {
-	if s.nearBoundary() {
-		b.Queue(boundaryLockSQL, scopeID, lockKey(id))
-	}
 }
 
 // partitionName is bucket's partition of the table.
@@ -297,7 +207,7 @@ func (s *Store) partitions(ctx context.Context) (time.Time, []int64, error) {
 SELECT now(), coalesce(array_agg(c.relname::text), '{}') FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
 WHERE i.inhparent = to_regclass($1)`, s.table.String()).Scan(&now, &names)
 	if err != nil {
-		return now, nil, fmt.Errorf("inbox: list partitions: %w", notMigrated(err))
+		return now, nil, fmt.Errorf("inbox: list partitions: %w", inboxsql.NotMigrated(err))
 	}
 	var buckets []int64
 	for _, n := range names {

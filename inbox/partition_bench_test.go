@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/inbox"
+	"github.com/idemq/idemq/internal/inboxsql"
 	"github.com/idemq/idemq/testenv"
 )
 
@@ -48,7 +49,7 @@ func BenchmarkPartitionedClaim(b *testing.B) {
 	if _, err := pool.Exec(ctx, `CREATE TABLE orders (id text NOT NULL, payload text NOT NULL)`); err != nil {
 		b.Fatal(err)
 	}
-	stores := make([]*inbox.Store, len(layouts))
+	stores := make([]*inboxsql.Store, len(layouts))
 	for i, l := range layouts {
 		s, err := inbox.New(pool, inbox.Config{Table: "inbox_" + fmt.Sprint(i), Partitioning: l.mode})
 		if err != nil {
@@ -62,9 +63,9 @@ func BenchmarkPartitionedClaim(b *testing.B) {
 		if _, err := s.GC(ctx, 0); err != nil {
 			b.Fatal(err)
 		}
-		stores[i] = s
+		stores[i] = claimsOf(b, pool, s)
 	}
-	apply := func(s *inbox.Store, key string) error {
+	apply := func(s *inboxsql.Store, key string) error {
 		tx, c, err := s.BeginClaim(ctx, "orders", key, fp(key))
 		if err != nil {
 			return err

@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/inbox"
+	"github.com/idemq/idemq/internal/inboxsql"
 	"github.com/idemq/idemq/migrate"
 	"github.com/idemq/idemq/testenv"
 )
@@ -83,7 +84,7 @@ func TestPartitionedClaims(t *testing.T) {
 			}
 			ctx := context.Background()
 			keys := []string{v7At(t, time.Now()), key, v7At(t, time.Now().Add(-time.Hour))}
-			tx, claims, err := b.store.BeginClaimBatch(ctx, "orders", []inbox.Item{{Key: keys[0], Fingerprint: fp("a")}, {Key: keys[1], Fingerprint: fp("a")}, {Key: keys[2], Fingerprint: fp("a")}})
+			tx, claims, err := b.claims.BeginClaimBatch(ctx, "orders", []inboxsql.Item{{Key: keys[0], Fingerprint: fp("a")}, {Key: keys[1], Fingerprint: fp("a")}, {Key: keys[2], Fingerprint: fp("a")}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -94,10 +95,10 @@ func TestPartitionedClaims(t *testing.T) {
 				t.Fatal(err)
 			}
 			failed := v7At(t, time.Now())
-			if _, err := b.store.RecordFailure(ctx, "orders", failed, fp("a"), errors.New("boom")); err != nil {
+			if _, err := b.claims.RecordFailure(ctx, "orders", failed, fp("a"), errors.New("boom")); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := b.store.RecordFailure(ctx, "orders", failed, fp("a"), errors.New("boom")); err != nil {
+			if _, err := b.claims.RecordFailure(ctx, "orders", failed, fp("a"), errors.New("boom")); err != nil {
 				t.Fatal(err)
 			}
 			if c, err := claimIn(t, b, failed, "a", true); err != nil || !c.New || c.Failures != 2 {
@@ -181,14 +182,15 @@ func raceBoundary(t *testing.T, grace time.Duration) (before, applied int) {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	store, err := inbox.New(pool, inbox.Config{Partitioning: inbox.PartitionByArrival, Retention: interval, PartitionInterval: interval, BoundaryGrace: grace})
+	ib, err := inbox.New(pool, inbox.Config{Partitioning: inbox.PartitionByArrival, Retention: interval, PartitionInterval: interval, BoundaryGrace: grace})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	if err := store.Migrate(ctx); err != nil {
+	if err := ib.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
+	store := claimsOf(t, pool, ib)
 	// The next boundary at least a second away.
 	now := time.Now()
 	boundary := now.Truncate(interval).Add(interval)
@@ -307,7 +309,7 @@ func TestMigrateLiveInboxToPartitioned(t *testing.T) {
 	if err := plain.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	b := bundle{pool: pool, store: plain}
+	b := bundle{pool: pool, store: plain, claims: claimsOf(t, pool, plain)}
 	var claimed []string
 	for i := range 200 {
 		key := fmt.Sprintf("kafka/orders/0/%d", i)
@@ -329,7 +331,7 @@ func TestMigrateLiveInboxToPartitioned(t *testing.T) {
 			default:
 			}
 			key := fmt.Sprintf("kafka/orders/1/%d", i)
-			tx, c, err := plain.BeginClaim(ctx, "orders", key, fp("a"))
+			tx, c, err := b.claims.BeginClaim(ctx, "orders", key, fp("a"))
 			if err != nil {
 				// The old Store's statements fail once the table is
 				// partitioned; the new Store takes over below.
@@ -362,7 +364,7 @@ func TestMigrateLiveInboxToPartitioned(t *testing.T) {
 		t.Fatal("a claim through the plain Config succeeded on the partitioned table")
 	}
 
-	pb := bundle{pool: pool, store: part}
+	pb := bundle{pool: pool, store: part, claims: claimsOf(t, pool, part)}
 	for _, key := range claimed {
 		if c, err := claimIn(t, pb, key, "a", true); err != nil || c.New {
 			t.Fatalf("key %s claimed before the migration: %+v, %v; want a duplicate", key, c, err)
@@ -428,7 +430,7 @@ func TestMigrateInboxToPartitionedByKey(t *testing.T) {
 	if err := part.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	pb := bundle{pool: b.pool, store: part}
+	pb := bundle{pool: b.pool, store: part, claims: claimsOf(t, b.pool, part)}
 	for _, key := range keys {
 		if c, err := claimIn(t, pb, key, "a", true); err != nil || c.New {
 			t.Fatalf("key %s claimed before the migration: %+v, %v; want a duplicate", key, c, err)

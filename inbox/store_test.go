@@ -16,12 +16,16 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/inbox"
+	"github.com/idemq/idemq/internal/inboxsql"
 	"github.com/idemq/idemq/testenv"
 )
 
 type bundle struct {
 	pool  *pgxpool.Pool
 	store *inbox.Store
+	// claims is the claim protocol consumers run (package consumer), on
+	// the same table.
+	claims *inboxsql.Store
 }
 
 func setup(t testing.TB, cfg inbox.Config) bundle {
@@ -34,7 +38,24 @@ func setup(t testing.TB, cfg inbox.Config) bundle {
 	if err := store.Migrate(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	return bundle{pool: pool, store: store}
+	return bundle{pool: pool, store: store, claims: claimsOf(t, pool, store)}
+}
+
+// claimsOf opens the claim protocol on store's table, as package consumer
+// does.
+func claimsOf(t testing.TB, db inbox.DB, store *inbox.Store) *inboxsql.Store {
+	t.Helper()
+	ic := store.Config()
+	claims, err := inboxsql.New(db, inboxsql.Options{Schema: ic.Schema, Table: ic.Table, MaxKeyLen: ic.MaxKeyLen,
+		Retention: ic.Retention, ConnectionCheckInterval: ic.ConnectionCheckInterval,
+		Partitioning: inboxsql.Partitioning(ic.Partitioning), PartitionInterval: ic.PartitionInterval, BoundaryGrace: ic.BoundaryGrace,
+		Conflict: func(key string, fingerprint []byte, stored inboxsql.Row) error {
+			return &inbox.ConflictError{Key: key, Fingerprint: fingerprint, Stored: inbox.Record(stored)}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return claims
 }
 
 func fp(s string) []byte {
@@ -43,7 +64,7 @@ func fp(s string) []byte {
 }
 
 // claimIn runs Claim in its own transaction and commits or rolls back.
-func claimIn(t *testing.T, b bundle, key, payload string, commit bool) (inbox.ClaimResult, error) {
+func claimIn(t *testing.T, b bundle, key, payload string, commit bool) (inboxsql.ClaimResult, error) {
 	t.Helper()
 	ctx := context.Background()
 	tx, err := b.pool.Begin(ctx)
@@ -51,7 +72,7 @@ func claimIn(t *testing.T, b bundle, key, payload string, commit bool) (inbox.Cl
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	c, err := b.store.ClaimTx(ctx, tx, "orders", key, fp(payload))
+	c, err := b.claims.ClaimTx(ctx, tx, "orders", key, fp(payload))
 	if commit {
 		if cerr := tx.Commit(ctx); cerr != nil {
 			t.Fatal(cerr)
@@ -160,7 +181,7 @@ func concurrentClaims(t *testing.T, failedBefore, commit bool) {
 	b := setup(t, inbox.Config{})
 	ctx := context.Background()
 	if failedBefore {
-		if rec, err := b.store.RecordFailure(ctx, "orders", "k", fp("p"), errors.New("x")); err != nil || rec.Failures != 1 {
+		if rec, err := b.claims.RecordFailure(ctx, "orders", "k", fp("p"), errors.New("x")); err != nil || rec.Failures != 1 {
 			t.Fatalf("record failure: %+v, %v", rec, err)
 		}
 	}
@@ -168,10 +189,10 @@ func concurrentClaims(t *testing.T, failedBefore, commit bool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c, err := b.store.ClaimTx(ctx, first, "orders", "k", fp("p")); err != nil || !c.New {
+	if c, err := b.claims.ClaimTx(ctx, first, "orders", "k", fp("p")); err != nil || !c.New {
 		t.Fatalf("first claim = %+v, %v", c, err)
 	}
-	second := make(chan inbox.ClaimResult)
+	second := make(chan inboxsql.ClaimResult)
 	go func() {
 		c, err := claimIn(t, b, "k", "p", true)
 		if err != nil {
@@ -265,7 +286,7 @@ func TestScopesAreIndependent(t *testing.T) {
 	ctx := context.Background()
 	for _, scope := range []string{"billing", "shipping"} {
 		err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
-			c, err := b.store.ClaimTx(ctx, tx, scope, "order-1", fp("p"))
+			c, err := b.claims.ClaimTx(ctx, tx, scope, "order-1", fp("p"))
 			if err == nil && !c.New {
 				err = fmt.Errorf("scope %s saw another scope's record", scope)
 			}
@@ -293,11 +314,11 @@ func TestBadInputIsRejectedBeforeAnyWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	if _, err := b.store.ClaimTx(ctx, tx, "orders", "k", make([]byte, 65)); err == nil {
+	if _, err := b.claims.ClaimTx(ctx, tx, "orders", "k", make([]byte, 65)); err == nil {
 		t.Error("a 65-byte fingerprint was accepted")
 	}
 	// The transaction is untouched and still usable.
-	if c, err := b.store.ClaimTx(ctx, tx, "orders", "k", fp("p")); err != nil || !c.New {
+	if c, err := b.claims.ClaimTx(ctx, tx, "orders", "k", fp("p")); err != nil || !c.New {
 		t.Fatalf("claim after rejected input = %+v, %v", c, err)
 	}
 	var n int
@@ -315,17 +336,17 @@ func TestClaimBatch(t *testing.T) {
 	if c, err := claimIn(t, b, "reused", "first", true); err != nil || !c.New {
 		t.Fatal(c, err)
 	}
-	items := []inbox.Item{
+	items := []inboxsql.Item{
 		{Key: "new-1", Fingerprint: fp("p")},
 		{Key: "seen", Fingerprint: fp("p")},
 		{Key: "", Fingerprint: fp("p")},
 		{Key: "reused", Fingerprint: fp("second")},
 		{Key: uuid.NewString(), Fingerprint: nil},
 	}
-	var claims []inbox.BatchClaim
+	var claims []inboxsql.BatchClaim
 	err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
 		var err error
-		claims, err = b.store.ClaimBatchTx(ctx, tx, "orders", items)
+		claims, err = b.claims.ClaimBatchTx(ctx, tx, "orders", items)
 		return err
 	})
 	if err != nil {
@@ -346,7 +367,7 @@ func TestClaimBatch(t *testing.T) {
 	}
 
 	err = pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
-		_, err := b.store.ClaimBatchTx(ctx, tx, "orders", []inbox.Item{{Key: "a"}, {Key: "a"}})
+		_, err := b.claims.ClaimBatchTx(ctx, tx, "orders", []inboxsql.Item{{Key: "a"}, {Key: "a"}})
 		return err
 	})
 	if err == nil {
@@ -358,7 +379,7 @@ func TestDeadLetterIsRecognisedLater(t *testing.T) {
 	b := setup(t, inbox.Config{})
 	ctx := context.Background()
 	err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
-		_, err := b.store.DeadLetterTx(ctx, tx, "orders", "poison", fp("p"), 5, errors.New("boom"))
+		_, err := b.claims.DeadLetterTx(ctx, tx, "orders", "poison", fp("p"), 5, errors.New("boom"))
 		return err
 	})
 	if err != nil {
@@ -408,8 +429,8 @@ func TestGCRemovesOnlyExpiredRecords(t *testing.T) {
 func TestBeginClaimClaimsWithTheBegin(t *testing.T) {
 	b := setup(t, inbox.Config{})
 	ctx := context.Background()
-	begin := func(payload string, commit bool) (inbox.ClaimResult, error) {
-		tx, c, err := b.store.BeginClaim(ctx, "orders", "k", fp(payload))
+	begin := func(payload string, commit bool) (inboxsql.ClaimResult, error) {
+		tx, c, err := b.claims.BeginClaim(ctx, "orders", "k", fp(payload))
 		if tx != nil {
 			if commit {
 				if cerr := tx.Commit(ctx); cerr != nil {
@@ -433,7 +454,7 @@ func TestBeginClaimClaimsWithTheBegin(t *testing.T) {
 	if _, err := begin("q", true); !errors.As(err, new(*inbox.ConflictError)) {
 		t.Fatalf("other payload: %v, want *ConflictError", err)
 	}
-	if _, _, err := b.store.BeginClaim(ctx, "orders", "", nil); !errors.Is(err, inbox.ErrInvalidKey) {
+	if _, _, err := b.claims.BeginClaim(ctx, "orders", "", nil); !errors.Is(err, inbox.ErrInvalidKey) {
 		t.Fatalf("empty key: %v", err)
 	}
 }
@@ -443,8 +464,9 @@ func TestBeginClaimClaimsWithTheBegin(t *testing.T) {
 func TestClaimTransactionsSetTheConnectionCheck(t *testing.T) {
 	b := setup(t, inbox.Config{})
 	ctx := context.Background()
-	show := func(store *inbox.Store) (single, batch string) {
-		tx, _, err := store.BeginClaim(ctx, "orders", uuid.NewString(), nil)
+	show := func(db inbox.DB, store *inbox.Store) (single, batch string) {
+		claims := claimsOf(t, db, store)
+		tx, _, err := claims.BeginClaim(ctx, "orders", uuid.NewString(), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -452,7 +474,7 @@ func TestClaimTransactionsSetTheConnectionCheck(t *testing.T) {
 		if err := tx.QueryRow(ctx, `SHOW client_connection_check_interval`).Scan(&single); err != nil {
 			t.Fatal(err)
 		}
-		btx, _, err := store.BeginClaimBatch(ctx, "orders", []inbox.Item{{Key: uuid.NewString()}})
+		btx, _, err := claims.BeginClaimBatch(ctx, "orders", []inboxsql.Item{{Key: uuid.NewString()}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -462,14 +484,14 @@ func TestClaimTransactionsSetTheConnectionCheck(t *testing.T) {
 		}
 		return single, batch
 	}
-	if single, batch := show(b.store); single != "2s" || batch != "2s" {
+	if single, batch := show(b.pool, b.store); single != "2s" || batch != "2s" {
 		t.Errorf("default: %q and %q, want 2s", single, batch)
 	}
 	off, err := inbox.New(b.pool, inbox.Config{ConnectionCheckInterval: inbox.ConnectionCheckDisabled})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if single, batch := show(off); single != "0" || batch != "0" {
+	if single, batch := show(b.pool, off); single != "0" || batch != "0" {
 		t.Errorf("disabled: %q and %q, want the server's 0", single, batch)
 	}
 	cfg := b.pool.Config()
@@ -483,7 +505,7 @@ func TestClaimTransactionsSetTheConnectionCheck(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if single, batch := show(store); single != "5s" || batch != "5s" {
+	if single, batch := show(own, store); single != "5s" || batch != "5s" {
 		t.Errorf("pool's own setting: %q and %q, want its 5s kept", single, batch)
 	}
 	if _, err := inbox.New(b.pool, inbox.Config{ConnectionCheckInterval: -time.Second}); !errors.Is(err, idemq.ErrConfig) {
@@ -496,33 +518,36 @@ func TestNilTxIsAnError(t *testing.T) {
 	b := setup(t, inbox.Config{})
 	ctx := context.Background()
 	var tx pgx.Tx
-	lease := inbox.Lease{Scope: "orders", Key: "k", Token: 1}
+	lease := idemq.Lease{Scope: "orders", Key: "k", Token: 1}
 	calls := map[string]func() error{
-		"ClaimTx": func() error { _, err := b.store.ClaimTx(ctx, tx, "orders", "k", nil); return err },
+		"ClaimTx": func() error { _, err := b.claims.ClaimTx(ctx, tx, "orders", "k", nil); return err },
 		"ClaimBatchTx": func() error {
-			_, err := b.store.ClaimBatchTx(ctx, tx, "orders", []inbox.Item{{Key: "k"}})
+			_, err := b.claims.ClaimBatchTx(ctx, tx, "orders", []inboxsql.Item{{Key: "k"}})
 			return err
 		},
 		"DeadLetterTx": func() error {
-			_, err := b.store.DeadLetterTx(ctx, tx, "orders", "k", nil, 1, errors.New("x"))
+			_, err := b.claims.DeadLetterTx(ctx, tx, "orders", "k", nil, 1, errors.New("x"))
 			return err
 		},
-		"FailClaimTx":      func() error { _, err := b.store.FailClaimTx(ctx, tx, "orders", "k", errors.New("x")); return err },
+		"FailClaimTx":      func() error { _, err := b.claims.FailClaimTx(ctx, tx, "orders", "k", errors.New("x")); return err },
 		"CompleteTx":       func() error { return b.store.CompleteTx(ctx, tx, lease, nil) },
 		"FailTx":           func() error { return b.store.FailTx(ctx, tx, lease, errors.New("x")) },
 		"FailFinalTx":      func() error { return b.store.FailFinalTx(ctx, tx, lease, errors.New("x")) },
-		"RecordConflictTx": func() error { return b.store.RecordConflictTx(ctx, tx, "orders", "k", nil) },
+		"RecordConflictTx": func() error { return b.claims.RecordConflictTx(ctx, tx, "orders", "k", nil) },
 		"PurgeTx":          func() error { _, err := b.store.PurgeTx(ctx, tx, inbox.DeadFilter{}); return err },
 		"PurgeConflictsTx": func() error { _, err := b.store.PurgeConflictsTx(ctx, tx, inbox.DeadFilter{}); return err },
-		"UnclaimTx":        func() error { return b.store.UnclaimTx(ctx, tx, "orders", "k") },
+		"UnclaimTx":        func() error { return b.claims.UnclaimTx(ctx, tx, "orders", "k") },
 		"ReleaseConflictsTx": func() error {
 			_, err := b.store.ReleaseConflictsTx(ctx, tx, inbox.DeadFilter{})
 			return err
 		},
 	}
-	for name, call := range calls {
-		if err := call(); err == nil {
-			t.Errorf("%s with a nil tx succeeded", name)
+	for _, nilTx := range []pgx.Tx{nil, (*pgxpool.Tx)(nil)} {
+		tx = nilTx
+		for name, call := range calls {
+			if err := call(); !errors.Is(err, idemq.ErrConfig) {
+				t.Errorf("%s with a %T(nil) tx: %v, want an idemq.ErrConfig", name, tx, err)
+			}
 		}
 	}
 }

@@ -73,8 +73,8 @@
 // caller's (an HTTP server span from otelhttp, for instance):
 //
 //   - outbox.Outbox.EnqueueTx stores the trace context of its ctx in the
-//     message's headers (traceparent, tracestate), through the global
-//     propagator (otel.SetTextMapPropagator).
+//     message's headers (traceparent, tracestate) when the outbox's
+//     Config.Headers is [OutboxHeaders].
 //   - [Telemetry.Sink] wraps the relay's Sink: each message gets a
 //     "send <destination>" span (PRODUCER) whose parent is the stored
 //     context, which it also links to as the conventions ask; its own

@@ -24,8 +24,8 @@ type Config struct {
 	// otel.GetTracerProvider().
 	TracerProvider trace.TracerProvider
 	// Propagator reads and writes the trace context in message headers.
-	// outbox.EnqueueTx always uses the global one, so set both alike.
-	// Defaults to otel.GetTextMapPropagator().
+	// Give the outbox the same one ([OutboxHeaders]). Defaults to
+	// otel.GetTextMapPropagator().
 	Propagator propagation.TextMapPropagator
 }
 

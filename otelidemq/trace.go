@@ -14,14 +14,14 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/inbox"
 	"github.com/idemq/idemq/relay"
 )
 
 // Sink wraps s so that every message it publishes gets a "send
 // <destination>" span, child of the trace context stored in the message's
-// headers by outbox.EnqueueTx, and carries that span's context in its
+// headers by outbox.EnqueueTx ([OutboxHeaders]), and carries that span's context in its
 // headers downstream. system names the broker in the spans'
 // messaging.system attribute ("kafka", "nats", "webhook").
 func (t *Telemetry) Sink(system string, s relay.Sink) relay.Sink {
@@ -84,7 +84,7 @@ func (t *Telemetry) Handler(system, destination string, h consumer.Handler) cons
 
 // LeasedHandler is [Telemetry.Handler] for a leased consumer.
 func (t *Telemetry) LeasedHandler(system, destination string, h consumer.LeasedHandler) consumer.LeasedHandler {
-	return func(ctx context.Context, msg *consumer.Message, lease inbox.Lease) error {
+	return func(ctx context.Context, msg *consumer.Message, lease idemq.Lease) error {
 		ctx, span := t.startProcess(ctx, system, destination, msg)
 		err := h(ctx, msg, lease)
 		endProcess(span, err)

@@ -19,7 +19,7 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/inbox"
+	"github.com/idemq/idemq/otelidemq"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
 	"github.com/idemq/idemq/testenv"
@@ -27,8 +27,9 @@ import (
 	idemqnats "github.com/idemq/idemq/transports/nats"
 )
 
-// W3C trace context through the global propagator, as outbox.EnqueueTx
-// uses it. Tests that set it do not run in parallel.
+// W3C trace context through the global propagator, which the Telemetry
+// and the outbox (OutboxHeaders(nil)) of these tests use. Tests that set
+// it do not run in parallel.
 func useTraceContext(t *testing.T) {
 	prev := otel.GetTextMapPropagator()
 	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}))
@@ -226,7 +227,7 @@ func TestTraceFromRequestThroughOutboxToConsumers(t *testing.T) {
 // newOutbox returns the default outbox on pool, migrated.
 func newOutbox(t *testing.T, pool *pgxpool.Pool) *outbox.Outbox {
 	t.Helper()
-	ob, err := outbox.New(pool, outbox.Config{})
+	ob, err := outbox.New(pool, outbox.Config{Headers: otelidemq.OutboxHeaders(nil)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -295,7 +296,7 @@ func TestLeasedHandlerContinuesTheTrace(t *testing.T) {
 	ctx := t.Context()
 	tel := newTelemetry(t)
 	var inHandler trace.SpanContext
-	c, err := consumer.NewLeased(testenv.Postgres(t), "mailer", tel.LeasedHandler("nats", "mails", func(ctx context.Context, msg *consumer.Message, lease inbox.Lease) error {
+	c, err := consumer.NewLeased(testenv.Postgres(t), "mailer", tel.LeasedHandler("nats", "mails", func(ctx context.Context, msg *consumer.Message, lease idemq.Lease) error {
 		inHandler = trace.SpanContextFromContext(ctx)
 		return nil
 	}), consumer.Config{Logger: quiet})

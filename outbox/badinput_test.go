@@ -2,11 +2,13 @@ package outbox_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/outbox"
 )
 
@@ -21,14 +23,31 @@ func TestBadInputTypedNilTxIsRefused(t *testing.T) {
 	ctx := context.Background()
 	var typed *pgxpool.Tx
 	for name, tx := range map[string]pgx.Tx{"nil": nil, "typed nil": typed} {
-		if err := b.ob.EnqueueTx(ctx, tx, outbox.Message{Destination: "orders", Payload: []byte("{}")}); err == nil {
-			t.Errorf("EnqueueTx(%s tx) = nil, want an error", name)
+		if err := b.ob.EnqueueTx(ctx, tx, outbox.Message{Destination: "orders", Payload: []byte("{}")}); !errors.Is(err, idemq.ErrConfig) {
+			t.Errorf("EnqueueTx(%s tx) = %v, want an idemq.ErrConfig", name, err)
 		}
-		if _, err := b.ob.ReplayTx(ctx, tx, outbox.DeadFilter{}); err == nil {
-			t.Errorf("ReplayTx(%s tx) = nil, want an error", name)
+		if _, err := b.ob.ReplayTx(ctx, tx, outbox.DeadFilter{}); !errors.Is(err, idemq.ErrConfig) {
+			t.Errorf("ReplayTx(%s tx) = %v, want an idemq.ErrConfig", name, err)
 		}
-		if _, err := b.ob.PurgeTx(ctx, tx, outbox.DeadFilter{}); err == nil {
-			t.Errorf("PurgeTx(%s tx) = nil, want an error", name)
+		if _, err := b.ob.PurgeTx(ctx, tx, outbox.DeadFilter{}); !errors.Is(err, idemq.ErrConfig) {
+			t.Errorf("PurgeTx(%s tx) = %v, want an idemq.ErrConfig", name, err)
+		}
+	}
+}
+
+// TestBadInputTypedNilDBIsRefused: New refuses a nil DB and a typed nil
+// such as (*pgxpool.Pool)(nil), which a plain == nil misses, with an
+// idemq.ErrConfig naming db, instead of panicking on the first query.
+func TestBadInputTypedNilDBIsRefused(t *testing.T) {
+	var (
+		pool *pgxpool.Pool
+		conn *pgx.Conn
+		tx   *pgxpool.Tx
+	)
+	for name, db := range map[string]outbox.DB{"nil": nil, "typed-nil *pgxpool.Pool": pool, "typed-nil *pgx.Conn": conn, "typed-nil *pgxpool.Tx": tx} {
+		ob, err := outbox.New(db, outbox.Config{})
+		if ce, ok := errors.AsType[*idemq.ConfigError](err); !ok || ce.Field != "db" || !errors.Is(err, idemq.ErrConfig) || ob != nil {
+			t.Errorf("New(%s) = %v, %v; want an idemq.ErrConfig naming db", name, ob, err)
 		}
 	}
 }

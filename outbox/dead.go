@@ -2,13 +2,13 @@ package outbox
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/internal/nilcheck"
 	"github.com/idemq/idemq/internal/outboxsql"
 )
@@ -145,7 +145,7 @@ func (o *Outbox) PurgeTx(ctx context.Context, tx pgx.Tx, f DeadFilter) (int64, e
 // followers parked behind them.
 func (o *Outbox) settleDead(ctx context.Context, tx pgx.Tx, f DeadFilter, stmt string) (int64, error) {
 	if nilcheck.IsNil(tx) {
-		return 0, errors.New("nil tx; pass a transaction, or use the call without Tx")
+		return 0, idemq.NewConfigError("outbox", "tx", "is nil: pass a transaction, or use the call without Tx")
 	}
 	seqs, keys, err := o.lockDead(ctx, tx, f, stmt == o.q.Replay)
 	if err != nil || len(seqs) == 0 {
@@ -164,7 +164,9 @@ func (o *Outbox) settleDead(ctx context.Context, tx pgx.Tx, f DeadFilter, stmt s
 // that owns a partition to scan it again from its start, where the moved
 // rows are; its batch in flight claims nothing once it sees the gen move
 // (see outboxsql). Neither waits for the other: a transaction left open
-// here stops no relay.
+// here stops no relay. While it is open the partitions it holds keep
+// their owners (the relays skip them when they rebalance), so the
+// partitions of a relay that died meanwhile wait for it to end.
 func (o *Outbox) lockDead(ctx context.Context, tx pgx.Tx, f DeadFilter, replay bool) (seqs []int64, keys []string, err error) {
 	if f.Limit < 0 {
 		return nil, nil, fmt.Errorf("negative limit %d", f.Limit)

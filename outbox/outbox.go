@@ -129,6 +129,14 @@ type Config struct {
 	// (see the package documentation). Negative notifies in every
 	// transaction. Defaults to 5 ms.
 	NotifyInterval time.Duration
+	// Headers, if set, adds headers from the context of each EnqueueTx
+	// call to every message it writes: it writes them into h, which starts
+	// empty, and a message that already carries a header of the same name
+	// keeps its own. [github.com/idemq/idemq/otelidemq.OutboxHeaders]
+	// stores the trace context (traceparent, tracestate), so that the
+	// relay and the consumers downstream continue the business
+	// transaction's trace. It must be safe for concurrent use. Defaults to none: the outbox adds nothing.
+	Headers func(ctx context.Context, h map[string]string)
 }
 
 func (c Config) withDefaults() Config {
@@ -296,9 +304,8 @@ func (o *Outbox) Enqueue(ctx context.Context, msgs ...Message) error {
 // [ErrInvalidMessage] error tx is untouched and may still commit. EnqueueTx
 // with no messages does nothing; a nil tx is an error.
 //
-// The trace context of ctx, if any, is stored in each message's headers
-// (traceparent, tracestate) through the global OpenTelemetry propagator,
-// unless the message already carries those headers.
+// Config.Headers, if set, adds the headers of ctx (its trace context,
+// say) to each message, unless the message already carries them.
 //
 // Two-phase commit: Postgres refuses PREPARE TRANSACTION in a transaction
 // that ran NOTIFY, so an Outbox whose EnqueueTx runs in transactions that
@@ -311,9 +318,9 @@ func (o *Outbox) EnqueueTx(ctx context.Context, tx pgx.Tx, msgs ...Message) erro
 		return nil
 	}
 	if nilcheck.IsNil(tx) {
-		return errors.New("outbox: EnqueueTx: nil tx; pass the business transaction, or use Enqueue")
+		return idemq.NewConfigError("outbox", "tx", "is nil: EnqueueTx needs the business transaction; use Enqueue for a transaction of its own")
 	}
-	msgs = withTraceContext(ctx, msgs)
+	msgs = withHeaders(ctx, o.cfg.Headers, msgs)
 	rows, err := o.prepare(msgs)
 	if err != nil {
 		return err

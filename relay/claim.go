@@ -84,6 +84,7 @@ type worker struct {
 	id     uuid.UUID
 	leases []lease // the partitions this worker owns, by part
 	live   int     // live workers at the last rebalance
+	stuck  bool    // the last rebalance could not give up every extra partition
 
 	rebalanceAt time.Time
 	cursors     map[int32]int64 // per partition (-1: unkeyed), the seq to scan from
@@ -188,6 +189,14 @@ func (w *worker) round(ctx, work context.Context) (int, bool, error) {
 	if err != nil {
 		return 0, false, fmt.Errorf("relay: scan: %w", err)
 	}
+	if w.seqs.moved {
+		// The window was read from where the worker was before: it may
+		// hold rows of the sequence's new run ahead of earlier ones.
+		if err := w.checkSequence(ctx, tx); err != nil {
+			return 0, false, err
+		}
+		return 0, true, nil
+	}
 	if !slices.Equal(held, w.leases) {
 		tx.rollback(ctx)
 		w.setLeases(held)
@@ -239,7 +248,7 @@ func (w *worker) round(ctx, work context.Context) (int, bool, error) {
 	// 8. Move on.
 	moved := w.move(win)
 	more := len(win) >= r.cfg.BatchSize && moved
-	if len(w.leases) > w.target() && time.Now().Before(w.rebalanceAt) {
+	if len(w.leases) > w.target() && !w.stuck && time.Now().Before(w.rebalanceAt) {
 		w.rebalanceAt = time.Time{} // give up the extra partitions now
 	}
 	return len(rows), more, nil
@@ -333,11 +342,11 @@ func (w *worker) scan(ctx context.Context, tx *claimTx) ([]lease, []scanned, err
 			if _, err := br.Exec(); err != nil {
 				return err
 			}
-			var top, node, cache int64
-			if err := br.QueryRow().Scan(&top, &node, &cache); err != nil {
+			var top, node, cache, seqNode int64
+			if err := br.QueryRow().Scan(&top, &node, &cache, &seqNode); err != nil {
 				return err
 			}
-			if err := w.watchSequence(top, node, cache); err != nil {
+			if err := w.watchSequence(top, node, cache, seqNode); err != nil {
 				return err
 			}
 			var writers []string

@@ -74,6 +74,14 @@
 // the owner. The owner's claim takes nothing once the generations it read
 // moved, and its next batch reads its partitions again from the start, so
 // a replayed message still goes before the later messages of its key.
+// Nor does such a transaction stop the partitions changing hands: giving
+// partitions up and taking them skip the lease rows it holds (SKIP
+// LOCKED), so no worker waits for it. The one bound: a partition whose
+// lease row it holds keeps its owner until it ends. A live owner keeps
+// publishing it; a dead owner's (or one that stopped) is taken over
+// within LeaseTTL/10 after the operator commits or rolls back. A replay
+// of unkeyed dead letters holds every partition (every worker reads the
+// unkeyed rows), a keyed one those of its keys.
 //
 // # Writing a Sink
 //
@@ -182,9 +190,12 @@
 // at start, with the statement that fixes them (outbox.Outbox.CheckSequence;
 // `idemq migrate validate` reports the same). A CACHE raised while the
 // relay runs ends Run; TRUNCATE (RESTART IDENTITY or not), VACUUM FULL,
-// CLUSTER or a restarted sequence, noticed within a second by a last value
-// below the one seen or a new file of the table, makes the workers read
-// the outbox from the start.
+// CLUSTER or a restarted sequence (ALTER SEQUENCE ... RESTART, setval),
+// noticed within a second by a new file of the table or of the sequence
+// (however many values were drawn since) or a last value below the one
+// seen, makes the workers drop the batch they read and read the outbox
+// from the start, or ends Run, as at start, when rows or dead letters
+// are left above the sequence.
 //
 // Vacuum is still what removes dead tuples: the migration sets aggressive
 // per-table autovacuum parameters. A server where autovacuum is off or too
@@ -194,22 +205,39 @@
 //
 // # Cost
 //
-// Measured on a 2-core machine that also runs the server (see the
-// benchmarks; figures in the commit history), into a no-op Sink with
-// batches of 500: a lone relay drains keyed rows at 0.55 to 0.95 of the
-// rate of a bare DELETE ... LIMIT 500 FOR UPDATE SKIP LOCKED RETURNING loop
-// (1,000 or 100,000 keys alike; about 0.8 in most runs) and unkeyed rows at
-// 0.65 to 0.8 of it; two relays, each reading its half of the partitions,
-// drain 0.85 to 1.15 times as fast as one on that machine (the server, on
-// the same two cores, is the limit there); and a transaction held open
-// elsewhere for 10 s leaves the drain of a keyed backlog at 0.9 to 0.95 of
-// its rate, without a slower trend. Those figures predate the claim's lock
-// (the scan no longer locks keyed rows, so that a row another session
-// holds stays visible) and the order ids: on a busier machine, runs of
-// this version gave keyed ratios of 0.49 to 0.84 (most near 0.65) where
-// the previous version gave 0.78 to 0.84 in the same runs, and unkeyed
-// ratios of 0.77 against 0.81 to 0.88. A batch costs three round trips
-// (lease check and scan, lock and delete, settle and commit), a row lock
-// on each of its worker's lease rows, a hash of each row's key and
-// destination, and no per-key work in the database.
+// Measured on a 2-core machine shared with other work (load average about
+// 10) that also runs the server, into a no-op Sink with batches of 500,
+// against a bare DELETE ... LIMIT 500 FOR UPDATE SKIP LOCKED RETURNING
+// loop in the same run (BenchmarkRelayThroughput; each figure a median of
+// three drains), this version and the one before Relay v3 (e19f627)
+// interleaved in one session on a private Postgres 15 (fsync on,
+// autovacuum off, no other sessions): keyed rows drain at 0.65 to 1.08 of
+// the bare loop with 1,000 keys (median 0.94; before: 0.77 to 1.07, median
+// 0.89) and 0.76 to 0.89 with 100,000 keys (median 0.82; before: 0.61 to
+// 0.84, median 0.79), unkeyed rows at 0.63 to 1.01 (before: 0.62 to
+// 1.01); two relays drain 1.13 times as fast as one (before: 1.17); a
+// transaction held open elsewhere for 10 s left a 5,000,000-row keyed
+// backlog at 0.67 of its rate before (before: 0.93), one run each, whose
+// seconds before the transaction alone varied from 25,500 to 49,000. On
+// the shared server other sessions' snapshots keep the rows the bare loop
+// deleted visible, and it reads through them from the start every batch
+// (17,000 to 222,000 rows/s), while the relay's cursors do not: there the
+// ratios were 0.54 to 2.0 for both versions.
+//
+// The relay is bound by the server and its round trips, not by its own
+// CPU: a CPU profile of the keyed drain (-cpuprofile, 100,000 rows three
+// times) spends 0.9 to 1.3 µs per row in worker.round, most of it pgx
+// receiving and decoding the claimed rows and the scan's window; the
+// process used a tenth of one core. Per batch, on the server (statements
+// timed one by one): the commit, a WAL flush, about half; the claim (lock
+// and delete 500 rows, which the bare loop does too) a quarter; the scan a
+// tenth; the lease rows' FOR KEY SHARE lock and the BEGIN and set_config
+// round trips the rest. Against the bare loop's one statement per batch,
+// a batch costs three round trips (lease check and scan, lock and delete,
+// settle and commit), a row lock on each of its worker's lease rows
+// (logged), a hash of each row's key and destination, and no per-key work
+// in the database. What is left: sending the commit and the next round's
+// scan together (one round trip fewer), one fence row per worker instead
+// of a lock per lease row, and a claim that scans itself when every row of
+// the window is due.
 package relay

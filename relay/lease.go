@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/internal/outboxsql"
 )
 
@@ -29,7 +30,12 @@ import (
 //     wants ceil(Partitions/n) partitions, gives up the ones above that
 //     and takes missing ones among those nobody owns or whose owner is
 //     dead (its row expired), skipping those locked by a batch in flight.
-//     A take bumps the lease's token.
+//     A take bumps the lease's token. Giving up and taking skip the
+//     partitions a dead-letter operation holds (outbox ReplayTx, PurgeTx,
+//     RetryNow bump their gens): such a transaction, left open, never
+//     stops a worker. The partitions it holds stay with their owners
+//     meanwhile; those of a dead owner wait for it to end (an unkeyed
+//     replay holds every partition), the others change hands as usual.
 //   - Every batch locks the lease rows of its worker FOR SHARE and checks
 //     their tokens and gens before it scans. A takeover cannot commit
 //     while a stale owner's batch is in flight, and once it has, the stale
@@ -61,18 +67,36 @@ func (w *worker) rebalance(ctx context.Context) error {
 	}
 	w.live = max(live, 1)
 	target := w.target()
+	if len(held) <= target {
+		w.stuck = false
+	}
 	switch {
 	case len(held) > target:
 		extra := make([]int32, 0, len(held)-target)
 		for _, l := range held[target:] {
 			extra = append(extra, l.part)
 		}
-		if _, err := r.pool.Exec(ctx, r.sql.Release, w.id, extra); err != nil {
+		rows, err := r.pool.Query(ctx, r.sql.Release, w.id, extra)
+		if err != nil {
 			return err
 		}
-		r.mon.released(w.id, extra)
-		held = held[:target]
-		w.leases = slices.DeleteFunc(w.leases, func(l lease) bool { return slices.Contains(extra, l.part) })
+		gone, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+		if err != nil {
+			return err
+		}
+		r.mon.released(w.id, gone)
+		// A partition a dead-letter operation holds is not given up (see
+		// Release): the worker keeps serving it and tries again at its
+		// next rebalance, not at once.
+		if stuck := len(gone) < len(extra); stuck != w.stuck {
+			w.stuck = stuck
+			if stuck {
+				r.log.Info("relay: a dead-letter operation holds partitions this worker gives up; it keeps serving them until the operation ends",
+					"worker", w.id, "kept", len(extra)-len(gone))
+			}
+		}
+		held = slices.DeleteFunc(held, func(l lease) bool { return slices.Contains(gone, l.part) })
+		w.leases = slices.DeleteFunc(w.leases, func(l lease) bool { return slices.Contains(gone, l.part) })
 	case len(held) < target:
 		rows, err := r.pool.Query(ctx, r.sql.Take, w.id, target-len(held))
 		if err != nil {
@@ -170,20 +194,17 @@ func (r *Relay) joinAll(ctx context.Context, ids []uuid.UUID) (*pgxpool.Pool, er
 	return beats, nil
 }
 
-// heartbeatLoop keeps the workers ids alive every LeaseTTL/3 until ctx is
-// done.
-func (r *Relay) heartbeatLoop(ctx context.Context, beats *pgxpool.Pool, ids []uuid.UUID) {
-	t := time.NewTicker(r.cfg.LeaseTTL / 3)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		if err := r.beat(ctx, beats, r.sql.Beat, ids); err != nil && ctx.Err() == nil {
+// heartbeat keeps the workers ids alive, one beat per call, for
+// lifecycle.KeepAlive to run every LeaseTTL/3 until ctx is done. A failed
+// beat is logged and tried again at the next tick; the fence, not the
+// heartbeat, stops the workers once their leases may have run out.
+func (r *Relay) heartbeat(ctx context.Context, beats *pgxpool.Pool, ids []uuid.UUID) func(context.Context) error {
+	return func(bctx context.Context) error {
+		err := r.beat(bctx, beats, r.sql.Beat, ids)
+		if err != nil && ctx.Err() == nil {
 			r.log.Warn("relay heartbeat failed; the workers stop publishing once their leases may have run out", "err", err, "lease_ttl", r.cfg.LeaseTTL)
 		}
+		return err
 	}
 }
 
@@ -218,8 +239,9 @@ func (r *Relay) beat(ctx context.Context, beats *pgxpool.Pool, stmt string, ids 
 // answer arrives.
 
 // errFenced is the error of a batch that did not publish because its
-// owner may have been succeeded.
-var errFenced = errors.New("relay: the batch's claim is fenced off")
+// owner may have been succeeded. It matches idemq.ErrLeaseLost: the
+// partition leases are fenced leases like every other in idemq.
+var errFenced = fmt.Errorf("relay: the batch's claim is fenced off: %w", idemq.ErrLeaseLost)
 
 // fenceTimeout is the server's bound on a batch transaction left idle:
 // PublishTimeout for the Sink and a heartbeat period (LeaseTTL/3) for the

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -397,7 +398,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	if r.cfg.VacuumEvery > 0 {
 		wg.Go(func() { r.vacuumLoop(ctx) })
 	}
-	wg.Go(func() { r.heartbeatLoop(ctx, beats, ids) })
+	stopBeats := lifecycle.KeepAlive(ctx, r.cfg.LeaseTTL/3, r.heartbeat(ctx, beats, ids))
 	var workers sync.WaitGroup
 	for i := range r.cfg.Workers {
 		workers.Go(func() { r.workerLoop(ctx, work, wakes[i], ids[i], fatal) })
@@ -405,6 +406,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	workers.Wait()
 	abandon()
 	wg.Wait()
+	_ = stopBeats() // a heartbeat never reports a loss: the fence does
 	if fatalErr != nil {
 		r.log.Error("relay stopped", "err", fatalErr)
 		return fatalErr
@@ -473,14 +475,16 @@ func (r *Relay) fatal(err error) error {
 }
 
 // errRetry spaces the attempts of a worker or listener whose database
-// calls fail.
+// calls fail, without bound (errRetry.BackOff never stops).
 var errRetry = idemq.Retry{BaseDelay: 100 * time.Millisecond, MaxDelay: 30 * time.Second}
 
 func (r *Relay) workerLoop(ctx, work context.Context, wake <-chan struct{}, id uuid.UUID, fatal func(error)) {
 	w := &worker{r: r, id: id, lastFull: time.Now()}
 	w.restart()
 	defer w.leave(ctx)
-	failures := 0
+	// The worker's loop runs on after a success, so it takes the delays of
+	// a BackOff rather than running under backoff.RetryNotify.
+	back := errRetry.BackOff()
 	poll := time.NewTimer(r.cfg.PollInterval)
 	defer poll.Stop()
 	// Writers coalesce NOTIFYs (outbox.Config.NotifyInterval): after any
@@ -502,13 +506,12 @@ func (r *Relay) workerLoop(ctx, work context.Context, wake <-chan struct{}, id u
 				fatal(f)
 				return
 			}
-			failures++
-			d := errRetry.Delay(failures, 0)
+			d := back.NextBackOff()
 			r.mon.dbFailed(err, d)
 			_ = lifecycle.Sleep(ctx, d)
 			continue
 		}
-		failures = 0
+		back.Reset()
 		r.mon.dbOK()
 		if claimed > 0 || more {
 			hotUntil = time.Now().Add(hotFor)
@@ -597,38 +600,35 @@ func (r *Relay) statsLoop(ctx context.Context) {
 // first attempt to listen succeeded or failed: a relay polls meanwhile.
 func (r *Relay) listenLoop(ctx context.Context, wake, ready func()) {
 	channel := pgx.Identifier{r.ob.Config().Channel}.Sanitize()
-	failures := 0
-	for ctx.Err() == nil {
-		err := func() error {
-			conn, err := pgx.ConnectConfig(ctx, r.listen.Copy())
+	back := backoff.WithContext(errRetry.BackOff(), ctx)
+	// listen returns only once the connection is lost (or ctx is done), so
+	// RetryNotify reconnects until ctx is done; a connection that listened
+	// starts the backoff afresh.
+	listen := func() error {
+		conn, err := pgx.ConnectConfig(ctx, r.listen.Copy())
+		if err != nil {
+			return err
+		}
+		defer conn.Close(context.WithoutCancel(ctx))
+		if _, err := conn.Exec(ctx, "LISTEN "+channel); err != nil {
+			return err
+		}
+		ready()
+		back.Reset()
+		wake() // notifications sent while we were away are lost
+		probe := r.startListenProbe(ctx, r.ob.Config().Channel)
+		defer probe.stop()
+		for {
+			n, err := conn.WaitForNotification(ctx)
 			if err != nil {
 				return err
 			}
-			defer conn.Close(context.WithoutCancel(ctx))
-			if _, err := conn.Exec(ctx, "LISTEN "+channel); err != nil {
-				return err
-			}
-			ready()
-			failures = 0
-			wake() // notifications sent while we were away are lost
-			probe := r.startListenProbe(ctx, r.ob.Config().Channel)
-			defer probe.stop()
-			for {
-				n, err := conn.WaitForNotification(ctx)
-				if err != nil {
-					return err
-				}
-				probe.notified(n.Payload)
-				wake()
-			}
-		}()
-		if ctx.Err() != nil {
-			return
+			probe.notified(n.Payload)
+			wake()
 		}
-		ready()
-		failures++
-		d := errRetry.Delay(failures, 0)
-		r.log.Warn("relay listener lost its connection; polling meanwhile", "err", err, "retry_in", d)
-		_ = lifecycle.Sleep(ctx, d)
 	}
+	_ = backoff.RetryNotify(listen, back, func(err error, d time.Duration) {
+		ready()
+		r.log.Warn("relay listener lost its connection; polling meanwhile", "err", err, "retry_in", d)
+	})
 }

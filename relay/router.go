@@ -66,11 +66,16 @@ func NewRouter() *Router { return &Router{} }
 
 // Route sends messages whose destination is exactly destination to sink.
 func (r *Router) Route(destination string, sink Sink) error {
-	if r == nil || destination == "" || nilcheck.IsNil(sink) {
-		return errors.New("relay: Route needs a Router, a destination and a sink")
+	switch {
+	case r == nil:
+		return idemq.NewConfigError("relay.Router", "router", "is nil: make one with NewRouter")
+	case destination == "":
+		return idemq.NewConfigError("relay.Router", "destination", "is empty")
+	case nilcheck.IsNil(sink):
+		return idemq.NewConfigError("relay.Router", "sink", "is nil (destination %q)", destination)
 	}
 	if _, ok := r.exact[destination]; ok {
-		return fmt.Errorf("relay: destination %q routed twice", destination)
+		return idemq.NewConfigError("relay.Router", "destination", "%q routed twice", destination)
 	}
 	if r.exact == nil {
 		r.exact = map[string]Sink{}
@@ -82,12 +87,15 @@ func (r *Router) Route(destination string, sink Sink) error {
 // RoutePrefix sends messages whose destination starts with prefix to sink,
 // unless an exact route or a longer prefix matches.
 func (r *Router) RoutePrefix(prefix string, sink Sink) error {
-	if r == nil || nilcheck.IsNil(sink) {
-		return errors.New("relay: RoutePrefix needs a Router and a sink")
+	switch {
+	case r == nil:
+		return idemq.NewConfigError("relay.Router", "router", "is nil: make one with NewRouter")
+	case nilcheck.IsNil(sink):
+		return idemq.NewConfigError("relay.Router", "sink", "is nil (prefix %q)", prefix)
 	}
 	for _, p := range r.prefixes {
 		if p.prefix == prefix {
-			return fmt.Errorf("relay: prefix %q routed twice", prefix)
+			return idemq.NewConfigError("relay.Router", "prefix", "%q routed twice", prefix)
 		}
 	}
 	r.prefixes = append(r.prefixes, prefixRoute{prefix, sink})

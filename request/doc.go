@@ -10,7 +10,7 @@
 // 24 hours), so the two never share a TTL: a process that crashes while
 // holding a key blocks it for one lease, not for a day. When a lease runs
 // out, the next request takes the key over with a larger fencing token, and
-// the late holder's Complete is refused ([ErrLeaseLost]) so that its
+// the late holder's Complete is refused ([idemq.ErrLeaseLost]) so that its
 // successor's response stands.
 //
 // # Guard

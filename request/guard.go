@@ -228,62 +228,49 @@ type Attempt struct {
 	g      *Guard
 	ctx    context.Context
 	cancel context.CancelCauseFunc
-	stop   context.CancelFunc
-	done   chan struct{}
+	stop   func() error // ends the renewals
 
 	mu    sync.Mutex
-	lease Lease
+	lease idemq.Lease
 }
 
 // start begins renewing lease in the background.
-func (g *Guard) start(ctx context.Context, lease Lease) *Attempt {
-	a := &Attempt{g: g, done: make(chan struct{}), lease: lease}
+func (g *Guard) start(ctx context.Context, lease idemq.Lease) *Attempt {
+	a := &Attempt{g: g, lease: lease}
 	a.ctx, a.cancel = context.WithCancelCause(ctx)
-	renewCtx, stop := context.WithCancel(a.ctx)
-	a.stop = stop
-	go a.renew(renewCtx)
+	a.stop = lifecycle.KeepAlive(a.ctx, g.cfg.Lease/3, a.renew)
 	return a
 }
 
-// renew extends the lease every Lease/3 until stopped or lost. A failed
-// extension is tried again at the next tick: the lease still has two
-// thirds of its time.
-func (a *Attempt) renew(ctx context.Context) {
-	defer close(a.done)
-	t := time.NewTicker(a.g.cfg.Lease / 3)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		// An extension that hangs must not eat the lease it renews: it
-		// gets a third of it, and the next tick tries again.
-		sctx, cancel := context.WithTimeout(ctx, min(a.g.cfg.StoreTimeout, a.g.cfg.Lease/3))
-		lease, err := a.g.store.Extend(sctx, a.Lease(), a.g.cfg.Lease)
-		cancel()
-		switch {
-		case err == nil:
-			a.mu.Lock()
-			a.lease = lease
-			a.mu.Unlock()
-		case errors.Is(err, ErrLeaseLost):
-			a.cancel(ErrLeaseLost)
-			return
-		}
+// renew extends the lease once; KeepAlive calls it every Lease/3 until the
+// attempt halts. A failed extension is tried again at the next tick: the
+// lease still has two thirds of its time. An extension that hangs must not
+// eat the lease it renews: KeepAlive gives it a third of it, StoreTimeout
+// may give less.
+func (a *Attempt) renew(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, a.g.cfg.StoreTimeout)
+	defer cancel()
+	lease, err := a.g.store.Extend(ctx, a.Lease(), a.g.cfg.Lease)
+	switch {
+	case err == nil:
+		a.mu.Lock()
+		a.lease = lease
+		a.mu.Unlock()
+	case errors.Is(err, idemq.ErrLeaseLost):
+		a.cancel(idemq.ErrLeaseLost)
 	}
+	return err
 }
 
 // Lease returns the attempt's current lease.
-func (a *Attempt) Lease() Lease {
+func (a *Attempt) Lease() idemq.Lease {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.lease
 }
 
 // Context is the context to run the request under: Begin's context,
-// cancelled with the cause ErrLeaseLost (see context.Cause) when a renewal
+// cancelled with the cause idemq.ErrLeaseLost (see context.Cause) when a renewal
 // finds the key taken over, because the attempt's outcome will be refused
 // and its work should stop. It ends when the attempt is finished.
 func (a *Attempt) Context() context.Context { return a.ctx }
@@ -291,8 +278,7 @@ func (a *Attempt) Context() context.Context { return a.ctx }
 // halt stops renewal and waits for it, so that no extension races the
 // finish.
 func (a *Attempt) halt() {
-	a.stop()
-	<-a.done
+	_ = a.stop() // a loss already cancelled the attempt's context
 }
 
 // end halts the attempt and releases its context.
@@ -309,7 +295,7 @@ func (a *Attempt) finishContext() (context.Context, context.CancelFunc) {
 
 // Complete stores resp as the request's outcome; a response over the
 // store's limit ([ResponseLimiter]) is stored without its body, marked
-// Omitted. It returns ErrLeaseLost when the key was taken over meanwhile
+// Omitted. It returns idemq.ErrLeaseLost when the key was taken over meanwhile
 // (the successor's outcome stands), also after its record expired and a
 // new claim created it again (tokens never go back), or an ErrUnavailable.
 func (a *Attempt) Complete(resp Response) error {
@@ -324,14 +310,14 @@ func (a *Attempt) Complete(resp Response) error {
 // outcome stored by the caller: in its own transaction, with
 // pgstore.Store.CompleteTx, so that the request's writes and its record
 // commit together. Call Release afterwards: it hands the key back if that
-// transaction rolled back, and returns ErrLeaseLost if it committed.
-func (a *Attempt) CompleteWith(complete func(Lease) error) error {
+// transaction rolled back, and returns idemq.ErrLeaseLost if it committed.
+func (a *Attempt) CompleteWith(complete func(idemq.Lease) error) error {
 	a.halt()
 	return complete(a.Lease())
 }
 
 // Release hands the key back without an outcome, so that a retry runs the
-// request again. It returns ErrLeaseLost when the key was taken over or
+// request again. It returns idemq.ErrLeaseLost when the key was taken over or
 // completed (also after its record expired, as for Complete), or an
 // ErrUnavailable.
 func (a *Attempt) Release() error {
@@ -343,7 +329,7 @@ func (a *Attempt) Release() error {
 }
 
 func (g *Guard) finishErr(op string, err error) error {
-	if err == nil || errors.Is(err, ErrLeaseLost) {
+	if err == nil || errors.Is(err, idemq.ErrLeaseLost) {
 		return err
 	}
 	return unavailable(op, err)

@@ -123,7 +123,7 @@ type stuckExtend struct {
 	stuck atomic.Bool
 }
 
-func (s *stuckExtend) Extend(ctx context.Context, l request.Lease, d time.Duration) (request.Lease, error) {
+func (s *stuckExtend) Extend(ctx context.Context, l idemq.Lease, d time.Duration) (idemq.Lease, error) {
 	if s.stuck.Load() {
 		return l, nil
 	}
@@ -144,13 +144,13 @@ func TestGuardLostLeaseCancelsTheAttempt(t *testing.T) {
 	second := mustRun(t, g, context.Background(), id)
 	s.stuck.Store(false)
 	<-first.Context().Done()
-	if cause := context.Cause(first.Context()); !errors.Is(cause, request.ErrLeaseLost) {
+	if cause := context.Cause(first.Context()); !errors.Is(cause, idemq.ErrLeaseLost) {
 		t.Fatalf("first attempt's context cause = %v, want ErrLeaseLost", cause)
 	}
 	if err := second.Complete(request.Response{Status: 201, Body: []byte("second")}); err != nil {
 		t.Fatal(err)
 	}
-	if err := first.Complete(request.Response{Status: 201, Body: []byte("first")}); !errors.Is(err, request.ErrLeaseLost) {
+	if err := first.Complete(request.Response{Status: 201, Body: []byte("first")}); !errors.Is(err, idemq.ErrLeaseLost) {
 		t.Fatalf("first Complete = %v, want ErrLeaseLost", err)
 	}
 	rec, err := g.Get(context.Background(), id)
@@ -172,7 +172,7 @@ func TestGuardReleaseRunsAgain(t *testing.T) {
 	if b.Lease().Token <= a.Lease().Token {
 		t.Fatalf("token %d after %d", b.Lease().Token, a.Lease().Token)
 	}
-	if err := a.Release(); !errors.Is(err, request.ErrLeaseLost) {
+	if err := a.Release(); !errors.Is(err, idemq.ErrLeaseLost) {
 		t.Fatalf("second Release of a finished attempt: %v, want ErrLeaseLost", err)
 	}
 }

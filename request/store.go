@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/idemq/idemq"
 )
 
 // Store keeps request records. Every method is safe for concurrent use by
@@ -34,19 +36,19 @@ type Store interface {
 
 	// Complete stores resp as the final outcome of lease's attempt and
 	// keeps the record for the store's record TTL from now. It fails with
-	// [ErrLeaseLost] when the key was taken over or already finished; the
+	// [idemq.ErrLeaseLost] when the key was taken over or already finished; the
 	// outcome of whoever holds the key then stands. A lease whose time ran
 	// out may still complete while nobody has taken it over.
-	Complete(ctx context.Context, lease Lease, resp Response) error
+	Complete(ctx context.Context, lease idemq.Lease, resp Response) error
 
 	// Release ends lease's attempt without an outcome, so that the next
 	// Claim runs the request again. The record keeps its fingerprint and
-	// fencing token. It fails with [ErrLeaseLost] like Complete.
-	Release(ctx context.Context, lease Lease) error
+	// fencing token. It fails with [idemq.ErrLeaseLost] like Complete.
+	Release(ctx context.Context, lease idemq.Lease) error
 
 	// Extend moves the end of lease to d from now and returns the extended
-	// lease. It fails with [ErrLeaseLost] like Complete.
-	Extend(ctx context.Context, lease Lease, d time.Duration) (Lease, error)
+	// lease. It fails with [idemq.ErrLeaseLost] like Complete.
+	Extend(ctx context.Context, lease idemq.Lease, d time.Duration) (idemq.Lease, error)
 
 	// Get returns the record of id, or [ErrNotFound].
 	Get(ctx context.Context, id ID) (Record, error)
@@ -116,29 +118,11 @@ type Claim struct {
 	// Acquired reports that the caller holds Lease and must run the
 	// request. Otherwise Record is the stored record.
 	Acquired bool
-	Lease    Lease
+	Lease    idemq.Lease
 	Record   Record
 }
 
-// Lease is one attempt's hold on a key.
-type Lease struct {
-	ID
-	// Token is the fencing token: it grows with every claim and takeover
-	// of the key, also across the record's expiry, so a finisher holding
-	// an older token is refused. Pass it downstream so the far side can
-	// refuse a stale writer too. The stores' tokens are the larger of the
-	// previous token + 1 and a clock in Unix microseconds (DynamoDB: the
-	// client's clock when the item is new), so a record created again
-	// after its record TTL starts above every earlier token.
-	Token int64
-	// Until is when the lease runs out unless extended.
-	Until time.Time
-}
-
 var (
-	// ErrLeaseLost reports a Complete, Release or Extend by an attempt
-	// whose key was taken over (its token is stale) or already finished.
-	ErrLeaseLost = errors.New("request: lease lost")
 	// ErrNotFound reports that no record exists for the key.
 	ErrNotFound = errors.New("request: record not found")
 	// ErrInvalidKey reports a key that breaks the format rules: empty, too

@@ -19,6 +19,8 @@
 // Outage tests get servers of their own to stop and start again:
 // [StartRedis] (a redis-server process), [StartDynalite] and [NewProxy] (a
 // TCP forwarder that refuses connections while stopped, for Postgres).
+// [Main] and [RunProgram] run the examples' programs, as a main function
+// and as a test.
 // [PgBouncer] puts a pgbouncer of the test's own (transaction mode) in
 // front of a test database, for the pooler tests. [Logs] keeps what a
 // component logged, for tests of its log lines.

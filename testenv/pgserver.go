@@ -139,7 +139,66 @@ func (s *PostgresServer) start(ctx context.Context, settings []string) error {
 	if out, err := initdb.CombinedOutput(); err != nil {
 		return fmt.Errorf("testenv: initdb: %w\n%s", err, out)
 	}
+	return s.serve(ctx, owner, settings)
+}
 
+// StartStandby starts a streaming-replication standby of s: a base backup
+// of s (pg_basebackup -R, so that it follows s) in a new temporary
+// directory, served by postgres on a free 127.0.0.1 port, read-only (hot
+// standby). It returns once the standby accepts connections. The caller
+// must call [PostgresServer.Stop] on it.
+func (s *PostgresServer) StartStandby(ctx context.Context, settings ...string) (*PostgresServer, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "idemq-postgres-standby-")
+	if err != nil {
+		return nil, fmt.Errorf("testenv: temporary directory for the standby: %w", err)
+	}
+	st := &PostgresServer{bin: s.bin, dir: dir, port: port, done: make(chan struct{})}
+	err = func() error {
+		owner, err := unprivilegedOwner(dir)
+		if err != nil {
+			return err
+		}
+		backup := exec.CommandContext(ctx, filepath.Join(s.bin, "pg_basebackup"), "-D", filepath.Join(dir, "data"), "-R",
+			"-X", "stream", "--no-sync", "-c", "fast", "-h", "127.0.0.1", "-p", strconv.Itoa(s.port), "-U", "postgres")
+		backup.Dir = dir
+		owner(backup)
+		if out, err := backup.CombinedOutput(); err != nil {
+			return fmt.Errorf("testenv: pg_basebackup: %w\n%s", err, out)
+		}
+		return st.serve(ctx, owner, settings)
+	}()
+	if err != nil {
+		return nil, errors.Join(err, st.Stop())
+	}
+	return st, nil
+}
+
+// PrivateStandby is [PostgresServer.StartStandby] for a test: a failure
+// fails tb, and the standby is stopped and removed at cleanup.
+func (s *PostgresServer) PrivateStandby(tb testing.TB, settings ...string) *PostgresServer {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	st, err := s.StartStandby(ctx, settings...)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		if err := st.Stop(); err != nil {
+			tb.Error(err)
+		}
+	})
+	return st
+}
+
+// serve runs postgres on the cluster in s.dir/data, as owner, and waits
+// until it answers.
+func (s *PostgresServer) serve(ctx context.Context, owner func(*exec.Cmd), settings []string) error {
+	data := filepath.Join(s.dir, "data")
 	logPath := filepath.Join(s.dir, "postgres.log")
 	log, err := os.Create(logPath)
 	if err != nil {

@@ -37,10 +37,10 @@ func openPTY(t *testing.T) (master, terminal *os.File) {
 	return master, terminal
 }
 
-// TestDLQPurgeAsksOnATerminal: on a terminal, purge prints the count and
+// TestBadInputDLQPurgeAsksOnATerminal: on a terminal, purge prints the count and
 // the filter and deletes only after a yes; any other answer deletes
 // nothing and exits 1.
-func TestDLQPurgeAsksOnATerminal(t *testing.T) {
+func TestBadInputDLQPurgeAsksOnATerminal(t *testing.T) {
 	t.Parallel()
 	url, ob, _ := deadLetters(t, "payments", "payments", "emails")
 	purge := func(answer string) (stderr string, code int) {

@@ -8,15 +8,22 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/inbox"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/testenv"
 )
@@ -37,17 +44,38 @@ func deadLetters(t *testing.T, dests ...string) (url string, ob *outbox.Outbox, 
 	return url, ob, ids
 }
 
+// inboxDeadLetterSet makes an inbox dead letter of each key in scope, each
+// after 3 failures with the error "card declined", and returns the inbox.
+func inboxDeadLetterSet(t *testing.T, pool *pgxpool.Pool, scope string, keys ...string) *inbox.Store {
+	t.Helper()
+	ctx := context.Background()
+	// A handler that always fails, under one attempt: each key becomes a
+	// dead letter with its error.
+	c, err := consumer.New(pool, scope, func(context.Context, pgx.Tx, *consumer.Message) error {
+		return errors.New("card declined")
+	}, consumer.Config{Retry: idemq.Retry{MaxAttempts: 3, BaseDelay: time.Millisecond, MaxDelay: time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range keys {
+		if r := c.Process(ctx, &consumer.Message{ID: key, Payload: []byte("fp")}); r.Outcome != consumer.DeadLettered {
+			t.Fatalf("%s: %+v, want DeadLettered", key, r)
+		}
+	}
+	return c.Store()
+}
+
 // deadCount is the number of outbox dead letters.
 func deadCount(t *testing.T, ob *outbox.Outbox) int64 {
 	t.Helper()
 	return outboxStats(t, ob).Dead
 }
 
-// TestDLQNegativeAgeIsAUsageError: a negative (or zero) --older-than or
+// TestBadInputDLQNegativeAgeIsAUsageError: a negative (or zero) --older-than or
 // --newer-than used to be dropped, so that purge deleted every dead
 // letter. It is a usage error, for the outbox and the inbox, in every dlq
 // command, and nothing is touched.
-func TestDLQNegativeAgeIsAUsageError(t *testing.T) {
+func TestBadInputDLQNegativeAgeIsAUsageError(t *testing.T) {
 	t.Parallel()
 	url, ob, _ := deadLetters(t, "payments", "emails")
 	for _, args := range [][]string{
@@ -70,10 +98,10 @@ func TestDLQNegativeAgeIsAUsageError(t *testing.T) {
 	}
 }
 
-// TestDLQPurgeNeedsAFilterOrAll: purge with no filter is refused; --all
+// TestBadInputDLQPurgeNeedsAFilterOrAll: purge with no filter is refused; --all
 // with a filter is refused; --dry-run lists and counts what would go and
 // changes nothing; --all purges everything.
-func TestDLQPurgeNeedsAFilterOrAll(t *testing.T) {
+func TestBadInputDLQPurgeNeedsAFilterOrAll(t *testing.T) {
 	t.Parallel()
 	url, ob, ids := deadLetters(t, "payments", "payments", "emails")
 	for _, args := range [][]string{
@@ -126,9 +154,9 @@ func TestDLQPurgeNeedsAFilterOrAll(t *testing.T) {
 	}
 }
 
-// TestDLQReplayOfAMissingIDChangesNothing: replay --id A --id B where B is
+// TestBadInputDLQReplayOfAMissingIDChangesNothing: replay --id A --id B where B is
 // no dead letter names B, exits 5 and replays nothing, A included.
-func TestDLQReplayOfAMissingIDChangesNothing(t *testing.T) {
+func TestBadInputDLQReplayOfAMissingIDChangesNothing(t *testing.T) {
 	t.Parallel()
 	url, ob, ids := deadLetters(t, "payments", "emails")
 	missing := uuid.Must(uuid.NewV7()).String()
@@ -150,10 +178,60 @@ func TestDLQReplayOfAMissingIDChangesNothing(t *testing.T) {
 	}
 }
 
-// TestRelayChecksItsFlagsBeforeTouchingTheDatabase: a bad route, lease or
+// TestBadInputDLQReplayOfAMissingInboxKeyChangesNothing: with --inbox, --id
+// names inbox keys (the message ids); replay or purge --inbox --id A --id
+// B where B is no dead letter names B, exits 5 and changes nothing, A
+// included. A --key that matches nothing exits 5 too.
+func TestBadInputDLQReplayOfAMissingInboxKeyChangesNothing(t *testing.T) {
+	t.Parallel()
+	url, pool, _ := database(t)
+	ctx := context.Background()
+	ib := inboxDeadLetterSet(t, pool, "billing", "order-1", "order-2")
+	stillDead := func(when string) {
+		t.Helper()
+		for _, key := range []string{"order-1", "order-2"} {
+			if rec, err := ib.Get(ctx, "billing", key); err != nil || rec.Status != inbox.FailedFinal {
+				t.Fatalf("%s: %s is %+v, %v; want it still a dead letter", when, key, rec, err)
+			}
+		}
+	}
+	for _, verb := range []string{"replay", "purge"} {
+		r := wantCode(t, url, exitNotFound, "dlq", verb, "--inbox", "--id", "order-1", "--id", "order-9")
+		if !strings.Contains(r.stderr, `"order-9"`) || strings.Contains(r.stderr, "order-1") {
+			t.Errorf("dlq %s --inbox: stderr %q, want it to name order-9 alone", verb, r.stderr)
+		}
+		// A key that exists but that another filter excludes is missing too.
+		wantCode(t, url, exitNotFound, "dlq", verb, "--inbox", "--id", "order-1", "--scope", "shipping")
+		wantCode(t, url, exitNotFound, "dlq", verb, "--inbox", "--id", "order-1", "--conflicts")
+		r = wantCode(t, url, exitNotFound, "dlq", verb, "--inbox", "--key", "order-9")
+		if !strings.Contains(r.stderr, "order-9") {
+			t.Errorf("dlq %s --inbox --key order-9: stderr %q, want it to name the key", verb, r.stderr)
+		}
+		wantCode(t, url, exitUsage, "dlq", verb, "--inbox", "--id", "order-1", "--key", "order-2")
+		stillDead("after refused " + verb)
+	}
+	var dry map[string]any
+	mustJSON(t, url, &dry, "dlq", "purge", "--inbox", "--id", "order-1", "--id", "order-2", "--dry-run")
+	if dry["would_have_purged"] != float64(2) {
+		t.Fatalf("purge --inbox --id --id --dry-run: %v, want 2", dry)
+	}
+	stillDead("after a dry run")
+	var moved map[string]int64
+	mustJSON(t, url, &moved, "dlq", "replay", "--inbox", "--id", "order-1", "--id", "order-2")
+	if moved["replayed"] != 2 {
+		t.Fatalf("replay --inbox of two existing keys: %v", moved)
+	}
+	for _, key := range []string{"order-1", "order-2"} {
+		if rec, err := ib.Get(ctx, "billing", key); err != nil || rec.Status != inbox.FailedRetryable {
+			t.Errorf("%s after replay: %+v, %v; want FAILED_RETRYABLE", key, rec, err)
+		}
+	}
+}
+
+// TestBadInputRelayChecksItsFlagsBeforeTouchingTheDatabase: a bad route, lease or
 // --config is a usage error (2) found before --migrate migrates anything,
 // and also when the database does not answer.
-func TestRelayChecksItsFlagsBeforeTouchingTheDatabase(t *testing.T) {
+func TestBadInputRelayChecksItsFlagsBeforeTouchingTheDatabase(t *testing.T) {
 	t.Parallel()
 	url := testenv.PostgresURL(t)
 	nats := []string{"--nats-url", "nats://127.0.0.1:1"}
@@ -197,9 +275,66 @@ func TestRelayChecksItsFlagsBeforeTouchingTheDatabase(t *testing.T) {
 	}
 }
 
-// TestConfigFileWithOneObjectIsRead: the check for trailing data accepts a
+// TestBadInputRefusedValuesNameTheirFlag: a value a library constructor
+// refuses is reported by the flag that set it, not the Go field, and a
+// "leave it 0 for the default" meant for Go callers is said as leaving the
+// flag out (--lease-ttl 0s is refused). Table and schema flags are usage
+// errors whether or not the database answers.
+func TestBadInputRefusedValuesNameTheirFlag(t *testing.T) {
+	t.Parallel()
+	url := testenv.PostgresURL(t)
+	unreachable := []string{"--database-url", "postgres://postgres@127.0.0.1:1/none", "--connect-timeout", "3s"}
+	nats := []string{"--route", "orders=nats", "--nats-url", "nats://127.0.0.1:1"}
+	for _, tc := range []struct{ flag, value, field string }{
+		{"lease-ttl", "50ms", "LeaseTTL"},
+		{"poll-interval", "1us", "PollInterval"},
+		{"stats-interval", "5ms", "StatsInterval"},
+	} {
+		args := append([]string{"relay", "--" + tc.flag, tc.value}, nats...)
+		for _, db := range [][]string{{"--database-url", url}, unreachable} {
+			r := runIdemq(t, url, append(db, args...)...)
+			want := "--" + tc.flag + ": " + strings.Replace(tc.value, "us", "µs", 1) + " is below the minimum of "
+			if r.code != exitUsage || !strings.Contains(r.stderr, want) || !strings.Contains(r.stderr, "leave --"+tc.flag+" out for the default") ||
+				strings.Contains(r.stderr, "leave it 0") || strings.Contains(r.stderr, tc.field) {
+				t.Errorf("idemq %v: exit %d, stderr %q; want exit 2 naming --%s and to leave it out", args, r.code, r.stderr, tc.flag)
+			}
+		}
+		// What the message says to do works: the flag given as 0 is refused
+		// (it would silently be the default), and naming it.
+		r := runIdemq(t, url, append(unreachable, append([]string{"relay", "--" + tc.flag, "0s"}, nats...)...)...)
+		if r.code != exitUsage || !strings.Contains(r.stderr, "--"+tc.flag) || !strings.Contains(r.stderr, "leave it out for the default") {
+			t.Errorf("--%s 0s: exit %d, stderr %q; want exit 2 saying to leave it out", tc.flag, r.code, r.stderr)
+		}
+	}
+	for _, tc := range []struct {
+		flag string
+		args []string
+	}{
+		{"schema", []string{"stats"}},
+		{"outbox-table", []string{"stats"}},
+		{"inbox-table", []string{"dlq", "list", "--inbox"}},
+		{"webhook-table", []string{"webhook", "list"}},
+		{"outbox-table", append([]string{"relay"}, nats...)},
+		{"requests-table", []string{"gc"}},
+	} {
+		var args []string
+		if tc.flag == "requests-table" {
+			args = append(append([]string{}, tc.args...), "--requests-table", "bad name")
+		} else {
+			args = append([]string{"--" + tc.flag, "bad name"}, tc.args...)
+		}
+		for _, db := range [][]string{{"--database-url", url}, unreachable} {
+			r := runIdemq(t, url, append(db, args...)...)
+			if r.code != exitUsage || !strings.HasPrefix(r.stderr, "idemq: --"+tc.flag+": ") || strings.Contains(r.stderr, "Table") {
+				t.Errorf("idemq %v (%s): exit %d, stderr %q; want exit 2 naming --%s", args, db[1], r.code, r.stderr, tc.flag)
+			}
+		}
+	}
+}
+
+// TestBadInputConfigFileWithOneObjectIsRead: the check for trailing data accepts a
 // well-formed file with trailing blanks.
-func TestConfigFileWithOneObjectIsRead(t *testing.T) {
+func TestBadInputConfigFileWithOneObjectIsRead(t *testing.T) {
 	t.Parallel()
 	path := filepath.Join(t.TempDir(), "relay.json")
 	if err := os.WriteFile(path, []byte("{\"routes\": [\"orders.*=nats\"], \"nats_url\": \"nats://127.0.0.1:1\"}\n\n"), 0o600); err != nil {
@@ -212,9 +347,9 @@ func TestConfigFileWithOneObjectIsRead(t *testing.T) {
 	}
 }
 
-// TestConnectTimeoutThatRoundsToNothingIsRefused: --connect-timeout 1ns
+// TestBadInputConnectTimeoutThatRoundsToNothingIsRefused: --connect-timeout 1ns
 // reported every database as unreachable (exit 3).
-func TestConnectTimeoutThatRoundsToNothingIsRefused(t *testing.T) {
+func TestBadInputConnectTimeoutThatRoundsToNothingIsRefused(t *testing.T) {
 	t.Parallel()
 	url := testenv.PostgresURL(t)
 	for _, d := range []string{"1ns", "0s", "-1s"} {
@@ -225,10 +360,10 @@ func TestConnectTimeoutThatRoundsToNothingIsRefused(t *testing.T) {
 	}
 }
 
-// TestWebhookCommandsHideURLCredentials: a password (or a token as the
+// TestBadInputWebhookCommandsHideURLCredentials: a password (or a token as the
 // user) in an endpoint URL is not printed by add, list, enable or
 // disable.
-func TestWebhookCommandsHideURLCredentials(t *testing.T) {
+func TestBadInputWebhookCommandsHideURLCredentials(t *testing.T) {
 	t.Parallel()
 	url := testenv.PostgresURL(t)
 	mustRun(t, url, "migrate", "--components", "outbox,webhook") // enable makes the held rows due
@@ -252,10 +387,10 @@ func TestWebhookCommandsHideURLCredentials(t *testing.T) {
 	}
 }
 
-// TestWebhookAddRefusesNumbersItCannotKeep: NaN and infinite rates, a
+// TestBadInputWebhookAddRefusesNumbersItCannotKeep: NaN and infinite rates, a
 // timeout under the registry's millisecond (stored as 0, the default) and
 // a negative concurrency are usage errors, and nothing is registered.
-func TestWebhookAddRefusesNumbersItCannotKeep(t *testing.T) {
+func TestBadInputWebhookAddRefusesNumbersItCannotKeep(t *testing.T) {
 	t.Parallel()
 	url := testenv.PostgresURL(t)
 	mustRun(t, url, "migrate", "--components", "webhook")
@@ -277,11 +412,11 @@ func TestWebhookAddRefusesNumbersItCannotKeep(t *testing.T) {
 	}
 }
 
-// TestUnmigratedDatabaseSaysToMigrate: every command that needs the
+// TestBadInputUnmigratedDatabaseSaysToMigrate: every command that needs the
 // tables says to run `idemq migrate` and exits 4, instead of printing a
 // raw "relation does not exist (SQLSTATE 42P01)"; stats reports what is
 // migrated and names what is not.
-func TestUnmigratedDatabaseSaysToMigrate(t *testing.T) {
+func TestBadInputUnmigratedDatabaseSaysToMigrate(t *testing.T) {
 	t.Parallel()
 	url := testenv.PostgresURL(t)
 	id := uuid.Must(uuid.NewV7()).String()
@@ -335,11 +470,11 @@ func TestVersion(t *testing.T) {
 	}
 }
 
-// TestWebhookEnableWithoutOutboxChangesNothing: on a database with the
+// TestBadInputWebhookEnableWithoutOutboxChangesNothing: on a database with the
 // webhook tables but not the outbox's, `webhook enable` cannot make the
 // held rows due; it says to migrate (exit 4) and leaves the endpoint
 // disabled, instead of enabling it and then failing.
-func TestWebhookEnableWithoutOutboxChangesNothing(t *testing.T) {
+func TestBadInputWebhookEnableWithoutOutboxChangesNothing(t *testing.T) {
 	t.Parallel()
 	url := testenv.PostgresURL(t)
 	mustRun(t, url, "migrate", "--components", "webhook")

@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/inbox"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
@@ -245,16 +246,21 @@ func TestInboxDeadLetters(t *testing.T) {
 	t.Parallel()
 	url, pool, _ := database(t)
 	ctx := context.Background()
-	ib, err := inbox.New(pool, inbox.Config{})
+	// Two messages whose handler fails three times become dead letters.
+	declined := true
+	billing, err := consumer.New(pool, "billing", func(context.Context, pgx.Tx, *consumer.Message) error {
+		if declined {
+			return errors.New("card declined")
+		}
+		return nil
+	}, consumer.Config{Retry: idemq.Retry{MaxAttempts: 3, BaseDelay: time.Millisecond, MaxDelay: time.Millisecond}})
 	if err != nil {
 		t.Fatal(err)
 	}
+	ib := billing.Store()
 	for _, key := range []string{"order-1", "order-2"} {
-		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			_, err := ib.DeadLetterTx(ctx, tx, "billing", key, []byte("fp"), 3, errors.New("card declined"))
-			return err
-		}); err != nil {
-			t.Fatal(err)
+		if r := billing.Process(ctx, &consumer.Message{ID: key, Payload: []byte("fp")}); r.Outcome != consumer.DeadLettered {
+			t.Fatalf("%s: %+v, want DeadLettered", key, r)
 		}
 	}
 	var dead []inboxDead
@@ -279,14 +285,9 @@ func TestInboxDeadLetters(t *testing.T) {
 		t.Errorf("released record: %+v, %v; want FAILED_RETRYABLE with no failures", rec, err)
 	}
 	// The next delivery of a released message is applied.
-	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		res, err := ib.ClaimTx(ctx, tx, "billing", "order-1", []byte("fp"))
-		if err == nil && !res.New {
-			err = fmt.Errorf("claim after release: %+v, want New", res)
-		}
-		return err
-	}); err != nil {
-		t.Error(err)
+	declined = false
+	if r := billing.Process(ctx, &consumer.Message{ID: "order-1", Payload: []byte("fp")}); r.Outcome != consumer.Applied {
+		t.Errorf("delivery after release: %+v, want Applied", r)
 	}
 	mustJSON(t, url, &moved, "dlq", "purge", "--inbox", "--scope", "billing")
 	if moved["purged"] != 1 {
@@ -298,10 +299,8 @@ func TestInboxDeadLetters(t *testing.T) {
 	wantCode(t, url, exitNotFound, "dlq", "purge", "--inbox", "--scope", "billing")
 
 	// Conflicts: a key applied with one payload and delivered with another.
-	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		return ib.RecordConflictTx(ctx, tx, "billing", "order-1", []byte("other"))
-	}); err != nil {
-		t.Fatal(err)
+	if r := billing.Process(ctx, &consumer.Message{ID: "order-1", Payload: []byte("other")}); r.Outcome != consumer.Conflict {
+		t.Fatalf("order-1 with another payload: %+v, want Conflict", r)
 	}
 	var stats statsReport
 	mustJSON(t, url, &stats, "stats")
@@ -324,16 +323,14 @@ func TestGC(t *testing.T) {
 	t.Parallel()
 	url, pool, _ := database(t)
 	ctx := context.Background()
-	ib, err := inbox.New(pool, inbox.Config{Retention: time.Millisecond})
+	shipping, err := consumer.New(pool, "shipping", func(context.Context, pgx.Tx, *consumer.Message) error { return nil },
+		consumer.Config{Inbox: inbox.Config{Retention: time.Millisecond}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i := range 25 {
-		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			_, err := ib.ClaimTx(ctx, tx, "shipping", fmt.Sprint("k", i), nil)
-			return err
-		}); err != nil {
-			t.Fatal(err)
+		if r := shipping.Process(ctx, &consumer.Message{ID: fmt.Sprint("k", i), Payload: []byte{}}); r.Outcome != consumer.Applied {
+			t.Fatalf("k%d: %+v, want Applied", i, r)
 		}
 	}
 	time.Sleep(10 * time.Millisecond) // let the 1 ms retention run out
@@ -421,37 +418,27 @@ func TestMigrateToPartitionedInbox(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	plain, err := inbox.New(pool, inbox.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	claim := func(ib *inbox.Store, key string) inbox.ClaimResult {
+	apply := func(layout inbox.Partitioning, key string) consumer.Outcome {
 		t.Helper()
-		tx, c, err := ib.BeginClaim(ctx, "billing", key, []byte("fp"))
+		c, err := consumer.New(pool, "billing", func(context.Context, pgx.Tx, *consumer.Message) error { return nil },
+			consumer.Config{Inbox: inbox.Config{Partitioning: layout}})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := tx.Commit(ctx); err != nil {
-			t.Fatal(err)
-		}
-		return c
+		return c.Process(ctx, &consumer.Message{ID: key, Payload: []byte("fp")}).Outcome
 	}
-	if c := claim(plain, "order-1"); !c.New {
-		t.Fatalf("claim before: %+v", c)
+	if o := apply(inbox.Unpartitioned, "order-1"); o != consumer.Applied {
+		t.Fatalf("before: %v", o)
 	}
 	flag := []string{"--inbox-partitioned", "arrival"}
 	mustRun(t, url, append(flag, "migrate")...)
 	wantCode(t, url, exitOK, append(flag, "migrate", "validate")...)
 	mustRun(t, url, append(flag, "gc")...)
-	part, err := inbox.New(pool, inbox.Config{Partitioning: inbox.PartitionByArrival})
-	if err != nil {
-		t.Fatal(err)
+	if o := apply(inbox.PartitionByArrival, "order-1"); o != consumer.Duplicate {
+		t.Fatalf("a key applied before the migration, after it: %v, want a duplicate", o)
 	}
-	if c := claim(part, "order-1"); c.New {
-		t.Fatalf("a key claimed before the migration, claimed again after it: %+v", c)
-	}
-	if c := claim(part, "order-2"); !c.New {
-		t.Fatalf("a new key after the migration: %+v", c)
+	if o := apply(inbox.PartitionByArrival, "order-2"); o != consumer.Applied {
+		t.Fatalf("a new key after the migration: %v", o)
 	}
 	var parts int
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_inherits WHERE inhparent = 'idemq_inbox'::regclass`).Scan(&parts); err != nil || parts < 3 {

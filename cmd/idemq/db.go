@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -26,6 +27,16 @@ const (
 func connect(ctx context.Context, cmd *cli.Command) (*pgxpool.Pool, error) {
 	pool, err := openPool(cmd)
 	if err != nil {
+		return nil, err
+	}
+	// The table flags are usage errors (2) whether or not the database
+	// answers: check them before reaching it.
+	if _, _, err := stores(cmd, pool); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	if _, err := registry(cmd, pool); err != nil {
+		pool.Close()
 		return nil, err
 	}
 	if err := ping(ctx, cmd, pool); err != nil {
@@ -72,7 +83,7 @@ func stores(cmd *cli.Command, db outbox.DB) (*outbox.Outbox, *inbox.Store, error
 	ob, err := outbox.New(db, outbox.Config{Schema: cmd.String(flagSchema), Table: cmd.String(flagOutboxTable)})
 	if err != nil {
 		// New touches no database: every error is the flags' fault.
-		return nil, nil, usageError("%w", err)
+		return nil, nil, flagConfigError(err, map[string]string{"Schema": flagSchema, "Table": flagOutboxTable})
 	}
 	var layout inbox.Partitioning
 	switch p := cmd.String(flagInboxPartition); p {
@@ -87,7 +98,7 @@ func stores(cmd *cli.Command, db outbox.DB) (*outbox.Outbox, *inbox.Store, error
 	ib, err := inbox.New(db, inbox.Config{Schema: cmd.String(flagSchema), Table: cmd.String(flagInboxTable),
 		Retention: cmd.Duration(flagInboxRetention), Partitioning: layout, PartitionInterval: cmd.Duration(flagInboxInterval)})
 	if err != nil {
-		return nil, nil, usageError("%w", err)
+		return nil, nil, flagConfigError(err, map[string]string{"Schema": flagSchema, "Table": flagInboxTable})
 	}
 	return ob, ib, nil
 }
@@ -98,6 +109,22 @@ func configError(err error) error {
 		return usageError("%w", err)
 	}
 	return err
+}
+
+// flagConfigError is configError naming the flag, not the Go field, of a
+// value a constructor refused: flags maps the fields the command sets from
+// flags to the flags' names. A Go caller leaves a field 0 for its default;
+// on the command line that is leaving the flag out, which the reason then
+// says.
+func flagConfigError(err error, flags map[string]string) error {
+	ce, ok := errors.AsType[*idemq.ConfigError](err)
+	if !ok || flags[ce.Field] == "" {
+		return configError(err)
+	}
+	flag := "--" + flags[ce.Field]
+	reason := strings.TrimPrefix(ce.Reason, "idemq: ")
+	reason = strings.ReplaceAll(reason, "leave it 0 for the default", "leave "+flag+" out for the default")
+	return usageError("%s: %s", flag, reason)
 }
 
 // missingTable returns Postgres's message when err says a table or schema

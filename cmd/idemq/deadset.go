@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -25,6 +27,7 @@ type deadSet struct {
 	of   outbox.DeadFilter
 	ib   *inbox.Store // nil without --inbox
 	inf  inbox.DeadFilter
+	keys []string // with --inbox, the keys --id names (each one's set is inf with that Key)
 }
 
 // openDeadSet reads the filter flags, refusing bad ones before it
@@ -33,6 +36,7 @@ func openDeadSet(ctx context.Context, cmd *cli.Command) (s *deadSet, done func()
 	s = &deadSet{cmd: cmd}
 	if cmd.Bool("inbox") {
 		s.inf, err = inboxFilter(cmd)
+		s.keys = cmd.StringSlice("id")
 	} else {
 		s.of, err = outboxFilter(cmd)
 	}
@@ -70,27 +74,58 @@ func (s *deadSet) list(ctx context.Context) (rows any, human func(*table), n int
 		dead, err := s.ob.DeadLetters(ctx, s.of)
 		return jsonDead(dead), func(t *table) { outboxDeadRows(t, dead) }, len(dead), err
 	}
-	dead, err := inboxDeadLetters(ctx, s.cmd, s.ib, s.inf)
-	return dead, func(t *table) { inboxDeadRows(t, dead) }, len(dead), err
+	var dead []inboxDead
+	for _, f := range s.inboxFilters() {
+		d, err := inboxDeadLetters(ctx, s.cmd, s.ib, f)
+		if err != nil {
+			return nil, nil, 0, err
+		}
+		dead = append(dead, d...)
+	}
+	if dead == nil {
+		dead = []inboxDead{}
+	}
+	return dead, func(t *table) { inboxDeadRows(t, dead) }, len(dead), nil
+}
+
+// inboxFilters is the inbox filter, or with --id one filter per key.
+func (s *deadSet) inboxFilters() []inbox.DeadFilter {
+	if len(s.keys) == 0 {
+		return []inbox.DeadFilter{s.inf}
+	}
+	fs := make([]inbox.DeadFilter, len(s.keys))
+	for i, k := range s.keys {
+		fs[i] = s.inf
+		fs[i].Key = k
+	}
+	return fs
 }
 
 // move replays (releases, in the inbox) or purges the set in tx.
 func (s *deadSet) move(ctx context.Context, tx pgx.Tx, purge bool) (int64, error) {
-	conflicts := s.cmd.Bool("conflicts")
-	switch {
-	case s.ob != nil && purge:
+	if s.ob != nil && purge {
 		return s.ob.PurgeTx(ctx, tx, s.of)
-	case s.ob != nil:
+	} else if s.ob != nil {
 		return s.ob.ReplayTx(ctx, tx, s.of)
-	case purge && conflicts:
-		return s.ib.PurgeConflictsTx(ctx, tx, s.inf)
-	case purge:
-		return s.ib.PurgeTx(ctx, tx, s.inf)
-	case conflicts:
-		return s.ib.ReleaseConflictsTx(ctx, tx, s.inf)
-	default:
-		return s.ib.ReleaseTx(ctx, tx, s.inf)
 	}
+	move := s.ib.ReleaseTx
+	switch conflicts := s.cmd.Bool("conflicts"); {
+	case purge && conflicts:
+		move = s.ib.PurgeConflictsTx
+	case purge:
+		move = s.ib.PurgeTx
+	case conflicts:
+		move = s.ib.ReleaseConflictsTx
+	}
+	var total int64
+	for _, f := range s.inboxFilters() {
+		n, err := move(ctx, tx, f)
+		if err != nil {
+			return total, err
+		}
+		total += n
+	}
+	return total, nil
 }
 
 // rehearse runs fn in a transaction that it rolls back, and returns the
@@ -120,7 +155,10 @@ func (s *deadSet) failedBefore(at time.Time) {
 // checkIDs returns an exitNotFound error, before anything changes, when an
 // --id names no outbox dead letter among those the other flags select.
 func (s *deadSet) checkIDs(ctx context.Context) error {
-	if s.ob == nil || len(s.of.IDs) == 0 {
+	if s.ib != nil {
+		return s.checkInboxKeys(ctx)
+	}
+	if len(s.of.IDs) == 0 {
 		return nil
 	}
 	f := s.of
@@ -141,6 +179,28 @@ func (s *deadSet) checkIDs(ctx context.Context) error {
 	}
 	if len(missing) > 0 {
 		return withCode(exitNotFound, "no outbox dead letter with id %s matches; nothing changed", strings.Join(missing, ", "))
+	}
+	return nil
+}
+
+// checkInboxKeys is checkIDs for the inbox keys --inbox --id names.
+func (s *deadSet) checkInboxKeys(ctx context.Context) error {
+	var missing []string
+	for _, f := range s.inboxFilters()[:len(s.keys)] {
+		f.Limit = 1
+		dead, err := inboxDeadLetters(ctx, s.cmd, s.ib, f)
+		if errors.Is(err, inbox.ErrInvalidKey) {
+			return usageError("--id %q: %w", f.Key, err)
+		}
+		if err != nil {
+			return err
+		}
+		if len(dead) == 0 {
+			missing = append(missing, strconv.Quote(f.Key))
+		}
+	}
+	if len(missing) > 0 {
+		return withCode(exitNotFound, "no %s with key %s matches; nothing changed", s.noun(), strings.Join(missing, ", "))
 	}
 	return nil
 }

@@ -26,7 +26,7 @@ func dlqFlags() []cli.Flag {
 		&cli.StringFlag{Name: "destination-prefix", Usage: "outbox destinations starting with this"},
 		&cli.StringFlag{Name: "scope", Usage: "inbox scope (consumer name), exactly"},
 		&cli.StringFlag{Name: "key", Usage: "outbox ordering key, or inbox key, exactly"},
-		&cli.StringSliceFlag{Name: "id", Usage: "outbox message id (repeatable)"},
+		&cli.StringSliceFlag{Name: "id", Usage: "outbox message id, or with --inbox inbox key (the message id) (repeatable)"},
 		&cli.DurationFlag{Name: "older-than", Usage: "dead letters that failed longer ago than this"},
 		&cli.DurationFlag{Name: "newer-than", Usage: "dead letters that failed within this"},
 		&cli.IntFlag{Name: "limit", Usage: "at most this many (list: default 100; replay and purge: no limit)"},
@@ -52,7 +52,7 @@ func dlqCommand() *cli.Command {
 			"place in their key's order). With --inbox, the consumers' dead letters: replay releases them so that the\n" +
 			"next delivery of the message is applied again; purge forgets them. --inbox --conflicts does the same for\n" +
 			"messages refused because their key was applied with another payload. Replay and purge exit 5 when a\n" +
-			"--destination, --scope or --id matches no dead letter, and then change nothing. Purge needs a filter or --all;\n" +
+			"--destination, --scope, --key or --id matches no dead letter, and then change nothing. Purge needs a filter or --all;\n" +
 			"on a terminal it prints the count and the filter and asks first (--yes does not ask). --dry-run prints what\n" +
 			"would be replayed or purged and changes nothing. Ages (--older-than, --newer-than) must be positive.",
 		Action: groupAction,
@@ -211,8 +211,8 @@ func dlqMove(purge bool) cli.ActionFunc {
 		if err != nil {
 			return err
 		}
-		if n == 0 && slices.ContainsFunc([]string{"destination", "scope", "id"}, cmd.IsSet) {
-			return withCode(exitNotFound, "no dead letter matches the given --destination, --scope or --id")
+		if n == 0 && slices.ContainsFunc([]string{"destination", "scope", "key", "id"}, cmd.IsSet) {
+			return withCode(exitNotFound, "no %s %s; nothing changed", set.noun(), describeFilter(cmd))
 		}
 		if cmd.Bool("dry-run") {
 			return set.dryRun(ctx, verb, n)

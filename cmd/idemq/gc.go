@@ -30,18 +30,23 @@ func runGC(ctx context.Context, cmd *cli.Command) error {
 	if cmd.Int("batch-size") <= 0 {
 		return usageError("--batch-size must be positive")
 	}
-	pool, err := connect(ctx, cmd)
+	// Every flag is checked before the database is reached: a bad table
+	// name is a usage error (2) whether or not it answers.
+	pool, err := openPool(cmd)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
+	requests, err := pgstore.New(pool, pgstore.Config{Schema: cmd.String(flagSchema), Table: cmd.String("requests-table")})
+	if err != nil {
+		return flagConfigError(err, map[string]string{"Schema": flagSchema, "Table": "requests-table"})
+	}
 	_, ib, err := stores(cmd, pool)
 	if err != nil {
 		return err
 	}
-	requests, err := pgstore.New(pool, pgstore.Config{Schema: cmd.String(flagSchema), Table: cmd.String("requests-table")})
-	if err != nil {
-		return configError(err)
+	if err := ping(ctx, cmd, pool); err != nil {
+		return err
 	}
 	// Store.GC reports only its total, so the progress line shows the time
 	// spent until it returns.

@@ -25,10 +25,14 @@ type inboxDead struct {
 
 // inboxFilter reads the filter flags for inbox dead letters.
 func inboxFilter(cmd *cli.Command) (inbox.DeadFilter, error) {
-	for _, f := range []string{"destination", "destination-prefix", "id"} {
+	for _, f := range []string{"destination", "destination-prefix"} {
 		if cmd.IsSet(f) {
 			return inbox.DeadFilter{}, usageError("--%s selects outbox dead letters: drop --inbox", f)
 		}
+	}
+	if cmd.IsSet("id") && cmd.IsSet("key") {
+		// With --inbox both name the inbox key (the message id).
+		return inbox.DeadFilter{}, usageError("--id and --key both name inbox keys: give one of them")
 	}
 	f := inbox.DeadFilter{Scope: cmd.String("scope"), Key: cmd.String("key")}
 	var err error

@@ -10,6 +10,8 @@ import (
 	"net"
 	"net/http"
 	"slices"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -20,7 +22,9 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/migrate"
+	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
+	"github.com/idemq/idemq/transports/webhook"
 )
 
 func relayCommand() *cli.Command {
@@ -33,7 +37,8 @@ func relayCommand() *cli.Command {
 			"(database reachable, schema current, relay claiming).\n" +
 			"Each message sent gets a span whose traceparent goes on in its headers; with OTEL_EXPORTER_OTLP_ENDPOINT set,\n" +
 			"metrics and spans are also exported over OTLP/HTTP.\n" +
-			"It exits 4 when migrations are pending, unless --migrate applies them first.",
+			"It exits 4 when migrations are pending, unless --migrate applies them first.\n" +
+			"--check validates the flags, environment and --config file without contacting anything: exit 0 or 2.",
 		Flags: []cli.Flag{
 			&cli.StringSliceFlag{Name: "route", Usage: "PATTERN=SINK[:TARGET]; SINK is kafka, jetstream or nats; PATTERN may end in *",
 				Sources: cli.EnvVars("IDEMQ_ROUTES")},
@@ -48,6 +53,7 @@ func relayCommand() *cli.Command {
 			&cli.StringFlag{Name: "http-addr", Usage: "address for /metrics, /healthz and /readyz (empty: none)",
 				Sources: cli.EnvVars("IDEMQ_HTTP_ADDR")},
 			&cli.BoolFlag{Name: "migrate", Usage: "apply pending migrations before starting", Sources: cli.EnvVars("IDEMQ_MIGRATE")},
+			&cli.BoolFlag{Name: "check", Usage: "check the flags, environment and --config file, print the relay's settings and exit (0 valid, 2 not); contacts no database or broker"},
 			&cli.IntFlag{Name: "workers", Usage: "batches in flight at once", Value: relay.WorkersDefault, Sources: cli.EnvVars("IDEMQ_RELAY_WORKERS")},
 			&cli.IntFlag{Name: "batch-size", Usage: "rows per claim", Value: relay.BatchSizeDefault, Sources: cli.EnvVars("IDEMQ_RELAY_BATCH_SIZE")},
 			&cli.IntFlag{Name: "max-attempts", Usage: "failed publishes before a dead letter", Value: relay.RetryDefault.MaxAttempts,
@@ -119,13 +125,7 @@ func runRelay(ctx context.Context, cmd *cli.Command) error {
 	if err != nil {
 		return err
 	}
-	tel, err := newTelemetry(ctx)
-	if err != nil {
-		return err
-	}
-	defer tel.shutdown()        //nolint:errcheck // best effort on exit
-	router := relay.NewRouter() // routed by buildSinks, before Run
-	r, err := relay.New(pool, ob, router, relay.Config{
+	cfg := relay.Config{
 		Workers:          cmd.Int("workers"),
 		BatchSize:        cmd.Int("batch-size"),
 		PollInterval:     cmd.Duration("poll-interval"),
@@ -137,9 +137,19 @@ func runRelay(ctx context.Context, cmd *cli.Command) error {
 		ListenConnString: cmd.String("listen-url"),
 		DisableListen:    cmd.Bool("poll-only"),
 		Retry:            idemq.Retry{MaxAttempts: cmd.Int("max-attempts")},
-		Hooks:            tel.RelayHooks(relay.Hooks{}),
 		Logger:           logger,
-	})
+	}
+	if cmd.Bool("check") {
+		return checkRelay(cmd, pool, ob, cfg, sc)
+	}
+	tel, err := newTelemetry(ctx)
+	if err != nil {
+		return err
+	}
+	defer tel.shutdown() //nolint:errcheck // best effort on exit
+	cfg.Hooks = tel.RelayHooks(relay.Hooks{})
+	router := relay.NewRouter() // routed by buildSinks, before Run
+	r, err := relay.New(pool, ob, router, cfg)
 	if err != nil {
 		return relayConfigError(err)
 	}
@@ -182,6 +192,64 @@ func runRelay(ctx context.Context, cmd *cli.Command) error {
 	return nil
 }
 
+// checkRelay is relay --check: everything runRelay checks before it
+// reaches the database, plus what the relay itself refuses at
+// construction (relay.New contacts nothing) and the --http-addr syntax.
+// It prints the settings the relay would run with. The OpenTelemetry
+// setup is not built: its exporters would flush to the OTLP endpoint on
+// shutdown.
+func checkRelay(cmd *cli.Command, pool *pgxpool.Pool, ob *outbox.Outbox, cfg relay.Config, sc sinkConfig) error {
+	if _, err := relay.New(pool, ob, relay.NewRouter(), cfg); err != nil {
+		return relayConfigError(err)
+	}
+	addr := cmd.String("http-addr")
+	if addr != "" {
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			return usageError("--http-addr %q: %v", addr, err)
+		}
+	}
+	cc := pool.Config().ConnConfig
+	settings := relayCheck{OK: true, Database: fmt.Sprintf("%s:%d/%s", cc.Host, cc.Port, cc.Database), Schema: ob.Config().Schema,
+		Outbox: ob.Config().Table, Routes: sc.Routes, KafkaBrokers: sc.KafkaBrokers, NATSURL: redactURL(sc.NATSURL),
+		Webhooks: sc.Webhooks, WebhookAllowNetworks: sc.WebhookAllowNetworks, HTTPAddr: addr,
+		Workers: cmd.Int("workers"), BatchSize: cmd.Int("batch-size"), MaxAttempts: cmd.Int("max-attempts")}
+	return output(cmd, settings, func(t *table) {
+		t.note("relay configuration valid (no database or broker was contacted)")
+		t.row("database", settings.Database)
+		t.row("outbox", settings.Schema+"."+settings.Outbox)
+		for _, r := range settings.Routes {
+			t.row("route", r)
+		}
+		if settings.Webhooks {
+			t.row("route", webhook.DestinationPrefix+"*=webhook")
+		}
+		t.row("kafka brokers", strings.Join(settings.KafkaBrokers, ","))
+		t.row("nats url", settings.NATSURL)
+		t.row("webhook allow networks", strings.Join(settings.WebhookAllowNetworks, ","))
+		t.row("http addr", addr)
+		t.row("workers", strconv.Itoa(settings.Workers))
+		t.row("batch size", strconv.Itoa(settings.BatchSize))
+		t.row("max attempts", strconv.Itoa(settings.MaxAttempts))
+	})
+}
+
+// relayCheck is what relay --check prints.
+type relayCheck struct {
+	OK                   bool     `json:"ok"`
+	Database             string   `json:"database"`
+	Schema               string   `json:"schema"`
+	Outbox               string   `json:"outbox_table"`
+	Routes               []string `json:"routes"`
+	KafkaBrokers         []string `json:"kafka_brokers"`
+	NATSURL              string   `json:"nats_url"`
+	Webhooks             bool     `json:"webhooks"`
+	WebhookAllowNetworks []string `json:"webhook_allow_networks"`
+	HTTPAddr             string   `json:"http_addr"`
+	Workers              int      `json:"workers"`
+	BatchSize            int      `json:"batch_size"`
+	MaxAttempts          int      `json:"max_attempts"`
+}
+
 // newLogger returns the relay's logger on w: format json or text, at
 // level (debug, info, warn, error) and above.
 func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
@@ -205,12 +273,7 @@ var relayFlags = map[string]string{"Workers": "workers", "BatchSize": "batch-siz
 
 // relayConfigError is configError naming the flag, not the Go field, of a
 // value relay.New refused.
-func relayConfigError(err error) error {
-	if ce, ok := errors.AsType[*idemq.ConfigError](err); ok && relayFlags[ce.Field] != "" {
-		return usageError("--%s: %s", relayFlags[ce.Field], ce.Reason)
-	}
-	return configError(err)
-}
+func relayConfigError(err error) error { return flagConfigError(err, relayFlags) }
 
 // explicitZeros refuses a relay flag given as 0 (or less): relay.Config
 // takes zero for its default, so --shutdown-grace 0 would silently be 10

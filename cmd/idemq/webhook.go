@@ -24,7 +24,7 @@ const flagWebhookTable = "webhook-table"
 func registry(cmd *cli.Command, db webhook.DB) (*webhook.Registry, error) {
 	reg, err := webhook.NewRegistry(db, webhook.RegistryConfig{Schema: cmd.String(flagSchema), Table: cmd.String(flagWebhookTable)})
 	if err != nil {
-		return nil, usageError("%w", err)
+		return nil, flagConfigError(err, map[string]string{"Schema": flagSchema, "Table": flagWebhookTable})
 	}
 	return reg, nil
 }

@@ -183,7 +183,7 @@ func (s *orders) CreateOrder(ctx context.Context, req *orderspb.CreateOrderReque
 			return err
 		}
 		order.OrderId = fmt.Sprintf("order-%d", id)
-		return idemgrpc.Record(ctx, order, func(l request.Lease, r request.Response) error {
+		return idemgrpc.Record(ctx, order, func(l idemq.Lease, r request.Response) error {
 			return s.store.CompleteTx(ctx, tx, l, r)
 		})
 	})

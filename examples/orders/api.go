@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
 	"github.com/idemq/idemq/request"
@@ -78,7 +79,7 @@ func (a *api) createOrder(w nethttp.ResponseWriter, r *nethttp.Request) {
 		w.WriteHeader(nethttp.StatusCreated)
 		_, _ = w.Write(payload)
 		// The request record commits with the order, or neither does.
-		return idemhttp.Record(r, func(l request.Lease, resp request.Response) error {
+		return idemhttp.Record(r, func(l idemq.Lease, resp request.Response) error {
 			return a.store.CompleteTx(ctx, tx, l, resp)
 		})
 	})

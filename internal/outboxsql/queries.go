@@ -226,10 +226,23 @@ FROM (SELECT part, owner FROM ` + lease + ` AS l WHERE l.owner IS NULL OR NOT ` 
       ORDER BY part LIMIT $2 FOR UPDATE SKIP LOCKED) AS f
 WHERE t.part = f.part
 RETURNING t.part, t.token, t.gen, f.owner`,
-		// Worker $1 gives up partitions $2.
-		Release: `UPDATE ` + lease + ` SET owner = NULL WHERE owner = $1 AND part = ANY($2::int4[])`,
-		// Worker $1 gives up all its partitions and leaves.
-		Leave: `WITH r AS (UPDATE ` + lease + ` SET owner = NULL WHERE owner = $1)
+		// Worker $1 gives up partitions $2, skipping those a dead-letter
+		// operation holds (LockPartitions), and returns the ones it gave
+		// up. It never waits: an operator's transaction left open must not
+		// stop the worker, which keeps (and serves) what it could not give
+		// up and tries again at its next rebalance.
+		Release: `UPDATE ` + lease + ` AS t SET owner = NULL
+FROM (SELECT part FROM ` + lease + ` WHERE owner = $1 AND part = ANY($2::int4[])
+      ORDER BY part FOR NO KEY UPDATE SKIP LOCKED) AS l
+WHERE t.part = l.part
+RETURNING t.part`,
+		// Worker $1 gives up its partitions and leaves, without waiting
+		// for a dead-letter operation (see Release): a partition such an
+		// operation holds stays in its name, and with its row gone the
+		// others take it (Take) once the operation ended.
+		Leave: `WITH r AS (UPDATE ` + lease + ` AS t SET owner = NULL
+  FROM (SELECT part FROM ` + lease + ` WHERE owner = $1 ORDER BY part FOR NO KEY UPDATE SKIP LOCKED) AS l
+  WHERE t.part = l.part)
 DELETE FROM ` + relays + ` WHERE owner = $1`,
 		// A batch's fence: the partitions worker $1 owns (part, token,
 		// gen), locked until the batch ends, so that a takeover (Take, FOR
@@ -245,9 +258,11 @@ DELETE FROM ` + relays + ` WHERE owner = $1`,
 		Sequence: `SELECT pg_get_serial_sequence($1, 'seq')::regclass::oid`,
 		// The last seq handed out by sequence $1 (0 for none), the file
 		// node of table $2 (TRUNCATE, VACUUM FULL and CLUSTER give it a new
-		// one) and the sequence's CACHE.
+		// one), the sequence's CACHE and its file node (a restart, by
+		// ALTER SEQUENCE or TRUNCATE ... RESTART IDENTITY, gives it a new
+		// one; setval does not).
 		Top: `SELECT coalesce(pg_sequence_last_value($1::oid::regclass), 0), pg_relation_filenode($2::regclass)::int8,
-       (SELECT seqcache FROM pg_sequence WHERE seqrelid = $1::oid)`,
+       (SELECT seqcache FROM pg_sequence WHERE seqrelid = $1::oid), pg_relation_filenode($1::oid::regclass)::int8`,
 		// The other transactions that may insert into table $1: those that
 		// hold its RowExclusiveLock (taken before a row's seq is drawn),
 		// by virtual transaction id; and whether none of the transactions

@@ -252,7 +252,7 @@ func (s *Store) Claim(ctx context.Context, id request.ID, fingerprint []byte, le
 		})
 		if err == nil {
 			token, _ := strconv.ParseInt(numAttr(out.Attributes, "t"), 10, 64)
-			return request.Claim{Acquired: true, Lease: request.Lease{ID: id, Token: token, Until: until}}, nil
+			return request.Claim{Acquired: true, Lease: idemq.Lease{Scope: id.Scope, Key: id.Key, Token: token, Until: until}}, nil
 		}
 		var failed *types.ConditionalCheckFailedException
 		if !errors.As(err, &failed) {
@@ -295,7 +295,7 @@ func nonEmpty(fingerprint []byte) []byte {
 const finishCondition = `s = :running AND t = :token`
 
 // Complete implements [request.Store.Complete].
-func (s *Store) Complete(ctx context.Context, lease request.Lease, resp request.Response) error {
+func (s *Store) Complete(ctx context.Context, lease idemq.Lease, resp request.Response) error {
 	body, err := resp.MarshalBinary()
 	if err != nil {
 		return err
@@ -306,14 +306,14 @@ func (s *Store) Complete(ctx context.Context, lease request.Lease, resp request.
 }
 
 // Release implements [request.Store.Release].
-func (s *Store) Release(ctx context.Context, lease request.Lease) error {
+func (s *Store) Release(ctx context.Context, lease idemq.Lease) error {
 	return s.finish(ctx, "release", lease, `SET s = :s, ex = :ex REMOVE lu`, map[string]types.AttributeValue{
 		":s": num(int64(request.Released)), ":ex": s.expiry(time.Now()),
 	})
 }
 
 // Extend implements [request.Store.Extend].
-func (s *Store) Extend(ctx context.Context, lease request.Lease, d time.Duration) (request.Lease, error) {
+func (s *Store) Extend(ctx context.Context, lease idemq.Lease, d time.Duration) (idemq.Lease, error) {
 	until := time.Now().Add(d)
 	err := s.finish(ctx, "extend", lease, `SET lu = :lu`, map[string]types.AttributeValue{":lu": num(until.UnixMilli())})
 	if err == nil {
@@ -322,12 +322,12 @@ func (s *Store) Extend(ctx context.Context, lease request.Lease, d time.Duration
 	return lease, err
 }
 
-func (s *Store) finish(ctx context.Context, op string, lease request.Lease, update string, values map[string]types.AttributeValue) error {
+func (s *Store) finish(ctx context.Context, op string, lease idemq.Lease, update string, values map[string]types.AttributeValue) error {
 	values[":running"] = num(int64(request.InProgress))
 	values[":token"] = num(lease.Token)
 	_, err := s.db.UpdateItem(ctx, &dynamodb.UpdateItemInput{
 		TableName:                 &s.cfg.Table,
-		Key:                       pk(lease.ID),
+		Key:                       pk(request.ID{Scope: lease.Scope, Key: lease.Key}),
 		ConditionExpression:       aws.String(finishCondition),
 		UpdateExpression:          &update,
 		ExpressionAttributeValues: values,
@@ -335,7 +335,7 @@ func (s *Store) finish(ctx context.Context, op string, lease request.Lease, upda
 	var failed *types.ConditionalCheckFailedException
 	switch {
 	case errors.As(err, &failed):
-		return request.ErrLeaseLost
+		return idemq.ErrLeaseLost
 	case err != nil:
 		return s.apiErr(op, lease.Key, err)
 	}

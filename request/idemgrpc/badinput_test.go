@@ -123,12 +123,12 @@ func TestBadInputServerMisconfigured(t *testing.T) {
 	}
 }
 
-// TestResponseTooLargeToKeep: a response over what the DynamoDB store
+// TestBadInputResponseTooLargeToKeep: a response over what the DynamoDB store
 // keeps is sent, and a retry gets FAILED_PRECONDITION with reason
 // IDEMPOTENCY_RESPONSE_NOT_KEPT (the outcome stands, its body is gone),
 // never an empty message passed off as the original; the handler runs
 // once.
-func TestResponseTooLargeToKeep(t *testing.T) {
+func TestBadInputResponseTooLargeToKeep(t *testing.T) {
 	t.Parallel()
 	db, table := testenv.DynamoDB(t)
 	st := requesttest.Dynamo(t, db, table)

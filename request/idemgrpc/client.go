@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"github.com/google/uuid"
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/internal/lifecycle"
@@ -147,7 +148,10 @@ func (c *client) intercept(ctx context.Context, method string, req, reply any, c
 		ctx = metadata.AppendToOutgoingContext(ctx, MetadataKey, key)
 	}
 	c.cfg.Budget.Deposit()
-	start := time.Now()
+	// The loop takes its delays from a BackOff rather than running under
+	// backoff.RetryNotify: the retry budget is withdrawn between the
+	// delay's decision and the wait, and an empty budget ends the loop.
+	back := c.cfg.Retry.BackOff()
 	var trailer metadata.MD
 	opts = append(slices.Clip(opts), grpcgo.Trailer(&trailer))
 	for attempt := 1; ; attempt++ {
@@ -158,11 +162,11 @@ func (c *client) intercept(ctx context.Context, method string, req, reply any, c
 		}
 		pushback, retry := pushbackOf(trailer)
 		ev := RetryEvent{Method: method, Key: key, Attempt: attempt, Err: err}
-		if !retry || attempt >= c.cfg.Retry.MaxAttempts {
+		if !retry {
 			return err
 		}
-		ev.Delay = c.cfg.Retry.Delay(attempt, pushback)
-		if time.Since(start)+ev.Delay > c.cfg.Retry.MaxElapsed {
+		back.Hint(pushback)
+		if ev.Delay = back.NextBackOff(); ev.Delay == backoff.Stop { // MaxAttempts or MaxElapsed
 			return err
 		}
 		if !c.cfg.Budget.Withdraw() {

@@ -78,7 +78,7 @@ type stalled struct {
 	paused atomic.Bool
 }
 
-func (s *stalled) Extend(ctx context.Context, lease request.Lease, d time.Duration) (request.Lease, error) {
+func (s *stalled) Extend(ctx context.Context, lease idemq.Lease, d time.Duration) (idemq.Lease, error) {
 	if s.paused.Load() {
 		return lease, errors.New("stalled")
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/request"
 	"google.golang.org/protobuf/proto"
 )
@@ -21,18 +22,18 @@ var ErrRecorded = errors.New("grpc: the call's outcome was already recorded")
 // "recorded" cannot diverge:
 //
 //	resp := &orderspb.Order{...}
-//	err := idemgrpc.Record(ctx, resp, func(l request.Lease, r request.Response) error {
+//	err := idemgrpc.Record(ctx, resp, func(l idemq.Lease, r request.Response) error {
 //		return store.CompleteTx(ctx, tx, l, r) // pgstore.Store
 //	})
 //	// then tx.Commit(ctx) and return resp
 //
-// If complete returns request.ErrLeaseLost, another attempt took the key
+// If complete returns idemq.ErrLeaseLost, another attempt took the key
 // over: roll back. Once Record was called the interceptor stores nothing
 // itself: when the handler returns it hands the key back if the
 // transaction rolled back after all (or Record failed), and otherwise
 // sends resp, whatever the handler returned, since the sent and the
 // stored outcome must be the same.
-func Record(ctx context.Context, resp proto.Message, complete func(request.Lease, request.Response) error) error {
+func Record(ctx context.Context, resp proto.Message, complete func(idemq.Lease, request.Response) error) error {
 	in, ok := ctx.Value(inboundCtxKey{}).(*inbound)
 	if !ok || in.attempt == nil {
 		return ErrNotProtected
@@ -45,7 +46,7 @@ func Record(ctx context.Context, resp proto.Message, complete func(request.Lease
 	if err != nil {
 		return err
 	}
-	err = in.attempt.CompleteWith(func(l request.Lease) error { return complete(l, out) })
+	err = in.attempt.CompleteWith(func(l idemq.Lease) error { return complete(l, out) })
 	in.recordedOK = err == nil
 	return err
 }
@@ -53,10 +54,10 @@ func Record(ctx context.Context, resp proto.Message, complete func(request.Lease
 // LeaseFromContext returns the lease under which the handler of a
 // protected method runs, for a handler that passes the fencing token
 // downstream so that the far side can refuse a stale writer too.
-func LeaseFromContext(ctx context.Context) (request.Lease, bool) {
+func LeaseFromContext(ctx context.Context) (idemq.Lease, bool) {
 	in, ok := ctx.Value(inboundCtxKey{}).(*inbound)
 	if !ok || in.attempt == nil {
-		return request.Lease{}, false
+		return idemq.Lease{}, false
 	}
 	return in.attempt.Lease(), true
 }

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/request"
 	"github.com/idemq/idemq/request/idemgrpc/internal/testpb"
 	"github.com/idemq/idemq/request/pgstore"
@@ -50,7 +51,7 @@ func TestRecordInHandlerTransaction(t *testing.T) {
 				return err
 			}
 			resp = &testpb.ChargeResponse{ChargeId: fmt.Sprintf("%s-%d", req.Account, id), Amount: req.Amount}
-			if err := Record(ctx, resp, func(l request.Lease, r request.Response) error {
+			if err := Record(ctx, resp, func(l idemq.Lease, r request.Response) error {
 				return st.CompleteTx(ctx, tx, l, r)
 			}); err != nil {
 				return err

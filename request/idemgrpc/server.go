@@ -324,7 +324,7 @@ func (s *server) finish(ctx context.Context, in *inbound, output protoreflect.Me
 		// The handler stored its outcome in its own transaction; if that
 		// rolled back, or Record failed, this hands the key back.
 		ev.Result, err = request.ResultReleased, a.Release()
-		if errors.Is(err, request.ErrLeaseLost) && in.recordedOK {
+		if errors.Is(err, idemq.ErrLeaseLost) && in.recordedOK {
 			ev.Result, err = request.ResultCompleted, nil
 			resp, herr = in.recorded, nil // what was stored is what is sent
 		}
@@ -340,7 +340,7 @@ func (s *server) finish(ctx context.Context, in *inbound, output protoreflect.Me
 		ev.Result, err = request.ResultReleased, a.Release()
 	}
 	switch {
-	case errors.Is(err, request.ErrLeaseLost) && (ev.Result == request.ResultCompleted || in.recorded != nil):
+	case errors.Is(err, idemq.ErrLeaseLost) && (ev.Result == request.ResultCompleted || in.recorded != nil):
 		// Taken over while the handler ran: the successor's outcome
 		// stands, and is the answer if it is there yet.
 		ev.Result, ev.Err = request.ResultFenced, err
@@ -349,7 +349,7 @@ func (s *server) finish(ctx context.Context, in *inbound, output protoreflect.Me
 		}
 		return nil, rpcError(codes.Aborted, ReasonLeaseLost,
 			"the call outlived its lease and a retry took the key over; retry to get the outcome that stands", retryInfo(time.Second))
-	case err != nil && !errors.Is(err, request.ErrLeaseLost):
+	case err != nil && !errors.Is(err, idemq.ErrLeaseLost):
 		// The work is done; the client gets its outcome even though the
 		// record failed. A retry after the lease may run the handler again.
 		ev.Result, ev.Err = request.ResultStoreFailed, err

@@ -438,3 +438,71 @@ func TestReplayCarriesHandlerMetadata(t *testing.T) {
 		t.Fatalf("handler ran %d times", h.runs.Load())
 	}
 }
+
+// TestClientGoneAfterFinalResponseIsStored: a client that goes away (its
+// context cancelled) while the handler runs does not make the outcome the
+// handler then returns a lost one: a final response, or a final error, is
+// stored all the same, and the retry with the same key gets it replayed;
+// the handler ran once.
+func TestClientGoneAfterFinalResponseIsStored(t *testing.T) {
+	t.Parallel()
+	eachStore(t, func(t *testing.T, open func(testing.TB) request.Store) {
+		st := open(t)
+		for name, final := range map[string]error{"response": nil, "final error": status.Error(codes.FailedPrecondition, "account closed")} {
+			t.Run(name, func(t *testing.T) {
+				t.Parallel()
+				started, clientGone := make(chan struct{}), make(chan error, 1)
+				var runs atomic.Int64
+				charge := func(ctx context.Context, req *testpb.ChargeRequest) (*testpb.ChargeResponse, error) {
+					runs.Add(1)
+					close(started)
+					select { // the work is done; the client leaves before the answer
+					case <-ctx.Done():
+						clientGone <- nil
+					case <-time.After(20 * time.Second):
+						clientGone <- errors.New("the handler's context was not cancelled when the client went away")
+					}
+					if final != nil {
+						return nil, final
+					}
+					return &testpb.ChargeResponse{ChargeId: "ch-1", Amount: req.Amount}, nil
+				}
+				results := make(chan ResultEvent, 2)
+				report := ServerConfig{Hooks: ServerHooks{OnResult: func(ev ResultEvent) { results <- ev }}}
+				c := dial(t, serve(t, &ledger{charge: charge}, grpcgo.UnaryInterceptor(serverInterceptor(t, st, request.Config{}, report))))
+				req := &testpb.ChargeRequest{Account: "a", Amount: 5}
+				ctx, cancel := context.WithCancel(t.Context())
+				done := make(chan error, 1)
+				key := "gone-" + strings.ReplaceAll(name, " ", "-")
+				go func() { _, _, err := call(ctx, c, key, req); done <- err }()
+				select {
+				case <-started:
+				case err := <-done:
+					t.Fatalf("the first call ended before the handler ran: %v", err)
+				}
+				cancel()
+				if err := <-done; status.Code(err) != codes.Canceled {
+					t.Fatalf("the client that went away got %v, want Canceled", err)
+				}
+				if err := <-clientGone; err != nil {
+					t.Fatal(err)
+				}
+				if ev := <-results; ev.Result != request.ResultCompleted || ev.Err != nil {
+					t.Fatalf("first call's result %v (%v), want %v: the outcome stored although the client left", ev.Result, ev.Err, request.ResultCompleted)
+				}
+				resp, replayed, err := call(t.Context(), c, key, req)
+				switch {
+				case !replayed:
+					t.Fatalf("retry = %v, %v, not replayed: the handler ran again", resp, err)
+				case final == nil && (err != nil || resp.ChargeId != "ch-1"):
+					t.Fatalf("retry = %v, %v; want ch-1 replayed", resp, err)
+				case final != nil && (status.Code(err) != codes.FailedPrecondition || status.Convert(err).Message() != "account closed"):
+					t.Fatalf("retry = %v; want %v replayed", err, final)
+				}
+				if n := runs.Load(); n != 1 {
+					t.Fatalf("the handler ran %d times, want once", n)
+				}
+			})
+		}
+	})
+}

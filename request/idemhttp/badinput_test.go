@@ -128,10 +128,10 @@ func TestProblemTypesResolve(t *testing.T) {
 	}
 }
 
-// TestOversizedResponseOnDynamo: a response over what a DynamoDB item
+// TestBadInputOversizedResponseOnDynamo: a response over what a DynamoDB item
 // holds is sent in full, and a retry gets a 410 saying its body was not
 // kept, with the original status and Location; the handler runs once.
-func TestOversizedResponseOnDynamo(t *testing.T) {
+func TestBadInputOversizedResponseOnDynamo(t *testing.T) {
 	db, table := testenv.DynamoDB(t)
 	s := requesttest.Dynamo(t, db, table)
 	big := strings.Repeat("x", dynamostore.MaxResponse-10)

@@ -21,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/request"
 	"github.com/idemq/idemq/request/idemhttp"
 	"github.com/idemq/idemq/request/pgstore"
@@ -166,7 +167,7 @@ func txHandler(pool *pgxpool.Pool, s *pgstore.Store) nethttp.Handler {
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(nethttp.StatusCreated)
 			_, _ = fmt.Fprintf(w, `{"order":%d,"status":"created"}`, id)
-			err := idemhttp.Record(r, func(l request.Lease, resp request.Response) error {
+			err := idemhttp.Record(r, func(l idemq.Lease, resp request.Response) error {
 				return s.CompleteTx(ctx, tx, l, resp)
 			})
 			if errors.Is(err, idemhttp.ErrNotProtected) {

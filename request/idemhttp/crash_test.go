@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/request"
 	"github.com/idemq/idemq/request/idemhttp"
 	"github.com/idemq/idemq/request/pgstore"
@@ -113,7 +114,7 @@ func crashServer(tb testing.TB, spec crashSpec, pool *pgxpool.Pool) nethttp.Hand
 			if pg == nil {
 				return nil
 			}
-			return idemhttp.Record(r, func(l request.Lease, resp request.Response) error { return pg.CompleteTx(r.Context(), tx, l, resp) })
+			return idemhttp.Record(r, func(l idemq.Lease, resp request.Response) error { return pg.CompleteTx(r.Context(), tx, l, resp) })
 		})
 		if err != nil {
 			nethttp.Error(w, err.Error(), nethttp.StatusInternalServerError)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/request"
 	"github.com/idemq/idemq/request/idemhttp"
 	"github.com/idemq/idemq/request/pgstore"
@@ -52,7 +53,7 @@ func ExampleRecord() {
 			w.WriteHeader(nethttp.StatusCreated)
 			fmt.Fprintf(w, "order %d", id)
 			// The request record commits with the order, or neither does.
-			return idemhttp.Record(r, func(l request.Lease, resp request.Response) error {
+			return idemhttp.Record(r, func(l idemq.Lease, resp request.Response) error {
 				return store.CompleteTx(r.Context(), tx, l, resp)
 			})
 		})

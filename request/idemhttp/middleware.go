@@ -414,7 +414,7 @@ func (m *Middleware) finish(ctx context.Context, r *nethttp.Request, st *state, 
 		// rolled back, or Record failed, this hands the key back.
 		ev.Result, err = request.ResultReleased, a.Release()
 		released := err == nil
-		if errors.Is(err, request.ErrLeaseLost) && c.recorded {
+		if errors.Is(err, idemq.ErrLeaseLost) && c.recorded {
 			ev.Result, err = request.ResultCompleted, nil
 		}
 		if released && c.recorded && !c.overflow {
@@ -432,7 +432,7 @@ func (m *Middleware) finish(ctx context.Context, r *nethttp.Request, st *state, 
 		ev.Result, err = request.ResultReleased, a.Release()
 	}
 	switch {
-	case errors.Is(err, request.ErrLeaseLost):
+	case errors.Is(err, idemq.ErrLeaseLost):
 		// Taken over while the handler ran: the successor's outcome
 		// stands, and is the answer if it is there yet.
 		ev.Result, ev.Err = request.ResultFenced, err
@@ -447,7 +447,7 @@ func (m *Middleware) finish(ctx context.Context, r *nethttp.Request, st *state, 
 		writeProblem(c.w, ProblemInFlight, nethttp.StatusConflict, ev.ID.Key,
 			"this request's lease was taken over by a retry; its outcome stands", time.Second)
 		return
-	case err != nil && !errors.Is(err, request.ErrLeaseLost):
+	case err != nil && !errors.Is(err, idemq.ErrLeaseLost):
 		// The work is done; the client gets its response even though the
 		// record failed. A retry after the lease may run the handler again.
 		ev.Result, ev.Err = request.ResultStoreFailed, err
@@ -519,10 +519,10 @@ type stateKey struct{}
 // Lease returns the lease under which r's handler runs, for a handler
 // that passes the fencing token downstream. ok is false outside a
 // protected request.
-func Lease(r *nethttp.Request) (lease request.Lease, ok bool) {
+func Lease(r *nethttp.Request) (lease idemq.Lease, ok bool) {
 	st, ok := r.Context().Value(stateKey{}).(*state)
 	if !ok {
-		return request.Lease{}, false
+		return idemq.Lease{}, false
 	}
 	return st.attempt.Lease(), true
 }
@@ -536,11 +536,11 @@ var ErrNotProtected = errors.New("http: the request is not protected by the idem
 // that "applied" and "recorded" cannot diverge:
 //
 //	// write the response first, then, before tx.Commit:
-//	err := idemhttp.Record(r, func(l request.Lease, resp request.Response) error {
+//	err := idemhttp.Record(r, func(l idemq.Lease, resp request.Response) error {
 //		return store.CompleteTx(ctx, tx, l, resp) // pgstore.Store
 //	})
 //
-// If complete returns request.ErrLeaseLost, another attempt took the key
+// If complete returns idemq.ErrLeaseLost, another attempt took the key
 // over: roll back. The response is sent when the handler returns;
 // writing after Record fails with [ErrRecorded]. If Record fails, the
 // response written so far is discarded, so that the handler can answer
@@ -549,7 +549,7 @@ var ErrNotProtected = errors.New("http: the request is not protected by the idem
 // failed, the key is handed back for a retry when the handler returns; a
 // recorded response whose transaction rolled back is replaced by a 500
 // ([ProblemNotCommitted]).
-func Record(r *nethttp.Request, complete func(request.Lease, request.Response) error) error {
+func Record(r *nethttp.Request, complete func(idemq.Lease, request.Response) error) error {
 	st, ok := r.Context().Value(stateKey{}).(*state)
 	if !ok {
 		return ErrNotProtected
@@ -559,7 +559,7 @@ func Record(r *nethttp.Request, complete func(request.Lease, request.Response) e
 	}
 	st.recorded = true
 	resp := st.m.response(st.capture)
-	err := st.attempt.CompleteWith(func(l request.Lease) error { return complete(l, resp) })
+	err := st.attempt.CompleteWith(func(l idemq.Lease) error { return complete(l, resp) })
 	if err != nil {
 		st.capture.reset()
 		return err

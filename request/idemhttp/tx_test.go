@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/request"
 	"github.com/idemq/idemq/request/idemhttp"
 	"github.com/idemq/idemq/request/pgstore"
@@ -66,7 +67,7 @@ func (o *txOrders) ServeHTTP(w nethttp.ResponseWriter, r *nethttp.Request) {
 		}
 		w.WriteHeader(nethttp.StatusCreated)
 		fmt.Fprintf(w, `{"order":%d,"run":%d}`, id, run)
-		err := idemhttp.Record(r, func(l request.Lease, resp request.Response) error {
+		err := idemhttp.Record(r, func(l idemq.Lease, resp request.Response) error {
 			return o.store.CompleteTx(ctx, tx, l, resp)
 		})
 		if err == nil && run == 1 && o.rollback {
@@ -74,7 +75,7 @@ func (o *txOrders) ServeHTTP(w nethttp.ResponseWriter, r *nethttp.Request) {
 		}
 		return err
 	})
-	if errors.Is(err, request.ErrLeaseLost) {
+	if errors.Is(err, idemq.ErrLeaseLost) {
 		o.fenced.Add(1)
 	}
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/request"
 	"github.com/idemq/idemq/request/pgstore"
 	"github.com/idemq/idemq/testenv"
@@ -64,7 +65,7 @@ func TestGCOfStalledHolder(t *testing.T) {
 	if fresh.Lease().Token <= stalled.Lease().Token {
 		t.Fatalf("the new claim's token %d is not above the stalled holder's %d", fresh.Lease().Token, stalled.Lease().Token)
 	}
-	if err := stalled.Complete(request.Response{Status: 201, Body: []byte("stale")}); !errors.Is(err, request.ErrLeaseLost) {
+	if err := stalled.Complete(request.Response{Status: 201, Body: []byte("stale")}); !errors.Is(err, idemq.ErrLeaseLost) {
 		t.Fatalf("the stalled holder's Complete = %v, want ErrLeaseLost", err)
 	}
 	if err := fresh.Complete(request.Response{Status: 201, Body: []byte("fresh")}); err != nil {

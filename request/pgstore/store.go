@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/inbox"
@@ -34,6 +35,15 @@ import (
 	"github.com/idemq/idemq/migrate"
 	"github.com/idemq/idemq/request"
 )
+
+// DB is the database handle a Store runs on: a *pgxpool.Pool (the usual
+// choice), a *pgx.Conn or a pgx.Tx all satisfy it.
+type DB interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
 
 // Config configures a Store. The zero value is valid.
 type Config struct {
@@ -90,7 +100,7 @@ var _ request.Store = (*Store)(nil)
 
 // New returns a Store on db (a *pgxpool.Pool); call [Store.Migrate] once
 // before use.
-func New(db inbox.DB, cfg Config) (*Store, error) {
+func New(db DB, cfg Config) (*Store, error) {
 	if pgtx.IsNil(db) {
 		return nil, idemq.NewConfigError(component, "db", "is nil (%T); pass a *pgxpool.Pool", db)
 	}
@@ -99,7 +109,10 @@ func New(db inbox.DB, cfg Config) (*Store, error) {
 		return nil, err
 	}
 	in, err := inbox.New(db, inbox.Config{Schema: cfg.Schema, Table: cfg.Table, Retention: cfg.RecordTTL, MaxKeyLen: 1024, AsyncAcquire: !cfg.SynchronousClaims})
-	if err != nil {
+	if ce, ok := errors.AsType[*idemq.ConfigError](err); ok {
+		// Blame this Store's setting, not the inbox underneath.
+		return nil, idemq.NewConfigError(component, ce.Field, "%s", ce.Reason)
+	} else if err != nil {
 		return nil, err
 	}
 	var owner [6]byte
@@ -140,48 +153,53 @@ func (s *Store) Claim(ctx context.Context, id request.ID, fingerprint []byte, le
 	case err != nil:
 		return request.Claim{}, err
 	case c.New:
-		return request.Claim{Acquired: true, Lease: request.Lease{ID: id, Token: c.Lease.Token, Until: c.Lease.Until}}, nil
+		return request.Claim{Acquired: true, Lease: idemq.Lease{Scope: id.Scope, Key: id.Key, Token: c.Lease.Token, Until: c.Lease.Until}}, nil
 	}
 	rec, err := record(id, *c.Existing)
 	return request.Claim{Record: rec}, err
 }
 
 // Complete implements [request.Store.Complete].
-func (s *Store) Complete(ctx context.Context, lease request.Lease, resp request.Response) error {
-	return s.CompleteTx(ctx, nil, lease, resp)
-}
-
-// CompleteTx is [Store.Complete] in the caller's transaction tx: the
-// record completes if and only if tx commits. It returns
-// request.ErrLeaseLost when the key was taken over; roll tx back then, so
-// that the stale attempt's writes are undone and the successor's stand.
-// Until tx ends, the record's row stays locked: a concurrent claim of the
-// key waits for it.
-func (s *Store) CompleteTx(ctx context.Context, tx pgx.Tx, lease request.Lease, resp request.Response) error {
+func (s *Store) Complete(ctx context.Context, lease idemq.Lease, resp request.Response) error {
 	body, err := resp.MarshalBinary()
 	if err != nil {
 		return err
 	}
-	if tx == nil {
-		err = s.in.Complete(ctx, inboxLease(lease), body)
-	} else {
-		err = s.in.CompleteTx(ctx, tx, inboxLease(lease), body)
+	return s.in.Complete(ctx, inboxLease(lease), body)
+}
+
+// CompleteTx is [Store.Complete] in the caller's transaction tx: the
+// record completes if and only if tx commits. It returns
+// idemq.ErrLeaseLost when the key was taken over; roll tx back then, so
+// that the stale attempt's writes are undone and the successor's stand.
+// Until tx ends, the record's row stays locked: a concurrent claim of the
+// key waits for it. A nil tx is refused (idemq.ErrConfig): use
+// [Store.Complete] for a transaction of its own.
+func (s *Store) CompleteTx(ctx context.Context, tx pgx.Tx, lease idemq.Lease, resp request.Response) error {
+	if pgtx.IsNil(tx) {
+		// Completing in a transaction of its own instead would store the
+		// response whether or not the caller's work commits.
+		return idemq.NewConfigError("pgstore", "tx", "is nil: pass the transaction of the handler's work, or use Complete")
 	}
-	return leaseErr(err)
+	body, err := resp.MarshalBinary()
+	if err != nil {
+		return err
+	}
+	return s.in.CompleteTx(ctx, tx, inboxLease(lease), body)
 }
 
 var errReleased = errors.New("released by the front end")
 
 // Release implements [request.Store.Release].
-func (s *Store) Release(ctx context.Context, lease request.Lease) error {
-	return leaseErr(s.in.Fail(ctx, inboxLease(lease), errReleased))
+func (s *Store) Release(ctx context.Context, lease idemq.Lease) error {
+	return s.in.Fail(ctx, inboxLease(lease), errReleased)
 }
 
 // Extend implements [request.Store.Extend].
-func (s *Store) Extend(ctx context.Context, lease request.Lease, d time.Duration) (request.Lease, error) {
+func (s *Store) Extend(ctx context.Context, lease idemq.Lease, d time.Duration) (idemq.Lease, error) {
 	l, err := s.in.Extend(ctx, inboxLease(lease), d)
 	lease.Until = l.Until
-	return lease, leaseErr(err)
+	return lease, err
 }
 
 // Get implements [request.Store.Get].
@@ -202,15 +220,10 @@ func (s *Store) GC(ctx context.Context, batchSize int) (int64, error) {
 	return s.in.GC(ctx, batchSize)
 }
 
-func inboxLease(l request.Lease) inbox.Lease {
-	return inbox.Lease{Scope: scope(l.ID), Key: l.Key, Token: l.Token, Until: l.Until}
-}
-
-func leaseErr(err error) error {
-	if errors.Is(err, inbox.ErrLeaseLost) {
-		return request.ErrLeaseLost
-	}
-	return err
+// inboxLease maps a request lease to the inbox lease it stands for.
+func inboxLease(l idemq.Lease) idemq.Lease {
+	l.Scope = scope(request.ID{Scope: l.Scope, Key: l.Key})
+	return l
 }
 
 // record translates an inbox record; the request states are the inbox's

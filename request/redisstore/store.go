@@ -190,7 +190,7 @@ func (s *Store) Claim(ctx context.Context, id request.ID, fingerprint []byte, le
 		return request.Claim{}, fmt.Errorf("redisstore: claim %q: %w", id.Key, err)
 	}
 	if len(reply) == 3 && reply[0] == replyAcquired {
-		return request.Claim{Acquired: true, Lease: request.Lease{ID: id, Token: toInt(reply[1]), Until: time.UnixMilli(toInt(reply[2]))}}, nil
+		return request.Claim{Acquired: true, Lease: idemq.Lease{Scope: id.Scope, Key: id.Key, Token: toInt(reply[1]), Until: time.UnixMilli(toInt(reply[2]))}}, nil
 	}
 	rec, err := parseRecord(id, reply)
 	if err != nil {
@@ -212,7 +212,7 @@ func checkID(id request.ID) error {
 }
 
 // Complete implements [request.Store.Complete].
-func (s *Store) Complete(ctx context.Context, lease request.Lease, resp request.Response) error {
+func (s *Store) Complete(ctx context.Context, lease idemq.Lease, resp request.Response) error {
 	body, err := resp.MarshalBinary()
 	if err != nil {
 		return err
@@ -222,13 +222,13 @@ func (s *Store) Complete(ctx context.Context, lease request.Lease, resp request.
 }
 
 // Release implements [request.Store.Release].
-func (s *Store) Release(ctx context.Context, lease request.Lease) error {
+func (s *Store) Release(ctx context.Context, lease idemq.Lease) error {
 	_, err := s.finish(ctx, "release", lease, s.cfg.RecordTTL, nil)
 	return err
 }
 
 // Extend implements [request.Store.Extend].
-func (s *Store) Extend(ctx context.Context, lease request.Lease, d time.Duration) (request.Lease, error) {
+func (s *Store) Extend(ctx context.Context, lease idemq.Lease, d time.Duration) (idemq.Lease, error) {
 	until, err := s.finish(ctx, "extend", lease, d, nil)
 	if err == nil {
 		lease.Until = time.UnixMilli(until)
@@ -238,17 +238,17 @@ func (s *Store) Extend(ctx context.Context, lease request.Lease, d time.Duration
 
 // finish runs complete, release or extend: d is the record TTL or the
 // lease. It returns the lease's new end for extend.
-func (s *Store) finish(ctx context.Context, op string, lease request.Lease, d time.Duration, body []byte) (int64, error) {
+func (s *Store) finish(ctx context.Context, op string, lease idemq.Lease, d time.Duration, body []byte) (int64, error) {
 	args := []any{op, lease.Token, d.Milliseconds()}
 	if body != nil {
 		args = append(args, body)
 	}
-	reply, err := script.Run(ctx, s.run, s.keys(lease.ID), args...).Slice()
+	reply, err := script.Run(ctx, s.run, s.keys(request.ID{Scope: lease.Scope, Key: lease.Key}), args...).Slice()
 	if err != nil {
 		return 0, fmt.Errorf("redisstore: %s %q: %w", op, lease.Key, err)
 	}
 	if len(reply) != 2 || reply[0] != replyOK {
-		return 0, request.ErrLeaseLost
+		return 0, idemq.ErrLeaseLost
 	}
 	return toInt(reply[1]), nil
 }

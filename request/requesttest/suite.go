@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/request"
 )
 
@@ -91,7 +92,7 @@ func store(t *testing.T, h Harness) request.Store {
 	return h.New(t, request.RecordTTLDefault)
 }
 
-func mustAcquire(t *testing.T, s request.Store, id request.ID, fp []byte, d time.Duration) request.Lease {
+func mustAcquire(t *testing.T, s request.Store, id request.ID, fp []byte, d time.Duration) idemq.Lease {
 	t.Helper()
 	c, err := s.Claim(ctx(t), id, fp, d)
 	if err != nil {
@@ -124,7 +125,7 @@ func testClaimNew(t *testing.T, h Harness) {
 	id := newID(t)
 	before := time.Now()
 	l := mustAcquire(t, s, id, fpA, time.Minute)
-	if l.ID != id || l.Token <= 0 {
+	if (request.ID{Scope: l.Scope, Key: l.Key}) != id || l.Token <= 0 {
 		t.Fatalf("lease = %+v, want id %v and a positive token", l, id)
 	}
 	if l.Until.Before(before.Add(50*time.Second)) || l.Until.After(before.Add(70*time.Second)) {
@@ -245,20 +246,20 @@ func testTakeover(t *testing.T, h Harness) {
 	if second.Token <= first.Token {
 		t.Fatalf("takeover token %d, first %d: must be larger", second.Token, first.Token)
 	}
-	if err := s.Complete(ctx(t), first, response("late")); !errors.Is(err, request.ErrLeaseLost) {
+	if err := s.Complete(ctx(t), first, response("late")); !errors.Is(err, idemq.ErrLeaseLost) {
 		t.Fatalf("late Complete = %v, want ErrLeaseLost", err)
 	}
-	if err := s.Release(ctx(t), first); !errors.Is(err, request.ErrLeaseLost) {
+	if err := s.Release(ctx(t), first); !errors.Is(err, idemq.ErrLeaseLost) {
 		t.Fatalf("late Release = %v, want ErrLeaseLost", err)
 	}
-	if _, err := s.Extend(ctx(t), first, time.Minute); !errors.Is(err, request.ErrLeaseLost) {
+	if _, err := s.Extend(ctx(t), first, time.Minute); !errors.Is(err, idemq.ErrLeaseLost) {
 		t.Fatalf("late Extend = %v, want ErrLeaseLost", err)
 	}
 	want := response("second")
 	if err := s.Complete(ctx(t), second, want); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Complete(ctx(t), first, response("later")); !errors.Is(err, request.ErrLeaseLost) {
+	if err := s.Complete(ctx(t), first, response("later")); !errors.Is(err, idemq.ErrLeaseLost) {
 		t.Fatalf("late Complete after the successor's = %v, want ErrLeaseLost", err)
 	}
 	rec := mustHeld(t, s, id, fpA)
@@ -309,13 +310,13 @@ func testFinishOnce(t *testing.T, h Harness) {
 	if err := s.Complete(ctx(t), l, response("one")); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Complete(ctx(t), l, response("two")); !errors.Is(err, request.ErrLeaseLost) {
+	if err := s.Complete(ctx(t), l, response("two")); !errors.Is(err, idemq.ErrLeaseLost) {
 		t.Fatalf("second Complete = %v, want ErrLeaseLost", err)
 	}
-	if err := s.Release(ctx(t), l); !errors.Is(err, request.ErrLeaseLost) {
+	if err := s.Release(ctx(t), l); !errors.Is(err, idemq.ErrLeaseLost) {
 		t.Fatalf("Release after Complete = %v, want ErrLeaseLost", err)
 	}
-	if _, err := s.Extend(ctx(t), l, time.Minute); !errors.Is(err, request.ErrLeaseLost) {
+	if _, err := s.Extend(ctx(t), l, time.Minute); !errors.Is(err, idemq.ErrLeaseLost) {
 		t.Fatalf("Extend after Complete = %v, want ErrLeaseLost", err)
 	}
 	if rec := mustHeld(t, s, id, fpA); string(rec.Response.Body) != "one" {
@@ -328,11 +329,11 @@ func testGetMissing(t *testing.T, h Harness) {
 	if _, err := s.Get(ctx(t), newID(t)); !errors.Is(err, request.ErrNotFound) {
 		t.Fatalf("Get of a new key = %v, want ErrNotFound", err)
 	}
-	ghost := request.Lease{ID: newID(t), Token: 1, Until: time.Now().Add(time.Minute)}
-	if err := s.Complete(ctx(t), ghost, response("x")); !errors.Is(err, request.ErrLeaseLost) {
+	ghost := idemq.Lease{Scope: "tenant-1", Key: newID(t).Key, Token: 1, Until: time.Now().Add(time.Minute)}
+	if err := s.Complete(ctx(t), ghost, response("x")); !errors.Is(err, idemq.ErrLeaseLost) {
 		t.Fatalf("Complete of a key never claimed = %v, want ErrLeaseLost", err)
 	}
-	if err := s.Release(ctx(t), ghost); !errors.Is(err, request.ErrLeaseLost) {
+	if err := s.Release(ctx(t), ghost); !errors.Is(err, idemq.ErrLeaseLost) {
 		t.Fatalf("Release of a key never claimed = %v, want ErrLeaseLost", err)
 	}
 }
@@ -398,7 +399,7 @@ func testTokenAfterExpiry(t *testing.T, h Harness) {
 	if next.Token <= last.Token {
 		t.Fatalf("token %d after the record expired, %d before: a token must never go back", next.Token, last.Token)
 	}
-	if err := s.Complete(ctx(t), last, response("stale")); !errors.Is(err, request.ErrLeaseLost) {
+	if err := s.Complete(ctx(t), last, response("stale")); !errors.Is(err, idemq.ErrLeaseLost) {
 		t.Fatalf("the stalled holder's Complete = %v, want ErrLeaseLost", err)
 	}
 	if err := s.Complete(ctx(t), next, response("fresh")); err != nil {
@@ -408,7 +409,7 @@ func testTokenAfterExpiry(t *testing.T, h Harness) {
 
 // race runs n claims of id at once and returns the leases acquired and the
 // records seen by the others.
-func race(t *testing.T, s request.Store, id request.ID, n int) (leases []request.Lease, held []request.Record) {
+func race(t *testing.T, s request.Store, id request.ID, n int) (leases []idemq.Lease, held []request.Record) {
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	start := make(chan struct{})

@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemq/idemq"
@@ -328,19 +329,20 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	defer stop()
 	r.stop = stop
 	var workers sync.WaitGroup
-	attempt := 0
+	join := reconnect(s.cfg.Retry)
 	for runCtx.Err() == nil {
-		gen, err := group.Next(runCtx)
-		if err != nil {
-			if runCtx.Err() != nil || errors.Is(err, kafka.ErrGroupClosed) {
-				break
+		gen, err := backoff.RetryNotifyWithData(func() (*kafka.Generation, error) {
+			gen, err := group.Next(runCtx)
+			if errors.Is(err, kafka.ErrGroupClosed) {
+				return nil, backoff.Permanent(err)
 			}
-			attempt++
-			s.log.WarnContext(ctx, "joining consumer group", slog.Any("error", err), slog.Int("attempt", attempt))
-			_ = lifecycle.Sleep(runCtx, s.cfg.Retry.Delay(attempt, 0))
-			continue
+			return gen, err
+		}, backoff.WithContext(join, runCtx), func(err error, d time.Duration) {
+			s.log.WarnContext(ctx, "joining consumer group", slog.Any("error", err), slog.Duration("retry_in", d))
+		})
+		if err != nil {
+			break // shut down, crashed, or the group was closed
 		}
-		attempt = 0
 		s.log.InfoContext(ctx, "joined consumer group", slog.Int("generation", int(gen.ID)), slog.Any("assignments", assignments(gen)))
 		for topic, parts := range gen.Assignments {
 			for _, p := range parts {
@@ -446,6 +448,8 @@ type partitionWorker struct {
 	// redelivered counts, for offsets re-read after a Retry, how many times
 	// this process delivered them before (Message.Delivery - 1).
 	redelivered map[int64]int
+	// fetchBack spaces the retries of a failed fetch.
+	fetchBack backoff.BackOff
 }
 
 func (r *run) newPartitionWorker(gen *kafka.Generation, topic string, partition int) *partitionWorker {
@@ -467,7 +471,14 @@ func (r *run) newPartitionWorker(gen *kafka.Generation, topic string, partition 
 		}),
 		group:       make([]kafka.Message, 0, s.cfg.MaxBatch),
 		redelivered: map[int64]int{},
+		fetchBack:   reconnect(s.cfg.Retry),
 	}
+}
+
+// reconnect is the backoff of a loop that reconnects (joins the group,
+// fetches) until its context ends: the delays of r, without its bounds.
+func reconnect(r idemq.Retry) backoff.BackOff {
+	return idemq.Retry{BaseDelay: r.BaseDelay, MaxDelay: r.MaxDelay}.BackOff()
 }
 
 // fetchGroup waits for the next message and takes what the reader has
@@ -475,13 +486,12 @@ func (r *run) newPartitionWorker(gen *kafka.Generation, topic string, partition 
 // backoff, when nothing could be fetched.
 func (w *partitionWorker) fetchGroup(ctx context.Context) bool {
 	w.group = w.group[:0]
-	m, err := w.reader.FetchMessage(ctx)
+	m, err := backoff.RetryNotifyWithData(func() (kafka.Message, error) { return w.reader.FetchMessage(ctx) },
+		backoff.WithContext(w.fetchBack, ctx), func(err error, d time.Duration) {
+			w.log.WarnContext(ctx, "fetch", slog.Any("error", err), slog.Duration("retry_in", d))
+		})
 	if err != nil {
-		if ctx.Err() == nil {
-			w.log.WarnContext(ctx, "fetch", slog.Any("error", err))
-			_ = lifecycle.Sleep(ctx, w.r.s.cfg.Retry.Delay(1, 0))
-		}
-		return false
+		return false // ctx is done
 	}
 	w.group = append(w.group, m)
 	for more := min(int(w.reader.Stats().QueueLength), w.r.s.cfg.MaxBatch-1); more > 0; more-- {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -68,15 +69,23 @@ type CoreSubscriber struct {
 // to subject (wildcards allowed) on nc through c.
 func NewCoreSubscriber(c *consumer.Consumer, nc *nats.Conn, subject string, cfg CoreSubscriberConfig) (*CoreSubscriber, error) {
 	const component = "nats.CoreSubscriber"
-	switch {
-	case c == nil:
+	if c == nil {
 		return nil, idemq.NewConfigError(component, "consumer", "is nil")
-	case nc == nil:
-		return nil, idemq.NewConfigError(component, "nc", "is nil")
-	case subject == "":
-		return nil, idemq.NewConfigError(component, "subject", "is empty")
+	}
+	if err := checkConn(component, "nc", nc); err != nil {
+		return nil, err
+	}
+	if err := checkSubject(component, "subject", subject, true); err != nil {
+		return nil, err
+	}
+	switch {
+	case strings.ContainsAny(cfg.Queue, " \t\r\n"):
+		return nil, idemq.NewConfigError(component, "Queue", "%q holds a blank", cfg.Queue)
 	case cfg.ShutdownGrace < 0:
 		return nil, idemq.NewConfigError(component, "ShutdownGrace", "%v is negative", cfg.ShutdownGrace)
+	}
+	if err := checkHeaderName(component, "IDHeader", cfg.IDHeader); err != nil {
+		return nil, err
 	}
 	cfg.IDHeader = cmp.Or(cfg.IDHeader, IDHeaderDefault)
 	cfg.ShutdownGrace = cmp.Or(cfg.ShutdownGrace, ShutdownGraceDefault)

@@ -73,19 +73,21 @@ type JetStreamSubscriberConfig struct {
 	// Defaults to false: consumer.Process, one transaction per message,
 	// each acknowledged after its commit.
 	Batch bool
-	// MaxBatch bounds the messages one fetch asks for. Defaults to
+	// MaxBatch bounds the messages one fetch asks for; at most the
+	// JetStream consumer's MaxRequestBatch, if it has one. Defaults to
 	// [MaxBatchDefault].
 	MaxBatch int
 	// FetchWait bounds how long one fetch waits for MaxBatch messages; it
 	// is also how long Run may take to notice a cancelled context while
-	// the stream is idle. Defaults to [FetchWaitDefault].
+	// the stream is idle. At least 1ms. Defaults to [FetchWaitDefault].
 	FetchWait time.Duration
 
 	// InProgressInterval is how often the messages fetched and not yet
 	// acknowledged are reported in progress (jetstream.Msg.InProgress),
 	// which restarts their AckWait, so a long handler never makes the
 	// server deliver its message again in parallel. It must be below
-	// AckWait. Defaults to a third of the consumer's AckWait.
+	// AckWait, and at least 1ms. Defaults to a third of the consumer's
+	// AckWait.
 	InProgressInterval time.Duration
 
 	// DeadLetterSubject, if set, receives a copy of every dead letter and
@@ -192,6 +194,11 @@ func NewJetStreamSubscriber(c *consumer.Consumer, cons jetstream.Consumer, js je
 	if err := cfg.validate(component, ackWait); err != nil {
 		return nil, err
 	}
+	if most := info.Config.MaxRequestBatch; most > 0 && cfg.MaxBatch > most {
+		// The server would refuse every fetch, and Run retry it forever.
+		return nil, idemq.NewConfigError(component, "MaxBatch", "%d is above the JetStream consumer's MaxRequestBatch %d: set MaxBatch to at most %d",
+			cfg.MaxBatch, most, most)
+	}
 	s := &JetStreamSubscriber{
 		c: c, cons: cons, cfg: cfg, js: js,
 		log: cfg.Logger.With(slog.String("stream", info.Stream), slog.String("consumer", info.Name), slog.String("scope", c.Scope())),
@@ -214,12 +221,26 @@ func (c JetStreamSubscriberConfig) withDefaults(ackWait time.Duration) JetStream
 }
 
 func (c JetStreamSubscriberConfig) validate(component string, ackWait time.Duration) error {
+	if err := checkHeaderName(component, "IDHeader", c.IDHeader); err != nil {
+		return err
+	}
+	if c.DeadLetterSubject != "" {
+		if err := checkSubject(component, "DeadLetterSubject", c.DeadLetterSubject, false); err != nil {
+			return err
+		}
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"FetchWait", c.FetchWait}, {"InProgressInterval", c.InProgressInterval}} {
+		if err := checkDuration(component, d.name, d.v); err != nil {
+			return err
+		}
+	}
 	switch {
 	case c.MaxBatch < 0:
 		return idemq.NewConfigError(component, "MaxBatch", "%d is negative", c.MaxBatch)
-	case c.FetchWait < 0:
-		return idemq.NewConfigError(component, "FetchWait", "%v is negative", c.FetchWait)
-	case c.InProgressInterval <= 0 || c.InProgressInterval >= ackWait:
+	case c.InProgressInterval >= ackWait:
 		return idemq.NewConfigError(component, "InProgressInterval", "%v must be positive and below the consumer's AckWait %v", c.InProgressInterval, ackWait)
 	case c.ShutdownGrace < 0:
 		return idemq.NewConfigError(component, "ShutdownGrace", "%v is negative", c.ShutdownGrace)
@@ -248,7 +269,10 @@ func (s *JetStreamSubscriber) Run(ctx context.Context) error {
 	pctx, cancel := lifecycle.Grace(ctx, s.cfg.ShutdownGrace)
 	defer cancel()
 
-	failures := 0
+	// The loop runs on after a success, so it takes the delays of a
+	// BackOff rather than running under backoff.RetryNotify: Retry's
+	// delays without its bounds, since fetching never gives up.
+	back := idemq.Retry{BaseDelay: s.cfg.Retry.BaseDelay, MaxDelay: s.cfg.Retry.MaxDelay}.BackOff()
 	for ctx.Err() == nil {
 		batch, err := s.cons.Fetch(s.cfg.MaxBatch, jetstream.FetchMaxWait(s.cfg.FetchWait))
 		if err == nil {
@@ -257,7 +281,7 @@ func (s *JetStreamSubscriber) Run(ctx context.Context) error {
 		}
 		switch {
 		case err == nil:
-			failures = 0
+			back.Reset()
 			continue
 		case errors.Is(err, errCrash):
 			return err
@@ -265,8 +289,7 @@ func (s *JetStreamSubscriber) Run(ctx context.Context) error {
 			errors.Is(err, nats.ErrConnectionClosed):
 			return fmt.Errorf("idemq/nats: fetch: %w", err)
 		}
-		failures++
-		delay := s.cfg.Retry.Delay(failures, 0)
+		delay := back.NextBackOff()
 		s.log.Warn("idemq/nats: fetch failed; retrying", slog.Any("error", err), slog.Duration("delay", delay))
 		_ = lifecycle.Sleep(ctx, delay)
 	}
@@ -439,35 +462,24 @@ func Subject(msg *consumer.Message) string {
 	return ""
 }
 
-// inProgress reports fetched, unsettled messages in progress on a ticker.
+// inProgress reports fetched, unsettled messages in progress every
+// interval, on lifecycle.KeepAlive.
 type inProgress struct {
 	mu      sync.Mutex
 	pending map[jetstream.Msg]struct{}
-	quit    chan struct{}
-	wg      sync.WaitGroup
-	once    sync.Once
+	halt    func() error
 }
 
 func newInProgress(interval time.Duration) *inProgress {
-	p := &inProgress{pending: map[jetstream.Msg]struct{}{}, quit: make(chan struct{})}
-	p.wg.Add(1)
-	go func() {
-		defer p.wg.Done()
-		t := time.NewTicker(interval)
-		defer t.Stop()
-		for {
-			select {
-			case <-p.quit:
-				return
-			case <-t.C:
-				p.mu.Lock()
-				for m := range p.pending {
-					_ = m.InProgress()
-				}
-				p.mu.Unlock()
-			}
+	p := &inProgress{pending: map[jetstream.Msg]struct{}{}}
+	p.halt = lifecycle.KeepAlive(context.Background(), interval, func(context.Context) error {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		for m := range p.pending {
+			_ = m.InProgress()
 		}
-	}()
+		return nil
+	})
 	return p
 }
 
@@ -483,11 +495,9 @@ func (p *inProgress) done(m jetstream.Msg) {
 	p.mu.Unlock()
 }
 
-// stop ends the ticker and waits for it; safe to call more than once.
-func (p *inProgress) stop() {
-	p.once.Do(func() { close(p.quit) })
-	p.wg.Wait()
-}
+// stop ends the reports and waits for the one in flight; safe to call
+// more than once.
+func (p *inProgress) stop() { _ = p.halt() }
 
 func flatten(h nats.Header) map[string]string {
 	if len(h) == 0 {

@@ -39,7 +39,7 @@ type SinkConfig struct {
 	// [CoreSink], for the flush of a batch) when ctx has no earlier
 	// deadline; a message not acknowledged in time is reported as a
 	// retryable timeout (a duplicate it causes is dropped by the stream's
-	// duplicate window). Defaults to [AckTimeoutDefault].
+	// duplicate window). At least 1ms. Defaults to [AckTimeoutDefault].
 	AckTimeout time.Duration
 }
 
@@ -62,10 +62,8 @@ func (c SinkConfig) validate(component string) error {
 	switch {
 	case c.MaxInFlight < 0:
 		return idemq.NewConfigError(component, "MaxInFlight", "%d is negative", c.MaxInFlight)
-	case c.AckTimeout < 0:
-		return idemq.NewConfigError(component, "AckTimeout", "%v is negative", c.AckTimeout)
 	}
-	return nil
+	return checkDuration(component, "AckTimeout", c.AckTimeout)
 }
 
 // newSinkConfig fills cfg's defaults and validates it.
@@ -263,8 +261,8 @@ type CoreSink struct {
 
 // NewCoreSink returns a Sink publishing on nc.
 func NewCoreSink(nc *nats.Conn, cfg SinkConfig) (*CoreSink, error) {
-	if nc == nil {
-		return nil, idemq.NewConfigError("nats.CoreSink", "nc", "is nil")
+	if err := checkConn("nats.CoreSink", "nc", nc); err != nil {
+		return nil, err
 	}
 	cfg, err := newSinkConfig("nats.CoreSink", cfg)
 	if err != nil {

@@ -17,7 +17,6 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/inbox"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
 	"github.com/idemq/idemq/transports/webhook"
@@ -53,7 +52,7 @@ func TestBadInputReceiverConfig(t *testing.T) {
 	}
 	// Issue 23 item 4: a lease of 1 ns was accepted and one webhook applied
 	// two or three times.
-	leased := webhook.HandleLeased(func(context.Context, webhook.Delivery, inbox.Lease) error { return nil })
+	leased := webhook.HandleLeased(func(context.Context, webhook.Delivery, idemq.Lease) error { return nil })
 	_, err = consumer.NewLeased(b.pool, "webhook", leased, consumer.Config{LeaseTTL: time.Nanosecond})
 	var ce *idemq.ConfigError
 	if !errors.As(err, &ce) || ce.Field != "LeaseTTL" {
@@ -149,12 +148,12 @@ func TestBadInputPublisher(t *testing.T) {
 		t.Fatalf("NewPublisher(reg, nil): %v, want ErrConfig", err)
 	}
 	ok := event("k", 1)
-	if _, err := b.pub.PublishTx(b.ctx, nil, ok); err == nil || !strings.Contains(err.Error(), "nil tx") {
-		t.Fatalf("PublishTx(nil tx): %v, want an error", err)
+	if _, err := b.pub.PublishTx(b.ctx, nil, ok); !errors.Is(err, idemq.ErrConfig) || !strings.Contains(err.Error(), "tx is nil") {
+		t.Fatalf("PublishTx(nil tx): %v, want an idemq.ErrConfig", err)
 	}
 	var nilTx pgx.Tx = (*nilTxType)(nil)
-	if _, err := b.pub.PublishTx(b.ctx, nilTx, ok); err == nil {
-		t.Fatal("PublishTx(typed nil tx) accepted it")
+	if _, err := b.pub.PublishTx(b.ctx, nilTx, ok); !errors.Is(err, idemq.ErrConfig) {
+		t.Fatalf("PublishTx(typed nil tx): %v, want an idemq.ErrConfig", err)
 	}
 	// Two endpoints: event 1's rows are rows 2 and 3.
 	addEndpoint(t, b, "https://a.example", nil)

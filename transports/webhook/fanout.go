@@ -84,7 +84,7 @@ func NewPublisher(reg *Registry, ob *outbox.Outbox) (*Publisher, error) {
 // events; either way nothing is written.
 func (p *Publisher) PublishTx(ctx context.Context, tx pgx.Tx, events ...Event) (int, error) {
 	if pgtx.IsNil(tx) {
-		return 0, errors.New("webhook: PublishTx: nil tx; pass the business transaction the events belong to")
+		return 0, idemq.NewConfigError("webhook.Publisher", "tx", "is nil: PublishTx needs the business transaction the events belong to")
 	}
 	if len(events) == 0 {
 		return 0, nil

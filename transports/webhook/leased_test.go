@@ -39,7 +39,7 @@ func TestLeasedReceiver(t *testing.T) {
 	keys, _ := webhook.ParseKeys(secret)
 	var calls, effects atomic.Int64
 	inside, release := make(chan struct{}), make(chan struct{})
-	srv := newLeasedReceiver(t, b, secret, time.Hour, func(ctx context.Context, d webhook.Delivery, lease inbox.Lease) error {
+	srv := newLeasedReceiver(t, b, secret, time.Hour, func(ctx context.Context, d webhook.Delivery, lease idemq.Lease) error {
 		switch calls.Add(1) {
 		case 1:
 			return errors.New("downstream unavailable")
@@ -102,7 +102,7 @@ func TestLeasedReceiverRenewsItsLease(t *testing.T) {
 	keys, _ := webhook.ParseKeys(secret)
 	var calls atomic.Int64
 	inside, release := make(chan struct{}), make(chan struct{})
-	srv := newLeasedReceiver(t, b, secret, 200*time.Millisecond, func(ctx context.Context, d webhook.Delivery, lease inbox.Lease) error {
+	srv := newLeasedReceiver(t, b, secret, 200*time.Millisecond, func(ctx context.Context, d webhook.Delivery, lease idemq.Lease) error {
 		if calls.Add(1) == 1 {
 			close(inside)
 			select {

@@ -13,7 +13,6 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/inbox"
 )
 
 // Defaults of [ReceiverConfig].
@@ -137,13 +136,13 @@ func Handle(h Handler) consumer.Handler {
 // downstream so the far side can refuse a holder whose lease was taken
 // over. ctx is cancelled if the lease is lost. Errors mean what they mean
 // for [Handler].
-type LeasedHandler func(ctx context.Context, d Delivery, lease inbox.Lease) error
+type LeasedHandler func(ctx context.Context, d Delivery, lease idemq.Lease) error
 
 // HandleLeased adapts h to the consumer.LeasedHandler of a leased consumer
 // a [Receiver] runs on: consumer.NewLeased(pool, scope,
 // webhook.HandleLeased(h), cfg).
 func HandleLeased(h LeasedHandler) consumer.LeasedHandler {
-	return func(ctx context.Context, msg *consumer.Message, lease inbox.Lease) error {
+	return func(ctx context.Context, msg *consumer.Message, lease idemq.Lease) error {
 		d, ok := DeliveryOf(msg)
 		if !ok {
 			return errNotAWebhook

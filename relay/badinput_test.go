@@ -13,10 +13,10 @@ import (
 // Bad input to the relay's public API: each case is refused with an error
 // that names what to change, or handled the way the documentation says.
 
-// TestLeaseTTLBelowTheMinimumIsRefused: a lease of a few nanoseconds made
+// TestBadInputLeaseTTLBelowTheMinimumIsRefused: a lease of a few nanoseconds made
 // Run panic on time.NewTicker, and one under a microsecond was stored as
 // no lease at all; New refuses both.
-func TestLeaseTTLBelowTheMinimumIsRefused(t *testing.T) {
+func TestBadInputLeaseTTLBelowTheMinimumIsRefused(t *testing.T) {
 	b := setup(t)
 	for _, ttl := range []time.Duration{time.Nanosecond, 2 * time.Nanosecond, 999 * time.Nanosecond, relay.LeaseTTLMin - 1, -time.Second} {
 		_, err := relay.New(b.pool, b.ob, &recorder{}, relay.Config{LeaseTTL: ttl})
@@ -29,9 +29,9 @@ func TestLeaseTTLBelowTheMinimumIsRefused(t *testing.T) {
 	}
 }
 
-// TestRunWithCancelledContextReturnsNil: a relay whose context is done
+// TestBadInputRunWithCancelledContextReturnsNil: a relay whose context is done
 // before it starts stops cleanly, as the idemq.Service contract says.
-func TestRunWithCancelledContextReturnsNil(t *testing.T) {
+func TestBadInputRunWithCancelledContextReturnsNil(t *testing.T) {
 	b := setup(t)
 	r := newRelay(t, b, &recorder{}, relay.Config{})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -41,11 +41,11 @@ func TestRunWithCancelledContextReturnsNil(t *testing.T) {
 	}
 }
 
-// TestIntervalsBelowTheMinimumAreRefused: a PollInterval or StatsInterval
+// TestBadInputIntervalsBelowTheMinimumAreRefused: a PollInterval or StatsInterval
 // of a nanosecond made an idle relay poll or scan the outbox in a busy
 // loop; New refuses each below its minimum, naming the field, and accepts
 // the minimum itself.
-func TestIntervalsBelowTheMinimumAreRefused(t *testing.T) {
+func TestBadInputIntervalsBelowTheMinimumAreRefused(t *testing.T) {
 	b := setup(t)
 	for field, c := range map[string]struct {
 		least time.Duration
@@ -64,5 +64,47 @@ func TestIntervalsBelowTheMinimumAreRefused(t *testing.T) {
 		if _, err := relay.New(b.pool, b.ob, &recorder{}, with(least)); err != nil {
 			t.Errorf("New(%s: %v) = %v, want it accepted", field, least, err)
 		}
+	}
+}
+
+// TestBadInputTypedNilSinkIsRefused: a custom Sink that is a nil pointer
+// (a (*recorder)(nil), which sink == nil misses), a nil SinkFunc and a
+// nil *Router are refused by New and by the Router's routes with an
+// idemq.ErrConfig naming the sink, instead of panicking in the first
+// batch.
+func TestBadInputTypedNilSinkIsRefused(t *testing.T) {
+	b := setup(t)
+	var (
+		custom *recorder
+		fn     relay.SinkFunc
+		router *relay.Router
+	)
+	for name, sink := range map[string]relay.Sink{"nil": nil, "typed-nil custom Sink": custom, "nil SinkFunc": fn, "nil *Router": router} {
+		_, err := relay.New(b.pool, b.ob, sink, relay.Config{})
+		if ce, ok := errors.AsType[*idemq.ConfigError](err); !ok || ce.Field != "sink" || !errors.Is(err, idemq.ErrConfig) {
+			t.Errorf("New(%s) = %v, want an idemq.ErrConfig naming the sink", name, err)
+		}
+		r := relay.NewRouter()
+		if err := r.Route("orders", sink); !errors.Is(err, idemq.ErrConfig) {
+			t.Errorf("Router.Route(%s) = %v, want an idemq.ErrConfig", name, err)
+		}
+		if err := r.RoutePrefix("orders.", sink); !errors.Is(err, idemq.ErrConfig) {
+			t.Errorf("Router.RoutePrefix(%s) = %v, want an idemq.ErrConfig", name, err)
+		}
+		if s := r.Lookup("orders"); s != nil {
+			t.Errorf("a refused %s route was kept", name)
+		}
+	}
+	r := relay.NewRouter()
+	for _, err := range []error{r.Route("", &recorder{}), router.Route("orders", &recorder{}), router.RoutePrefix("orders.", &recorder{})} {
+		if !errors.Is(err, idemq.ErrConfig) {
+			t.Errorf("Route with an empty destination or on a nil *Router = %v, want an idemq.ErrConfig", err)
+		}
+	}
+	if err := r.Route("orders", &recorder{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Route("orders", &recorder{}); !errors.Is(err, idemq.ErrConfig) {
+		t.Errorf("a destination routed twice: %v, want an idemq.ErrConfig", err)
 	}
 }

@@ -1,0 +1,164 @@
+// Command kafka-consumer is a Kafka consumer that applies every message
+// once, and nothing else: no outbox, no relay.
+//
+// A payments producer (any Kafka client) sends each payment with its id in
+// the Idempotency-Key header, then re-sends some of them, as a producer
+// whose acknowledgement was lost does, and once reuses an id with another
+// amount, a producer bug. The ledger service reads the topic through a
+// kafka.Subscriber wrapped around a consumer.Consumer: each payment's ledger
+// row and its inbox record commit in one transaction, so a re-sent payment
+// is acknowledged as a duplicate without a second row, and the reused id is
+// a conflict, never applied. It prints the outcomes and the ledger, and
+// exits non-zero unless each payment was booked exactly once.
+//
+// It needs Postgres: the local server (IDEMQ_TEST_DATABASE_URL points it
+// elsewhere) or, when nothing answers there, a private one started from the
+// machine's Postgres binaries. Kafka runs in-process (IDEMQ_TEST_KAFKA_BROKERS
+// points it at real brokers). In a service, the pool and the brokers are
+// your own; the rest stays as it is.
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	kafkago "github.com/segmentio/kafka-go"
+
+	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/testenv"
+	"github.com/idemq/idemq/transports/kafka"
+)
+
+const (
+	payments = 30 // distinct payments produced
+	resent   = 8  // of which the producer sends again
+)
+
+// main makes sure Postgres answers (or starts a private one), then runs the
+// scenario; run is what a service of your own would do.
+func main() { testenv.Main("kafka-consumer", 2*time.Minute, run) }
+
+func run(ctx context.Context, out io.Writer) error {
+	pool, done, err := testenv.ScratchPool(ctx, "idemq_kafka_consumer")
+	if err != nil {
+		return err
+	}
+	defer done()
+	brokers, err := testenv.StartKafka(ctx, 3, "payments")
+	if err != nil {
+		return err
+	}
+	defer brokers.Close()
+	topic := brokers.Topic("payments")
+
+	// The ledger has no unique constraint: a payment applied twice would
+	// show as two rows.
+	if _, err := pool.Exec(ctx, `CREATE TABLE ledger (seq bigserial PRIMARY KEY, payment_id text NOT NULL, cents int NOT NULL)`); err != nil {
+		return err
+	}
+
+	// The consumer: the handler's writes and the inbox record commit in
+	// one transaction; Hooks.OnResult counts the outcomes.
+	var mu sync.Mutex
+	outcomes := map[consumer.Outcome]int{}
+	c, err := consumer.New(pool, "ledger", func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
+		cents, err := strconv.Atoi(string(msg.Payload))
+		if err != nil {
+			return idemq.Permanent(err) // no retry can fix it: a dead letter at once
+		}
+		_, err = tx.Exec(ctx, `INSERT INTO ledger (payment_id, cents) VALUES ($1, $2)`, msg.ID, cents)
+		return err
+	}, consumer.Config{Hooks: consumer.Hooks{OnResult: func(ev consumer.ResultEvent) {
+		mu.Lock()
+		defer mu.Unlock()
+		outcomes[ev.Outcome]++
+	}}})
+	if err != nil {
+		return err
+	}
+	if err := c.Migrate(ctx); err != nil { // once, at deploy time (or `idemq migrate --components inbox`)
+		return err
+	}
+	sub, err := kafka.NewSubscriber(c, kafka.SubscriberConfig{Brokers: brokers.Brokers, GroupID: brokers.Group("ledger"), Topics: []string{topic}})
+	if err != nil {
+		return err
+	}
+	running, err := idemq.Start(ctx, sub) // returns once it joined the group
+	if err != nil {
+		return err
+	}
+	defer running.Stop() //nolint:errcheck // stopped below; this is for the early returns
+
+	// The producer: any Kafka client, the payment id in Idempotency-Key.
+	sent, err := produce(ctx, brokers.Brokers, topic)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "produced %d messages: %d payments, %d of them sent again, 1 payment id reused with another amount\n",
+		sent, payments, resent)
+
+	// Wait until every message was settled, then stop: the offsets are
+	// committed only for settled messages.
+	settled := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return outcomes[consumer.Applied] + outcomes[consumer.Duplicate] + outcomes[consumer.Conflict] + outcomes[consumer.DeadLettered]
+	}
+	for settled() < sent {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%d of %d messages settled: %w", settled(), sent, ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	if err := running.Stop(); err != nil {
+		return err
+	}
+
+	var rows, distinct int
+	if err := pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT payment_id) FROM ledger`).Scan(&rows, &distinct); err != nil {
+		return err
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	fmt.Fprintf(out, "consumer outcomes: %d applied, %d duplicates, %d conflicts\n",
+		outcomes[consumer.Applied], outcomes[consumer.Duplicate], outcomes[consumer.Conflict])
+	fmt.Fprintf(out, "ledger: %d rows for %d payments\n", rows, distinct)
+	if rows != payments || distinct != payments || outcomes[consumer.Applied] != payments ||
+		outcomes[consumer.Duplicate] != resent || outcomes[consumer.Conflict] != 1 {
+		return fmt.Errorf("want %d rows for %d payments, %d applied, %d duplicates and 1 conflict", payments, payments, payments, resent)
+	}
+	fmt.Fprintln(out, "ok: every payment booked exactly once")
+	return nil
+}
+
+// produce sends the payments, re-sends the first resent of them, and
+// reuses the first payment's id with another amount. It returns how many
+// messages it sent.
+func produce(ctx context.Context, brokers []string, topic string) (int, error) {
+	transport := &kafkago.Transport{}
+	defer transport.CloseIdleConnections()
+	w := &kafkago.Writer{Addr: kafkago.TCP(brokers...), Topic: topic, Balancer: &kafkago.Hash{},
+		RequiredAcks: kafkago.RequireAll, Transport: transport}
+	defer w.Close()
+	payment := func(i, cents int) kafkago.Message {
+		id := fmt.Sprintf("pay-%03d", i)
+		return kafkago.Message{Key: []byte(id), Value: fmt.Appendf(nil, "%d", cents),
+			Headers: []kafkago.Header{{Key: kafka.IDHeaderDefault, Value: []byte(id)}}}
+	}
+	var msgs []kafkago.Message
+	for i := range payments {
+		msgs = append(msgs, payment(i, 100+i))
+	}
+	for i := range resent { // the same messages again: the producer's retries
+		msgs = append(msgs, payment(i, 100+i))
+	}
+	msgs = append(msgs, payment(0, 999)) // the same id, another amount
+	return len(msgs), w.WriteMessages(ctx, msgs...)
+}

@@ -1,0 +1,33 @@
+package idemq
+
+import (
+	"errors"
+	"time"
+)
+
+// Lease is a fenced hold on one key: an inbox key in leased mode
+// (inbox.Store.Acquire, consumer.NewLeased) or a request key under an
+// attempt (request.Store.Claim). Whoever holds it may work on the key until
+// Until; every finalize and extension is a compare-and-set on Token, so a
+// holder whose lease was taken over is refused with [ErrLeaseLost] and can
+// never overwrite its successor's outcome.
+type Lease struct {
+	// Scope and Key name the key: the consumer's name or the request's
+	// tenant, and the idempotency key.
+	Scope string
+	Key   string
+	// Token is the fencing token: it grows with every claim and takeover
+	// of the key, also across the record's expiry and garbage collection
+	// (a store starts a new record above every token it handed out
+	// before). Pass it downstream so the far side can refuse a writer
+	// whose lease was taken over too.
+	Token int64
+	// Until is when the lease runs out unless extended.
+	Until time.Time
+}
+
+// ErrLeaseLost reports a finalize or an extension by a holder whose lease
+// was taken over (its fencing token is stale) or already finalized, and a
+// relay batch fenced off because its partition leases may have run out.
+// The successor's outcome stands.
+var ErrLeaseLost = errors.New("idemq: lease lost")
