@@ -240,7 +240,8 @@ func newConsumer(pool *pgxpool.Pool, scope string, cfg Config, set func(*Consume
 	}
 	ic := store.Config() // with its defaults
 	claims, err := inboxsql.New(pool, inboxsql.Options{Schema: ic.Schema, Table: ic.Table, MaxKeyLen: ic.MaxKeyLen,
-		Retention: ic.Retention, ConnectionCheckInterval: ic.ConnectionCheckInterval, Conflict: conflictError})
+		Retention: ic.Retention, ConnectionCheckInterval: ic.ConnectionCheckInterval, Conflict: conflictError,
+		Partitioning: inboxsql.Partitioning(ic.Partitioning), PartitionInterval: ic.PartitionInterval, BoundaryGrace: ic.BoundaryGrace})
 	if err != nil {
 		return nil, err
 	}

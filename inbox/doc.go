@@ -56,4 +56,39 @@
 // a SHA-256-derived UUID plus their text. A record with a random UUID key
 // takes about 177 bytes including its primary-key index, 200 with the
 // expires_at index (BenchmarkRecordSize, one million records).
+//
+// # Partitioned layouts
+//
+// At millions of messages a day, expiring records by DELETE writes WAL and
+// dead tuples for every one and keeps VACUUM busy. [Config.Partitioning]
+// lays the table out in partitions instead, and expiry drops a whole past
+// partition: a third of a byte of WAL per record against hundreds
+// (BenchmarkPartitionedStorage), and no expires_at index.
+//
+//   - [PartitionByKey], for keys that are UUIDv7 (idemq's outbox ids):
+//     the partition is a function of the key's time, so uniqueness stays
+//     exact and a claim touches one partition.
+//   - [PartitionByArrival], for keys of any form: partitions by arrival
+//     time, a claim probing the current and the previous one. Two copies
+//     of one key claimed on either side of a boundary while both are
+//     uncommitted are serialised by a transaction-scoped advisory lock on
+//     the key within [Config.BoundaryGrace] of each boundary.
+//
+// [Store.GC] drops expired partitions (DETACH … CONCURRENTLY, then DROP)
+// and creates the next ones (a plain table with a CHECK constraint, then
+// ATTACH: SHARE UPDATE EXCLUSIVE on the inbox, no scan); no extension is
+// needed. Run GC at least once per [Config.PartitionInterval].
+//
+// Moving a live inbox: the partitioned Config's migration (version 6)
+// turns the existing table into the new parent's first partition,
+// bucket 0, so every record stays and claims keep finding its keys; GC
+// drops it once nothing in it is unexpired. On a big table, first run
+// [Store.PrepareLivePartitioning] outside a transaction (idemq migrate
+// --inbox-partitioned does): it adds the bucket column (no rewrite) and
+// builds what the migration needs with CREATE UNIQUE INDEX CONCURRENTLY and
+// a check validated under SHARE UPDATE EXCLUSIVE, so the migration itself
+// only renames and attaches. Stop the consumers of the old Config, migrate,
+// start them with the partitioned Config: a Store with the plain Config
+// fails on the partitioned table rather than writing past it. Down to
+// version 5 copies the partitions back into one plain table.
 package inbox

@@ -16,7 +16,20 @@ import (
 // until ClassifyDead classifies them.
 func TestDeadGroups(t *testing.T) {
 	t.Parallel()
-	b := setup(t, inbox.Config{})
+	for name, cfg := range map[string]inbox.Config{
+		"plain":       {},
+		"partitioned": {Partitioning: inbox.PartitionByArrival},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			testDeadGroups(t, setup(t, cfg))
+		})
+	}
+}
+
+// testDeadGroups groups, releases and classifies dead letters in b's
+// inbox, whose layout the partitioned run changes.
+func testDeadGroups(t *testing.T, b bundle) {
 	ctx := context.Background()
 	dead := func(scope, key, cause string) {
 		t.Helper()

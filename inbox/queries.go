@@ -1,6 +1,8 @@
 package inbox
 
 import (
+	"strings"
+
 	"github.com/idemq/idemq/internal/errclass"
 	"github.com/idemq/idemq/internal/inboxsql"
 	"github.com/idemq/idemq/internal/pgutil"
@@ -10,9 +12,10 @@ import (
 // rendered once for its table; the claim protocol's are in
 // internal/inboxsql.
 type queries struct {
-	gc, acquire, complete, fail, extend, abandon, listDead, releaseDead string
-	purgeDead, stats, gcConflicts, listConflicts, releaseConflicts      string
-	purgeConflicts, deadGroups, unclassified, classify, lookup          string
+	gc, acquire, acquireAsync, complete, fail, extend, abandon, listDead string
+	releaseDead, purgeDead, stats, gcConflicts, listConflicts            string
+	releaseConflicts, purgeConflicts, deadGroups, unclassified, classify string
+	lookup                                                               string
 }
 
 func newQueries(t pgutil.Table) queries {
@@ -36,15 +39,12 @@ WHERE t.scope_id = expired.scope_id AND t.key_id = expired.key_id`),
 		// a NULL), so that it never goes back when GC deleted the record.
 		// $1 scope, $2 key id, $3 fingerprint, $4 key text, $5 retention,
 		// $6 owner, $7 lease duration.
-		acquire: render(`
-INSERT INTO {{table}} AS r (expires_at, key_id, scope_id, status, fingerprint, key_text, owner, lease_until, token)
-VALUES (now() + $5::interval, $2, $1, {{in_progress}}, $3, $4, $6, now() + $7::interval, {{now_us}})
-ON CONFLICT (scope_id, key_id) DO UPDATE
-SET attempts = r.attempts + 1, token = greatest(r.token + 1, excluded.token), status = {{in_progress}},
-	owner = excluded.owner, lease_until = excluded.lease_until, updated_at = now(), expires_at = excluded.expires_at
-WHERE r.fingerprint = excluded.fingerprint
-	AND (r.status = {{failed_retryable}} OR (r.status = {{in_progress}} AND r.lease_until < now()))
-RETURNING r.token, r.lease_until, r.failures`),
+		acquire: render(strings.Replace(acquire, "{{async}}", "", 1)),
+
+		// acquire committed without waiting for its WAL to reach disk
+		// (Config.AsyncAcquire): set_config(…, true) lasts until the
+		// statement's own transaction commits. $1 … $7 as in acquire.
+		acquireAsync: render(strings.Replace(acquire, "{{async}}", "FROM (SELECT set_config('synchronous_commit', 'off', true)) async", 1)),
 
 		// Finalizers are compare-and-set on the fencing token.
 		// $1 scope, $2 key id, $3 token, then their own arguments.
@@ -183,6 +183,19 @@ DELETE FROM {{conflicts}} c USING (
 WHERE c.scope_id = d.scope_id AND c.key_id = d.key_id AND c.fingerprint = d.fingerprint`),
 	}
 }
+
+// acquire is the statement of Acquire, {{async}} the place of the
+// clause that commits it without waiting for its WAL (acquireAsync).
+const acquire = `
+INSERT INTO {{table}} AS r (expires_at, key_id, scope_id, status, fingerprint, key_text, owner, lease_until, token)
+SELECT now() + $5::interval, $2::uuid, $1::int, {{in_progress}}, $3::bytea, $4::text, $6::text, now() + $7::interval, {{now_us}}
+{{async}}
+ON CONFLICT (scope_id, key_id) DO UPDATE
+SET attempts = r.attempts + 1, token = greatest(r.token + 1, excluded.token), status = {{in_progress}},
+	owner = excluded.owner, lease_until = excluded.lease_until, updated_at = now(), expires_at = excluded.expires_at
+WHERE r.fingerprint = excluded.fingerprint
+	AND (r.status = {{failed_retryable}} OR (r.status = {{in_progress}} AND r.lease_until < now()))
+RETURNING r.token, r.lease_until, r.failures`
 
 // deadWhere selects dead letters by a DeadFilter: static SQL whose
 // parameters are NULL when a filter field is unset. $1 scope, $2 key id,

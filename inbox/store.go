@@ -67,6 +67,33 @@ type Config struct {
 	// is not held up. It needs Postgres 14 or later on Linux; set
 	// ConnectionCheckDisabled for older servers. Defaults to 2 seconds.
 	ConnectionCheckInterval time.Duration
+	// AsyncAcquire commits the claims of Acquire with synchronous_commit
+	// off: the claim's transaction does not wait for its WAL to reach
+	// disk, so a claim costs no flush of its own. Nothing else changes:
+	// the claim is visible at once, and the transaction that completes
+	// the lease (Complete, or CompleteTx with the caller's writes) commits
+	// durably, which flushes the claim's earlier WAL with it. Only a
+	// Postgres crash within about three wal_writer_delay of a claim can
+	// forget it; the key then looks unclaimed, as after its lease ran out,
+	// and the holder's finalize is fenced out. A Store on a pgx.Tx
+	// ignores it, since the setting would last until that transaction
+	// ends. Defaults to false.
+	AsyncAcquire bool
+	// Partitioning lays the table out in partitions whose expiry is a
+	// DROP instead of DELETE and VACUUM (see [Partitioning]); Migrate
+	// moves an existing table into the layout, and Down to version 5 out
+	// of it. GC then drops expired partitions and creates the next ones.
+	// Defaults to Unpartitioned.
+	Partitioning Partitioning
+	// PartitionInterval is the width of a partition's bucket, a whole
+	// number of seconds; keep it the same for the life of the table.
+	// Defaults to Retention under PartitionByArrival (where it may not be
+	// less) and to 24 hours under PartitionByKey.
+	PartitionInterval time.Duration
+	// BoundaryGrace is how close to a bucket boundary a claim under
+	// PartitionByArrival takes the advisory lock of its key first; a claim
+	// transaction must commit within it. Defaults to 1 minute.
+	BoundaryGrace time.Duration
 }
 
 func (c Config) withDefaults() Config {
@@ -75,7 +102,7 @@ func (c Config) withDefaults() Config {
 	c.MaxKeyLen = cmp.Or(c.MaxKeyLen, MaxKeyLenDefault)
 	c.Retention = cmp.Or(c.Retention, RetentionDefault)
 	c.ConnectionCheckInterval = cmp.Or(c.ConnectionCheckInterval, ConnectionCheckIntervalDefault)
-	return c
+	return c.partitionDefaults()
 }
 
 func (c Config) validate() error {
@@ -91,17 +118,18 @@ func (c Config) validate() error {
 	case c.ConnectionCheckInterval > 0 && c.ConnectionCheckInterval < time.Millisecond:
 		return idemq.NewConfigError("inbox", "ConnectionCheckInterval", "%v is below the server's unit of 1ms", c.ConnectionCheckInterval)
 	}
-	return nil
+	return c.validatePartitioning()
 }
 
 // Store is the inbox of one database: its setup, administration and
 // leases. Consumers claim keys through package consumer. It is safe for
 // concurrent use.
 type Store struct {
-	db   DB
-	cfg  Config
-	core *inboxsql.Store
-	sql  queries
+	db    DB
+	cfg   Config
+	core  *inboxsql.Store
+	table pgutil.Table
+	sql   queries
 }
 
 // New returns a Store on db; call [Store.Migrate] once before use.
@@ -118,11 +146,21 @@ func New(db DB, cfg Config) (*Store, error) {
 		return nil, err
 	}
 	core, err := inboxsql.New(db, inboxsql.Options{Schema: cfg.Schema, Table: cfg.Table, MaxKeyLen: cfg.MaxKeyLen,
-		Retention: cfg.Retention, ConnectionCheckInterval: cfg.ConnectionCheckInterval, Conflict: conflictError})
+		Retention: cfg.Retention, ConnectionCheckInterval: cfg.ConnectionCheckInterval, Conflict: conflictError,
+		Partitioning: inboxsql.Partitioning(cfg.Partitioning), PartitionInterval: cfg.PartitionInterval, BoundaryGrace: cfg.BoundaryGrace})
 	if err != nil {
 		return nil, err
 	}
-	return &Store{db: db, cfg: cfg, core: core, sql: newQueries(table)}, nil
+	sql := newQueries(table)
+	if _, inTx := db.(pgx.Tx); cfg.AsyncAcquire && !inTx {
+		// On a transaction the setting would outlast the claim and make
+		// the caller's commit asynchronous too.
+		sql.acquire = sql.acquireAsync
+	}
+	if cfg.Partitioning != Unpartitioned {
+		partitionQueries(&sql, table.String(), cfg)
+	}
+	return &Store{db: db, cfg: cfg, core: core, table: table, sql: sql}, nil
 }
 
 // conflictError is the error of a claim whose key has a record with
@@ -135,8 +173,10 @@ func conflictError(key string, fingerprint []byte, stored inboxsql.Row) error {
 // [migrate.New] of this Store alone. It is idempotent and safe to run from
 // several processes at once.
 func (s *Store) Migrate(ctx context.Context) error {
-	_, err := migrate.New(s.db, s).Migrate(ctx)
-	return err
+	if _, err := migrate.New(s.db, s).Migrate(ctx); err != nil {
+		return err
+	}
+	return s.EnsurePartitions(ctx)
 }
 
 // PendingMigrations returns the migrations Migrate would apply, in order;
@@ -147,7 +187,7 @@ func (s *Store) PendingMigrations(ctx context.Context) ([]migrate.Migration, err
 
 // MigrationSource implements [migrate.Store]: the inbox tables' migrations.
 func (s *Store) MigrationSource() migrate.Source {
-	return migrate.Source{Component: "inbox", Schema: s.cfg.Schema, Table: s.cfg.Table, Files: migrations, Dir: "migrations"}
+	return migrate.Source{Component: "inbox", Schema: s.cfg.Schema, Table: s.cfg.Table, Files: s.migrationFiles(), Dir: "migrations"}
 }
 
 // Config returns the configuration with its defaults filled in.
@@ -190,6 +230,9 @@ func (s *Store) Get(ctx context.Context, scope, key string) (Record, error) {
 func (s *Store) GC(ctx context.Context, batchSize int) (int64, error) {
 	if batchSize <= 0 {
 		batchSize = 1000
+	}
+	if err := s.gcPartitions(ctx); err != nil {
+		return 0, err
 	}
 	var total int64
 	for _, sql := range []string{s.sql.gc, s.sql.gcConflicts} {

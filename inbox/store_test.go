@@ -49,6 +49,7 @@ func claimsOf(t testing.TB, db inbox.DB, store *inbox.Store) *inboxsql.Store {
 	ic := store.Config()
 	claims, err := inboxsql.New(db, inboxsql.Options{Schema: ic.Schema, Table: ic.Table, MaxKeyLen: ic.MaxKeyLen,
 		Retention: ic.Retention, ConnectionCheckInterval: ic.ConnectionCheckInterval,
+		Partitioning: inboxsql.Partitioning(ic.Partitioning), PartitionInterval: ic.PartitionInterval, BoundaryGrace: ic.BoundaryGrace,
 		Conflict: func(key string, fingerprint []byte, stored inboxsql.Row) error {
 			return &inbox.ConflictError{Key: key, Fingerprint: fingerprint, Stored: inbox.Record(stored)}
 		}})

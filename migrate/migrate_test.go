@@ -56,9 +56,9 @@ SELECT now() + interval '1 day', gen_random_uuid(), 1, 1, '\x01' FROM generate_s
 // schema of their own.
 func stores() []storeCase {
 	var cases []storeCase
-	for _, names := range []struct{ schema, inbox, outbox, webhook, requests string }{
-		{inbox.SchemaDefault, inbox.TableDefault, outbox.TableDefault, webhook.TableDefault, pgstore.TableDefault},
-		{"app", long("i"), long("o"), long("w"), long("r")},
+	for _, names := range []struct{ schema, inbox, outbox, webhook, requests, partitioned string }{
+		{inbox.SchemaDefault, inbox.TableDefault, outbox.TableDefault, webhook.TableDefault, pgstore.TableDefault, "idemq_inbox_pa"},
+		{"app", long("i"), long("o"), long("w"), long("r"), long("p")},
 	} {
 		cases = append(cases,
 			inboxCase(names.schema, names.inbox),
@@ -92,6 +92,17 @@ INSERT INTO ` + keys + ` (endpoint_id, secret) VALUES ('a', 'whsec_x'), ('b', 'w
 					return must(pgstore.New(db, pgstore.Config{Schema: names.schema, Table: names.requests}))(t)
 				},
 				seed: seedInbox,
+			},
+			storeCase{
+				name: "inbox partitioned " + names.schema + "." + names.partitioned,
+				open: func(t *testing.T, db migrate.DB) migrate.Store {
+					cfg := inbox.Config{Schema: names.schema, Table: names.partitioned, Partitioning: inbox.PartitionByArrival}
+					return must(inbox.New(db, cfg))(t)
+				},
+				// Rows from before partitioning, in bucket 0.
+				seed: func(table string) string {
+					return strings.Replace(strings.Replace(seedInbox(table), "(expires_at,", "(bucket, expires_at,", 1), "SELECT now()", "SELECT 0, now()", 1)
+				},
 			},
 		)
 	}

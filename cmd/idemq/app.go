@@ -16,6 +16,9 @@ const (
 	flagSchema         = "schema"
 	flagOutboxTable    = "outbox-table"
 	flagInboxTable     = "inbox-table"
+	flagInboxPartition = "inbox-partitioned"
+	flagInboxInterval  = "inbox-partition-interval"
+	flagInboxRetention = "inbox-retention"
 	flagJSON           = "json"
 )
 
@@ -44,6 +47,13 @@ func newApp(stdout, stderr io.Writer) *cli.Command {
 				Sources: cli.EnvVars("IDEMQ_OUTBOX_TABLE")},
 			&cli.StringFlag{Name: flagInboxTable, Value: "idemq_inbox", Usage: "inbox table",
 				Sources: cli.EnvVars("IDEMQ_INBOX_TABLE")},
+			&cli.StringFlag{Name: flagInboxPartition, Usage: "the inbox's layout: '' (a plain table), 'arrival' (partitions by arrival time) or 'key' " +
+				"(by the time in UUIDv7 keys); 'idemq migrate' moves a live plain inbox into it, building what takes long without blocking writers first",
+				Sources: cli.EnvVars("IDEMQ_INBOX_PARTITIONED")},
+			&cli.DurationFlag{Name: flagInboxInterval, Usage: "a partitioned inbox's bucket width (default: the retention by arrival, 24h by key)",
+				Sources: cli.EnvVars("IDEMQ_INBOX_PARTITION_INTERVAL")},
+			&cli.DurationFlag{Name: flagInboxRetention, Usage: "how long inbox records are kept (default 7 days); the consumers' inbox.Config.Retention",
+				Sources: cli.EnvVars("IDEMQ_INBOX_RETENTION")},
 			&cli.StringFlag{Name: flagWebhookTable, Value: webhook.TableDefault, Usage: "webhook endpoint table (keys in <table>_keys)",
 				Sources: cli.EnvVars("IDEMQ_WEBHOOK_TABLE")},
 			&cli.BoolFlag{Name: flagJSON, Usage: "print JSON instead of tables", Sources: cli.EnvVars("IDEMQ_JSON")},

@@ -404,3 +404,44 @@ func deadIDs(dead []deadLetterJSON) []string {
 	}
 	return out
 }
+
+// TestMigrateToPartitionedInbox: migrate --inbox-partitioned moves a plain
+// inbox holding records into the partitioned layout; its keys stay
+// duplicates, and validate and gc work with the same flag.
+func TestMigrateToPartitionedInbox(t *testing.T) {
+	t.Parallel()
+	url := testenv.PostgresURL(t)
+	mustRun(t, url, "migrate")
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	apply := func(layout inbox.Partitioning, key string) consumer.Outcome {
+		t.Helper()
+		c, err := consumer.New(pool, "billing", func(context.Context, pgx.Tx, *consumer.Message) error { return nil },
+			consumer.Config{Inbox: inbox.Config{Partitioning: layout}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c.Process(ctx, &consumer.Message{ID: key, Payload: []byte("fp")}).Outcome
+	}
+	if o := apply(inbox.Unpartitioned, "order-1"); o != consumer.Applied {
+		t.Fatalf("before: %v", o)
+	}
+	flag := []string{"--inbox-partitioned", "arrival"}
+	mustRun(t, url, append(flag, "migrate")...)
+	wantCode(t, url, exitOK, append(flag, "migrate", "validate")...)
+	mustRun(t, url, append(flag, "gc")...)
+	if o := apply(inbox.PartitionByArrival, "order-1"); o != consumer.Duplicate {
+		t.Fatalf("a key applied before the migration, after it: %v, want a duplicate", o)
+	}
+	if o := apply(inbox.PartitionByArrival, "order-2"); o != consumer.Applied {
+		t.Fatalf("a new key after the migration: %v", o)
+	}
+	var parts int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_inherits WHERE inhparent = 'idemq_inbox'::regclass`).Scan(&parts); err != nil || parts < 3 {
+		t.Fatalf("%d partitions, %v; want bucket 0 and the current ones", parts, err)
+	}
+}

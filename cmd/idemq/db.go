@@ -85,7 +85,18 @@ func stores(cmd *cli.Command, db outbox.DB) (*outbox.Outbox, *inbox.Store, error
 		// New touches no database: every error is the flags' fault.
 		return nil, nil, flagConfigError(err, map[string]string{"Schema": flagSchema, "Table": flagOutboxTable})
 	}
-	ib, err := inbox.New(db, inbox.Config{Schema: cmd.String(flagSchema), Table: cmd.String(flagInboxTable)})
+	var layout inbox.Partitioning
+	switch p := cmd.String(flagInboxPartition); p {
+	case "":
+	case "arrival":
+		layout = inbox.PartitionByArrival
+	case "key":
+		layout = inbox.PartitionByKey
+	default:
+		return nil, nil, usageError("--%s: %q (want '', 'arrival' or 'key')", flagInboxPartition, p)
+	}
+	ib, err := inbox.New(db, inbox.Config{Schema: cmd.String(flagSchema), Table: cmd.String(flagInboxTable),
+		Retention: cmd.Duration(flagInboxRetention), Partitioning: layout, PartitionInterval: cmd.Duration(flagInboxInterval)})
 	if err != nil {
 		return nil, nil, flagConfigError(err, map[string]string{"Schema": flagSchema, "Table": flagInboxTable})
 	}

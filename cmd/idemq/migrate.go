@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/urfave/cli/v3"
 
+	"github.com/idemq/idemq/inbox"
 	"github.com/idemq/idemq/migrate"
 )
 
@@ -117,9 +118,25 @@ func migrateUp(ctx context.Context, cmd *cli.Command) error {
 		return err
 	}
 	defer pool.Close()
+	ib, err := partitionedInbox(cmd, pool)
+	if err != nil {
+		return err
+	}
+	if ib != nil {
+		// Outside the migration's transaction: what takes long on a big
+		// live table, built without blocking its writers.
+		if err := ib.PrepareLivePartitioning(ctx); err != nil {
+			return err
+		}
+	}
 	applied, err := m.Migrate(ctx)
 	if err != nil {
 		return err
+	}
+	if ib != nil {
+		if err := ib.EnsurePartitions(ctx); err != nil {
+			return err
+		}
 	}
 	views := migrationViews(applied)
 	return output(cmd, views, func(t *table) {
@@ -309,4 +326,15 @@ func migrationRows(t *table, ms []migration) {
 		}
 		t.row(m.Component, m.Schema+"."+m.Table, fmt.Sprint(m.Version), m.Name, applied)
 	}
+}
+
+// partitionedInbox returns the inbox when the command migrates it and
+// --inbox-partitioned asks for a partitioned layout, nil otherwise.
+func partitionedInbox(cmd *cli.Command, pool *pgxpool.Pool) (*inbox.Store, error) {
+	comps, err := components(cmd)
+	if err != nil || cmd.String(flagInboxPartition) == "" || !slices.ContainsFunc(comps, func(c component) bool { return c.name == "inbox" }) {
+		return nil, err
+	}
+	_, ib, err := stores(cmd, pool)
+	return ib, err
 }

@@ -72,6 +72,7 @@ func (s *Store) BeginClaim(ctx context.Context, scope, key string, fingerprint [
 	}
 	var inserted bool
 	b := &pgx.Batch{}
+	s.queueBoundaryLock(b, k.ScopeID, k.ID)
 	b.Queue(s.sql.claim, k.Args(s.opts.Retention)...).Exec(func(tag pgconn.CommandTag) error {
 		inserted = tag.RowsAffected() == 1
 		return nil
@@ -92,6 +93,9 @@ func (s *Store) BeginClaim(ctx context.Context, scope, key string, fingerprint [
 
 // claim inserts the record of a new key, or takes over a failed one.
 func (s *Store) claim(ctx context.Context, tx pgx.Tx, k Key) (ClaimResult, error) {
+	if err := s.boundaryLock(ctx, tx, k.ScopeID, k.ID); err != nil {
+		return ClaimResult{}, err
+	}
 	tag, err := tx.Exec(ctx, s.sql.claim, k.Args(s.opts.Retention)...)
 	if err != nil {
 		return ClaimResult{}, fmt.Errorf("inbox: claim %q: %w", k.Key, err)
@@ -280,6 +284,10 @@ func (s *Store) ClaimBatchTx(ctx context.Context, tx pgx.Tx, scope string, items
 			continue
 		}
 		id, text := KeyID(it.Key)
+		if err := s.checkPartitionKey(id, text); err != nil {
+			claims[i].Err = err
+			continue
+		}
 		if _, dup := index[id]; dup {
 			return nil, fmt.Errorf("inbox: key %q appears twice in the batch", it.Key)
 		}
@@ -292,6 +300,9 @@ func (s *Store) ClaimBatchTx(ctx context.Context, tx pgx.Tx, scope string, items
 		return claims, nil
 	}
 
+	if err := s.boundaryLock(ctx, tx, scopeID, ids...); err != nil {
+		return nil, err
+	}
 	// The duplicate path, read only for keys the insert skipped; failed
 	// keys are taken over, and a key GC deleted in between is claimed
 	// again.

@@ -191,6 +191,11 @@ type Options struct {
 	// Conflict returns the error of a key seen before with another
 	// fingerprint (an *inbox.ConflictError).
 	Conflict func(key string, fingerprint []byte, stored Row) error
+	// Partitioning, PartitionInterval and BoundaryGrace are the inbox's
+	// partitioned layout (see partition.go and inbox.Config).
+	Partitioning      Partitioning
+	PartitionInterval time.Duration
+	BoundaryGrace     time.Duration
 }
 
 // Store runs the claim protocol and the shared record reads on one inbox
@@ -213,7 +218,11 @@ func New(db DB, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Store{db: db, opts: opts, sql: newQueries(table), connCheck: connCheck(db, opts.ConnectionCheckInterval), scopes: map[string]int32{}}, nil
+	sql := newQueries(table)
+	if opts.Partitioning != Unpartitioned {
+		partitionQueries(&sql, table.String(), opts)
+	}
+	return &Store{db: db, opts: opts, sql: sql, connCheck: connCheck(db, opts.ConnectionCheckInterval), scopes: map[string]int32{}}, nil
 }
 
 // connCheck returns the client_connection_check_interval a Store sets, in
@@ -329,6 +338,9 @@ func (s *Store) Resolve(ctx context.Context, scope, key string, fingerprint []by
 		return Key{}, err
 	}
 	id, text := KeyID(key)
+	if err := s.checkPartitionKey(id, text); err != nil {
+		return Key{}, err
+	}
 	return Key{Scope: scope, Key: key, ScopeID: scopeID, ID: id, Text: text, Fingerprint: nonNil(fingerprint)}, nil
 }
 

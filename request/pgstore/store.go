@@ -5,7 +5,8 @@
 // A claim is one INSERT … ON CONFLICT DO UPDATE that takes a new, released
 // or expired key and sets its fencing token to the larger of the previous
 // token + 1 and the database clock in microseconds, so that a key whose
-// record GC deleted never hands out a smaller token; Complete, Release
+// record GC deleted never hands out a smaller token, and commits without
+// waiting for its WAL flush (see [Config.SynchronousClaims]); Complete, Release
 // and Extend are UPDATEs that compare that token. [Store.CompleteTx] completes inside
 // the caller's transaction, so that a handler's writes and the request's
 // record commit together: if the key was taken over meanwhile, CompleteTx
@@ -55,6 +56,19 @@ type Config struct {
 	// RecordTTL is how long a record is kept after its last change.
 	// Defaults to request.RecordTTLDefault (24 hours).
 	RecordTTL time.Duration
+	// SynchronousClaims makes a claim wait until its WAL is on disk. By
+	// default claims commit with synchronous_commit off (see
+	// inbox.Config.AsyncAcquire): a claim then costs no flush of its own,
+	// and the durable commit that completes the request (Complete, or
+	// CompleteTx in the handler's transaction) flushes it too. What the
+	// default gives up: a Postgres crash within a fraction of a second
+	// after a claim may forget it, so a retry that arrives while the
+	// first attempt is still running is served instead of answered 409,
+	// and the first attempt's completion is then fenced out. With
+	// CompleteTx nothing is lost, since the first attempt's transaction
+	// cannot commit; a handler with effects outside Postgres may run them
+	// twice. Set it where that window must be closed. Defaults to false.
+	SynchronousClaims bool
 }
 
 // TableDefault is the default Config.Table.
@@ -94,7 +108,7 @@ func New(db DB, cfg Config) (*Store, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	in, err := inbox.New(db, inbox.Config{Schema: cfg.Schema, Table: cfg.Table, Retention: cfg.RecordTTL, MaxKeyLen: 1024})
+	in, err := inbox.New(db, inbox.Config{Schema: cfg.Schema, Table: cfg.Table, Retention: cfg.RecordTTL, MaxKeyLen: 1024, AsyncAcquire: !cfg.SynchronousClaims})
 	if ce, ok := errors.AsType[*idemq.ConfigError](err); ok {
 		// Blame this Store's setting, not the inbox underneath.
 		return nil, idemq.NewConfigError(component, ce.Field, "%s", ce.Reason)

@@ -14,7 +14,11 @@ import (
 )
 
 func newStore(t testing.TB, pool *pgxpool.Pool, ttl time.Duration) *pgstore.Store {
-	s, err := pgstore.New(pool, pgstore.Config{RecordTTL: ttl})
+	return newStoreWith(t, pool, pgstore.Config{RecordTTL: ttl})
+}
+
+func newStoreWith(t testing.TB, pool *pgxpool.Pool, cfg pgstore.Config) *pgstore.Store {
+	s, err := pgstore.New(pool, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -26,10 +30,23 @@ func newStore(t testing.TB, pool *pgxpool.Pool, ttl time.Duration) *pgstore.Stor
 
 func TestConformance(t *testing.T) {
 	requesttest.Run(t, requesttest.Harness{
-		New: func(t *testing.T, ttl time.Duration) request.Store { return newStore(t, testenv.Postgres(t), ttl) },
-		Collect: func(ctx context.Context, s request.Store) error {
-			_, err := s.(*pgstore.Store).GC(ctx, 0)
-			return err
+		New:     func(t *testing.T, ttl time.Duration) request.Store { return newStore(t, testenv.Postgres(t), ttl) },
+		Collect: collect,
+	})
+}
+
+func collect(ctx context.Context, s request.Store) error {
+	_, err := s.(*pgstore.Store).GC(ctx, 0)
+	return err
+}
+
+// TestConformanceSynchronousClaims: the suite with claims that wait for
+// their WAL flush, as they did before claims became asynchronous.
+func TestConformanceSynchronousClaims(t *testing.T) {
+	requesttest.Run(t, requesttest.Harness{
+		New: func(t *testing.T, ttl time.Duration) request.Store {
+			return newStoreWith(t, testenv.Postgres(t), pgstore.Config{RecordTTL: ttl, SynchronousClaims: true})
 		},
+		Collect: collect,
 	})
 }

@@ -10,7 +10,10 @@
 //	<prefix>:{<len(scope)>:<scope>:<key>}:l  the lease: SET NX PX, its value the token
 //
 // Every operation is one script (EVALSHA), so it is atomic and one round
-// trip. A claim takes the lease with SET NX PX; Complete, Release and
+// trip; a request that completes sends two commands (claim, complete),
+// plus one per lease extension. Concurrent requests share round trips:
+// their scripts go through the client's autopipeliner (see
+// [Config.NoAutoPipeline]). A claim takes the lease with SET NX PX; Complete, Release and
 // Extend check the record's state and fencing token before they write.
 // The token is max(previous + 1, the server's clock in microseconds), so
 // it grows even across a record that expired and was created again,
@@ -64,6 +67,16 @@ type Config struct {
 	// servers whose CONFIG command is disabled. Make sure the server
 	// never evicts. Defaults to false.
 	SkipEvictionCheck bool
+	// NoAutoPipeline makes every call take a connection of its own. By
+	// default the store sends its scripts through the client's blocking
+	// autopipeliner (go-redis AutoPipeline, on a *redis.Client,
+	// *redis.ClusterClient or *redis.Ring), which writes the commands of
+	// concurrent requests to Redis together: one write and one read for
+	// many requests instead of one each, in each request's own order. The
+	// autopipeliner is the client's own (shared with everything else that
+	// asks the client for it) and closes with the client. Defaults to
+	// false.
+	NoAutoPipeline bool
 }
 
 // PrefixDefault is the default Config.Prefix.
@@ -90,7 +103,14 @@ func (c Config) validate() error {
 // Store is a [request.Store] on Redis. It is safe for concurrent use.
 type Store struct {
 	rdb redis.UniversalClient
+	// run sends the scripts: the client's autopipeliner, or rdb.
+	run redis.Scripter
 	cfg Config
+}
+
+// autoPipeliner is what the clients with an autopipeliner have.
+type autoPipeliner interface {
+	AutoPipeline() (*redis.AutoPipeliner, error)
 }
 
 var _ request.Store = (*Store)(nil)
@@ -107,7 +127,14 @@ func New(ctx context.Context, rdb redis.UniversalClient, cfg Config) (*Store, er
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	s := &Store{rdb: rdb, cfg: cfg}
+	s := &Store{rdb: rdb, run: rdb, cfg: cfg}
+	if ap, ok := rdb.(autoPipeliner); ok && !cfg.NoAutoPipeline {
+		p, err := ap.AutoPipeline()
+		if err != nil {
+			return nil, fmt.Errorf("redisstore: autopipeliner (set Config.NoAutoPipeline to do without): %w", err)
+		}
+		s.run = p
+	}
 	if !cfg.SkipEvictionCheck {
 		if err := s.checkEviction(ctx); err != nil {
 			return nil, err
@@ -158,7 +185,7 @@ func (s *Store) Claim(ctx context.Context, id request.ID, fingerprint []byte, le
 	if err := checkID(id); err != nil {
 		return request.Claim{}, err
 	}
-	reply, err := script.Run(ctx, s.rdb, s.keys(id), "claim", fingerprint, lease.Milliseconds(), s.cfg.RecordTTL.Milliseconds()).Slice()
+	reply, err := script.Run(ctx, s.run, s.keys(id), "claim", fingerprint, lease.Milliseconds(), s.cfg.RecordTTL.Milliseconds()).Slice()
 	if err != nil {
 		return request.Claim{}, fmt.Errorf("redisstore: claim %q: %w", id.Key, err)
 	}
@@ -216,7 +243,7 @@ func (s *Store) finish(ctx context.Context, op string, lease idemq.Lease, d time
 	if body != nil {
 		args = append(args, body)
 	}
-	reply, err := script.Run(ctx, s.rdb, s.keys(request.ID{Scope: lease.Scope, Key: lease.Key}), args...).Slice()
+	reply, err := script.Run(ctx, s.run, s.keys(request.ID{Scope: lease.Scope, Key: lease.Key}), args...).Slice()
 	if err != nil {
 		return 0, fmt.Errorf("redisstore: %s %q: %w", op, lease.Key, err)
 	}
@@ -228,7 +255,7 @@ func (s *Store) finish(ctx context.Context, op string, lease idemq.Lease, d time
 
 // Get implements [request.Store.Get].
 func (s *Store) Get(ctx context.Context, id request.ID) (request.Record, error) {
-	reply, err := script.Run(ctx, s.rdb, s.keys(id), "get").Slice()
+	reply, err := script.Run(ctx, s.run, s.keys(id), "get").Slice()
 	if err != nil {
 		return request.Record{}, fmt.Errorf("redisstore: get %q: %w", id.Key, err)
 	}

@@ -14,10 +14,15 @@ import (
 )
 
 func TestConformance(t *testing.T) {
+	t.Run("autopipelined", func(t *testing.T) { conformance(t, false) })
+	t.Run("NoAutoPipeline", func(t *testing.T) { conformance(t, true) })
+}
+
+func conformance(t *testing.T, noAutoPipeline bool) {
 	requesttest.Run(t, requesttest.Harness{
 		New: func(t *testing.T, ttl time.Duration) request.Store {
 			rdb, prefix := testenv.Redis(t)
-			s, err := redisstore.New(context.Background(), rdb, redisstore.Config{Prefix: prefix, RecordTTL: ttl})
+			s, err := redisstore.New(context.Background(), rdb, redisstore.Config{Prefix: prefix, RecordTTL: ttl, NoAutoPipeline: noAutoPipeline})
 			if err != nil {
 				t.Fatal(err)
 			}
