@@ -2,6 +2,7 @@ package console_test
 
 import (
 	"errors"
+	"fmt"
 	"html"
 	"net/http"
 	"net/url"
@@ -283,5 +284,43 @@ func TestReplayGroupIsAuditedAndIdempotent(t *testing.T) {
 	withCookie := e.as(t, func(r *http.Request) { r.AddCookie(cookies[0]) })
 	if code, body := withCookie.get("/"); code != http.StatusOK || !strings.Contains(body, "signed in as token") {
 		t.Errorf("GET / with the cookie: %d", code)
+	}
+}
+
+// TestInboxExpiredLeases: the inbox page shows, per scope, the claims
+// whose holder's lease ran out while in progress: how many, the oldest
+// expiry, and a sample key with its owner and fencing token; a live lease
+// is not shown, and the scope filter applies.
+func TestInboxExpiredLeases(t *testing.T) {
+	t.Parallel()
+	e := setup(t, console.Config{User: user, Password: password})
+	c := e.as(t, basic)
+	if code, body := c.get("/inbox"); code != http.StatusOK || !strings.Contains(body, "No expired leases.") {
+		t.Fatalf("GET /inbox on an empty inbox: %d\n%s", code, body)
+	}
+	stuck, err := e.ib.Acquire(e.ctx, "mailer", "email-stuck", []byte("fp"), "worker-dead", time.Minute)
+	if err != nil || !stuck.New {
+		t.Fatalf("Acquire = %+v, %v", stuck, err)
+	}
+	if _, err := e.ib.Acquire(e.ctx, "mailer", "email-live", []byte("fp"), "worker-live", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.pool.Exec(e.ctx, `UPDATE idemq_inbox SET lease_until = now() - interval '5 minutes' WHERE key_text = 'email-stuck'`); err != nil {
+		t.Fatal(err)
+	}
+	code, body := c.get("/inbox")
+	if code != http.StatusOK {
+		t.Fatalf("GET /inbox: %d\n%s", code, body)
+	}
+	for _, want := range []string{`id="expired-leases"`, "email-stuck", "worker-dead", fmt.Sprint(stuck.Lease.Token), "5m"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("GET /inbox lacks %q:\n%s", want, body)
+		}
+	}
+	if strings.Contains(body, "email-live") || strings.Contains(body, "worker-live") {
+		t.Errorf("GET /inbox shows a live lease:\n%s", body)
+	}
+	if _, body := c.get("/inbox?scope=billing"); !strings.Contains(body, "No expired leases.") {
+		t.Errorf("GET /inbox?scope=billing shows mailer's leases:\n%s", body)
 	}
 }

@@ -1,7 +1,9 @@
 // Package console is idemq's operator console: an [http.Handler] a service
 // mounts (or `idemq ui` serves) that shows the outbox's backlog and the
 // relays draining it, dead letters grouped by cause, the inbox's dead
-// letters and conflicts, webhook endpoints, one idempotency key's story,
+// letters, conflicts and expired leases (inbox.Store.ExpiredLeases: claims
+// whose holder died in progress, counted up to a cap per scope from a
+// partial index of in-progress records), webhook endpoints, one idempotency key's story,
 // and the audit log, and lets an authenticated operator act on them.
 //
 // Pages are rendered on the server from html/template with their style

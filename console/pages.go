@@ -274,6 +274,10 @@ func (h *handler) message(w http.ResponseWriter, r *http.Request) {
 		"GroupID": outbox.GroupID(d.ErrorClass, d.Destination)})
 }
 
+// expiredLeasesCap is how many expired leases the inbox page reads per
+// scope at most; beyond it the page says "≥ N".
+const expiredLeasesCap = 1000
+
 func (h *handler) inbox(w http.ResponseWriter, r *http.Request) {
 	if h.cfg.Inbox == nil {
 		http.NotFound(w, r)
@@ -291,7 +295,18 @@ func (h *handler) inbox(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	h.render(w, r, "inbox", "Inbox", map[string]any{"Scope": scope, "Groups": groups, "Conflicts": conflicts})
+	all, err := h.cfg.Inbox.ExpiredLeases(ctx, expiredLeasesCap)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	leases := all[:0]
+	for _, e := range all {
+		if scope == "" || e.Scope == scope {
+			leases = append(leases, e)
+		}
+	}
+	h.render(w, r, "inbox", "Inbox", map[string]any{"Scope": scope, "Groups": groups, "Conflicts": conflicts, "Leases": leases})
 }
 
 func (h *handler) webhooks(w http.ResponseWriter, r *http.Request) {
