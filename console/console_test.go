@@ -324,3 +324,52 @@ func TestInboxExpiredLeases(t *testing.T) {
 		t.Errorf("GET /inbox?scope=billing shows mailer's leases:\n%s", body)
 	}
 }
+
+// TestOverviewRates: with a relay draining, the overview's second look
+// shows the enqueue and drain rates from its two observations (every row
+// left: drained equals enqueued) and the failing destination's dead
+// letters per minute (10 in the 5-minute window: 2.0).
+func TestOverviewRates(t *testing.T) {
+	t.Parallel()
+	e := setup(t, console.Config{User: user, Password: password})
+	c := e.as(t, basic)
+	if code, body := c.get("/"); code != http.StatusOK || !strings.Contains(body, `id="enqueued-rate">-<`) || !strings.Contains(body, "Rates appear on the next refresh") {
+		t.Fatalf("GET / first: %d, want no rate yet:\n%s", code, body)
+	}
+	s := &sink{failing: map[string]string{"hooks": "refused"}}
+	e.enqueue(t, "orders", 40)
+	e.enqueue(t, "hooks", 10)
+	dead, stop := e.runRelay(t, s)
+	waitFor(t, "the relay to drain the outbox", func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return len(s.published) == 40 && dead.Load() == 10
+	})
+	stop()
+	code, body := c.get("/")
+	if code != http.StatusOK {
+		t.Fatalf("GET /: %d\n%s", code, body)
+	}
+	enq, drained := between(body, `id="enqueued-rate">`, "<"), between(body, `id="drained-rate">`, "<")
+	if enq == "-" || enq == "" || enq == "0.0" || drained != enq {
+		t.Errorf("enqueued/min %q, drained/min %q: want the same positive rate\n%s", enq, drained, body)
+	}
+	if !strings.Contains(body, "Rates over the last") {
+		t.Errorf("no rates note:\n%s", body)
+	}
+	row := between(body, `dead?destination=hooks">hooks</a>`, "</tr>")
+	if !strings.Contains(row, `<td class="n bad">2.0</td>`) {
+		t.Errorf("hooks row %q: want 2.0 dead letters per minute", row)
+	}
+}
+
+// between returns the text of s after the first from and before the next
+// to, or "".
+func between(s, from, to string) string {
+	_, rest, ok := strings.Cut(s, from)
+	if !ok {
+		return ""
+	}
+	out, _, _ := strings.Cut(rest, to)
+	return out
+}

@@ -12,6 +12,19 @@
 // outbox.Outbox.Gauges and outbox.Outbox.DeadGroups), never count(*) over
 // the outbox.
 //
+// # Rates
+//
+// The outbox keeps no durable count of what the relays published (a
+// published row is deleted), so the overview's rates come from two
+// observations of the gauges this console instance read, kept in memory
+// for five minutes: enqueued per minute is the movement of the seq
+// sequence (outbox.Gauges.Enqueued), drained per minute is that minus the
+// depth's growth (published plus dead-lettered; an estimate when the
+// depths are), and per destination the depth's change per minute. Dead
+// letters per minute, per destination, are counted over the last five
+// minutes from the dead-letter table, which is durable. Rates show "-"
+// until a second look, and restart with the process.
+//
 // # Safety
 //
 // The console is read-only unless [Config.AllowActions] is set, and even
