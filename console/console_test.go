@@ -114,6 +114,7 @@ func TestPagesRender(t *testing.T) {
 		{"/inbox", "sqlstate 23514: charge declined (SQLSTATE <n>)"},
 		{"/inbox", "order-8"},
 		{"/webhooks", "410 Gone"},
+		{"/webhooks", `id="breaker-note"`},
 		{"/lookup?key=order-9", `id="lookup-inbox"`},
 		{"/lookup?key=order-9", `id="pending"`},
 		{"/lookup?key=" + ids[1], `id="lookup-dead"`},

@@ -12,6 +12,10 @@
 // outbox.Outbox.Gauges and outbox.Outbox.DeadGroups), never count(*) over
 // the outbox.
 //
+// The webhook page shows what the endpoint registry stores (failing since,
+// disabled and why), not breaker state: the webhook Sink keeps its
+// breakers in memory per relay process (see package transports/webhook).
+//
 // # Rates
 //
 // The outbox keeps no durable count of what the relays published (a
