@@ -16,7 +16,9 @@ import (
 // BenchmarkLeasedClaimLeaseIndex measures what the expired leases' partial
 // index (migration 0007) costs the leased path: Acquire then Complete of a
 // new key (4 workers), on two tables of one database, one without the
-// index, alternating in rounds; ratio = with / without.
+// index, alternating in rounds; ratio = with / without. On a loaded
+// 2-core machine, seven runs of 4000-8000 claims gave ratios 0.78 to 1.35,
+// median 1.12: within the noise of the two commits a claim waits for.
 func BenchmarkLeasedClaimLeaseIndex(b *testing.B) {
 	const workers = 4
 	pool := benchPool(b, workers+2)
