@@ -75,6 +75,7 @@ type handler struct {
 	secret []byte // signs the CSRF tokens
 	mux    *http.ServeMux
 	log    *slog.Logger
+	rates  rateRing // the overview's observations (rates.go)
 }
 
 // NewHandler validates cfg and returns the console's handler. It touches

@@ -2,6 +2,7 @@ package console_test
 
 import (
 	"errors"
+	"fmt"
 	"html"
 	"net/http"
 	"net/url"
@@ -113,6 +114,7 @@ func TestPagesRender(t *testing.T) {
 		{"/inbox", "sqlstate 23514: charge declined (SQLSTATE <n>)"},
 		{"/inbox", "order-8"},
 		{"/webhooks", "410 Gone"},
+		{"/webhooks", `id="breaker-note"`},
 		{"/lookup?key=order-9", `id="lookup-inbox"`},
 		{"/lookup?key=order-9", `id="pending"`},
 		{"/lookup?key=" + ids[1], `id="lookup-dead"`},
@@ -284,4 +286,91 @@ func TestReplayGroupIsAuditedAndIdempotent(t *testing.T) {
 	if code, body := withCookie.get("/"); code != http.StatusOK || !strings.Contains(body, "signed in as token") {
 		t.Errorf("GET / with the cookie: %d", code)
 	}
+}
+
+// TestInboxExpiredLeases: the inbox page shows, per scope, the claims
+// whose holder's lease ran out while in progress: how many, the oldest
+// expiry, and a sample key with its owner and fencing token; a live lease
+// is not shown, and the scope filter applies.
+func TestInboxExpiredLeases(t *testing.T) {
+	t.Parallel()
+	e := setup(t, console.Config{User: user, Password: password})
+	c := e.as(t, basic)
+	if code, body := c.get("/inbox"); code != http.StatusOK || !strings.Contains(body, "No expired leases.") {
+		t.Fatalf("GET /inbox on an empty inbox: %d\n%s", code, body)
+	}
+	stuck, err := e.ib.Acquire(e.ctx, "mailer", "email-stuck", []byte("fp"), "worker-dead", time.Minute)
+	if err != nil || !stuck.New {
+		t.Fatalf("Acquire = %+v, %v", stuck, err)
+	}
+	if _, err := e.ib.Acquire(e.ctx, "mailer", "email-live", []byte("fp"), "worker-live", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.pool.Exec(e.ctx, `UPDATE idemq_inbox SET lease_until = now() - interval '5 minutes' WHERE key_text = 'email-stuck'`); err != nil {
+		t.Fatal(err)
+	}
+	code, body := c.get("/inbox")
+	if code != http.StatusOK {
+		t.Fatalf("GET /inbox: %d\n%s", code, body)
+	}
+	for _, want := range []string{`id="expired-leases"`, "email-stuck", "worker-dead", fmt.Sprint(stuck.Lease.Token), "5m"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("GET /inbox lacks %q:\n%s", want, body)
+		}
+	}
+	if strings.Contains(body, "email-live") || strings.Contains(body, "worker-live") {
+		t.Errorf("GET /inbox shows a live lease:\n%s", body)
+	}
+	if _, body := c.get("/inbox?scope=billing"); !strings.Contains(body, "No expired leases.") {
+		t.Errorf("GET /inbox?scope=billing shows mailer's leases:\n%s", body)
+	}
+}
+
+// TestOverviewRates: with a relay draining, the overview's second look
+// shows the enqueue and drain rates from its two observations (every row
+// left: drained equals enqueued) and the failing destination's dead
+// letters per minute (10 in the 5-minute window: 2.0).
+func TestOverviewRates(t *testing.T) {
+	t.Parallel()
+	e := setup(t, console.Config{User: user, Password: password})
+	c := e.as(t, basic)
+	if code, body := c.get("/"); code != http.StatusOK || !strings.Contains(body, `id="enqueued-rate">-<`) || !strings.Contains(body, "Rates appear on the next refresh") {
+		t.Fatalf("GET / first: %d, want no rate yet:\n%s", code, body)
+	}
+	s := &sink{failing: map[string]string{"hooks": "refused"}}
+	e.enqueue(t, "orders", 40)
+	e.enqueue(t, "hooks", 10)
+	dead, stop := e.runRelay(t, s)
+	waitFor(t, "the relay to drain the outbox", func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return len(s.published) == 40 && dead.Load() == 10
+	})
+	stop()
+	code, body := c.get("/")
+	if code != http.StatusOK {
+		t.Fatalf("GET /: %d\n%s", code, body)
+	}
+	enq, drained := between(body, `id="enqueued-rate">`, "<"), between(body, `id="drained-rate">`, "<")
+	if enq == "-" || enq == "" || enq == "0.0" || drained != enq {
+		t.Errorf("enqueued/min %q, drained/min %q: want the same positive rate\n%s", enq, drained, body)
+	}
+	if !strings.Contains(body, "Rates over the last") {
+		t.Errorf("no rates note:\n%s", body)
+	}
+	row := between(body, `dead?destination=hooks">hooks</a>`, "</tr>")
+	if !strings.Contains(row, `<td class="n bad">2.0</td>`) {
+		t.Errorf("hooks row %q: want 2.0 dead letters per minute", row)
+	}
+}
+
+// between returns the text of s after the first from and before the next
+// to, or "".
+func between(s, from, to string) string {
+	_, rest, ok := strings.Cut(s, from)
+	if !ok {
+		return ""
+	}
+	out, _, _ := strings.Cut(rest, to)
+	return out
 }

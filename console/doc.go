@@ -1,7 +1,9 @@
 // Package console is idemq's operator console: an [http.Handler] a service
 // mounts (or `idemq ui` serves) that shows the outbox's backlog and the
 // relays draining it, dead letters grouped by cause, the inbox's dead
-// letters and conflicts, webhook endpoints, one idempotency key's story,
+// letters, conflicts and expired leases (inbox.Store.ExpiredLeases: claims
+// whose holder died in progress, counted up to a cap per scope from a
+// partial index of in-progress records), webhook endpoints, one idempotency key's story,
 // and the audit log, and lets an authenticated operator act on them.
 //
 // Pages are rendered on the server from html/template with their style
@@ -9,6 +11,23 @@
 // binary. Every page reads index edges or bounded index ranges (see
 // outbox.Outbox.Gauges and outbox.Outbox.DeadGroups), never count(*) over
 // the outbox.
+//
+// The webhook page shows what the endpoint registry stores (failing since,
+// disabled and why), not breaker state: the webhook Sink keeps its
+// breakers in memory per relay process (see package transports/webhook).
+//
+// # Rates
+//
+// The outbox keeps no durable count of what the relays published (a
+// published row is deleted), so the overview's rates come from two
+// observations of the gauges this console instance read, kept in memory
+// for five minutes: enqueued per minute is the movement of the seq
+// sequence (outbox.Gauges.Enqueued), drained per minute is that minus the
+// depth's growth (published plus dead-lettered; an estimate when the
+// depths are), and per destination the depth's change per minute. Dead
+// letters per minute, per destination, are counted over the last five
+// minutes from the dead-letter table, which is durable. Rates show "-"
+// until a second look, and restart with the process.
 //
 // # Safety
 //

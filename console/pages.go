@@ -59,6 +59,7 @@ var funcs = template.FuncMap{
 	},
 	"status": func(s inbox.Status) string { return s.String() },
 	"query":  func(kv ...string) template.URL { return query(kv...) },
+	"rate":   func(v float64) string { return strconv.FormatFloat(v, 'f', 1, 64) },
 }
 
 // query builds a query string from key, value pairs, leaving out empty
@@ -122,6 +123,9 @@ func (h *handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 type destinationRow struct {
 	outbox.DestinationGauge
 	FailedLastHour int64
+	// DeadPerMin is its dead letters per minute over the last rateWindow;
+	// DepthPerMin the change of its depth per minute, when Rates.Known.
+	DeadPerMin, DepthPerMin float64
 }
 
 func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
@@ -136,17 +140,36 @@ func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	failed := map[string]int64{}
+	now := time.Now()
+	rates := h.rates.observe(now, g)
+	window, err := h.cfg.Outbox.DeadGroups(ctx, outbox.DeadFilter{FailedAfter: now.Add(-rateWindow), Limit: 1000})
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	failed, deadRate := map[string]int64{}, map[string]float64{}
 	for _, grp := range recent {
 		failed[grp.Destination] += grp.Count
 	}
+	for _, grp := range window {
+		deadRate[grp.Destination] += float64(grp.Count) / rateWindow.Minutes()
+	}
 	var rows []destinationRow
 	for _, d := range g.Destinations {
-		rows = append(rows, destinationRow{DestinationGauge: d, FailedLastHour: failed[d.Destination]})
+		rows = append(rows, destinationRow{DestinationGauge: d, FailedLastHour: failed[d.Destination],
+			DeadPerMin: deadRate[d.Destination], DepthPerMin: rates.DepthChangePerMin[d.Destination]})
 		delete(failed, d.Destination)
 	}
 	for dest, n := range failed { // failing destinations with no backlog
-		rows = append(rows, destinationRow{DestinationGauge: outbox.DestinationGauge{Destination: dest}, FailedLastHour: n})
+		rows = append(rows, destinationRow{DestinationGauge: outbox.DestinationGauge{Destination: dest}, FailedLastHour: n,
+			DeadPerMin: deadRate[dest], DepthPerMin: rates.DepthChangePerMin[dest]})
+		delete(rates.DepthChangePerMin, dest)
+	}
+	for _, d := range g.Destinations {
+		delete(rates.DepthChangePerMin, d.Destination)
+	}
+	for dest, change := range rates.DepthChangePerMin { // drained empty in the window
+		rows = append(rows, destinationRow{DestinationGauge: outbox.DestinationGauge{Destination: dest}, DepthPerMin: change})
 	}
 	sort.Slice(rows, func(i, j int) bool { return rows[i].Destination < rows[j].Destination })
 	owned := 0
@@ -155,7 +178,8 @@ func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
 			owned++
 		}
 	}
-	h.render(w, r, "overview", "Overview", map[string]any{"Gauges": g, "Destinations": rows, "Owned": owned, "Sample": outbox.GaugeSample})
+	h.render(w, r, "overview", "Overview", map[string]any{"Gauges": g, "Destinations": rows, "Owned": owned, "Sample": outbox.GaugeSample,
+		"Rates": rates, "RateWindow": rateWindow})
 }
 
 // pageSize is the number of dead letters a page lists.
@@ -274,6 +298,10 @@ func (h *handler) message(w http.ResponseWriter, r *http.Request) {
 		"GroupID": outbox.GroupID(d.ErrorClass, d.Destination)})
 }
 
+// expiredLeasesCap is how many expired leases the inbox page reads per
+// scope at most; beyond it the page says "≥ N".
+const expiredLeasesCap = 1000
+
 func (h *handler) inbox(w http.ResponseWriter, r *http.Request) {
 	if h.cfg.Inbox == nil {
 		http.NotFound(w, r)
@@ -291,7 +319,18 @@ func (h *handler) inbox(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	h.render(w, r, "inbox", "Inbox", map[string]any{"Scope": scope, "Groups": groups, "Conflicts": conflicts})
+	all, err := h.cfg.Inbox.ExpiredLeases(ctx, expiredLeasesCap)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	leases := all[:0]
+	for _, e := range all {
+		if scope == "" || e.Scope == scope {
+			leases = append(leases, e)
+		}
+	}
+	h.render(w, r, "inbox", "Inbox", map[string]any{"Scope": scope, "Groups": groups, "Conflicts": conflicts, "Leases": leases})
 }
 
 func (h *handler) webhooks(w http.ResponseWriter, r *http.Request) {

@@ -15,7 +15,7 @@ type queries struct {
 	gc, acquire, acquireAsync, complete, fail, extend, abandon, listDead string
 	releaseDead, purgeDead, stats, gcConflicts, listConflicts            string
 	releaseConflicts, purgeConflicts, deadGroups, unclassified, classify string
-	lookup                                                               string
+	lookup, expiredLeases                                                string
 }
 
 func newQueries(t pgutil.Table) queries {
@@ -109,6 +109,29 @@ WHERE r.scope_id = u.s AND r.key_id = u.k AND r.status = {{failed_final}} AND r.
 SELECT s.name, coalesce(r.error_class, ''), {{columns}}
 FROM {{scopes}} s CROSS JOIN LATERAL (SELECT * FROM {{table}} r WHERE r.scope_id = s.id AND r.key_id = $1) r
 ORDER BY r.updated_at DESC`),
+
+		// Per scope, at most $1 expired leases, oldest first, from the
+		// partial index of records in progress (migration 0007): their
+		// number, the oldest expiry and the oldest one's key, owner and
+		// token.
+		expiredLeases: render(`
+SELECT s.name, e.n, e.oldest, e.key, e.owner, e.token
+FROM {{scopes}} s CROSS JOIN LATERAL (
+	SELECT count(*) AS n, min(l.lease_until) AS oldest,
+		(array_agg(l.key ORDER BY l.lease_until))[1] AS key,
+		(array_agg(l.owner ORDER BY l.lease_until))[1] AS owner,
+		(array_agg(l.token ORDER BY l.lease_until))[1] AS token
+	FROM (
+		SELECT r.lease_until, coalesce(r.key_text, r.key_id::text) AS key, coalesce(r.owner, '') AS owner,
+			coalesce(r.token, r.attempts) AS token
+		FROM {{table}} r
+		WHERE r.scope_id = s.id AND r.status = {{in_progress}} AND r.lease_until < now()
+		ORDER BY r.lease_until
+		LIMIT $1
+	) l
+) e
+WHERE e.n > 0
+ORDER BY e.oldest`),
 
 		// A released dead letter is FAILED_RETRYABLE with no failures: the
 		// next delivery takes it over and applies the message afresh.

@@ -63,13 +63,14 @@ func Example() {
 		return
 	}
 	// Output:
-	// pending: 10
+	// pending: 11
 	// applied inbox 0001_inbox
 	// applied inbox 0002_failures
 	// applied inbox 0003_conflicts
 	// applied inbox 0004_superseded
 	// applied inbox 0005_token
 	// applied inbox 0006_error_class
+	// applied inbox 0007_expired_leases
 	// applied outbox 0001_outbox
 	// applied outbox 0002_partitions
 	// applied outbox 0003_error_class

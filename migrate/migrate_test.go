@@ -235,8 +235,8 @@ func TestExportAppliesLikeMigrate(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if len(first) != 11*f.perStep || !strings.Contains(files[0], "0012_") || len(first)+len(files) != len(applied)*f.perStep {
-				t.Fatalf("Export wrote %v, then %v; want the files of the first three stores (0001 to 0011), then only the rest from 0012", first, files)
+			if len(first) != 12*f.perStep || !strings.Contains(files[0], "0013_") || len(first)+len(files) != len(applied)*f.perStep {
+				t.Fatalf("Export wrote %v, then %v; want the files of the first three stores (0001 to 0012), then only the rest from 0013", first, files)
 			}
 			if again, err := migrate.New(exported, all...).Export(dir, f.format); err != nil || len(again) != 0 {
 				t.Fatalf("a second Export wrote %v, %v; want nothing", again, err)
@@ -274,7 +274,7 @@ func TestExportAppliesLikeMigrate(t *testing.T) {
 	nowhere := must(pgxpool.New(context.Background(), "postgres://127.0.0.1:1/none"))(t)
 	defer nowhere.Close()
 	m := migrate.New(nowhere, must(inbox.New(nowhere, inbox.Config{}))(t))
-	if files, err := m.Export(t.TempDir(), ""); err != nil || len(files) != 12 || files[0] != "0001_idemq_inbox_inbox.up.sql" {
+	if files, err := m.Export(t.TempDir(), ""); err != nil || len(files) != 14 || files[0] != "0001_idemq_inbox_inbox.up.sql" {
 		t.Errorf("Export in the zero Format: %v, %v; want golang-migrate's files", files, err)
 	}
 	if _, err := m.Export(t.TempDir(), "atlas"); !errors.Is(err, idemq.ErrConfig) {
@@ -297,7 +297,7 @@ func TestListValidateAndUnknownVersions(t *testing.T) {
 
 	err := m.Validate(ctx)
 	var pending *migrate.PendingError
-	if !errors.As(err, &pending) || ids(pending.Pending) != "outbox:0001_outbox outbox:0002_partitions outbox:0003_error_class outbox:0004_audit inbox:0001_inbox inbox:0002_failures inbox:0003_conflicts inbox:0004_superseded inbox:0005_token inbox:0006_error_class" {
+	if !errors.As(err, &pending) || ids(pending.Pending) != "outbox:0001_outbox outbox:0002_partitions outbox:0003_error_class outbox:0004_audit inbox:0001_inbox inbox:0002_failures inbox:0003_conflicts inbox:0004_superseded inbox:0005_token inbox:0006_error_class inbox:0007_expired_leases" {
 		t.Fatalf("Validate on an empty database: %v", err)
 	}
 	if list := must(m.List(ctx))(t); ids(list) != ids(pending.Pending) || !list[0].AppliedAt.IsZero() || !strings.Contains(list[0].Up, `CREATE TABLE "other"."idemq_outbox"`) {
@@ -309,11 +309,11 @@ func TestListValidateAndUnknownVersions(t *testing.T) {
 	if err := m.Validate(ctx); err != nil {
 		t.Fatalf("Validate after Migrate: %v", err)
 	}
-	if _, err := pool.Exec(ctx, `INSERT INTO idemq_migrations (owner, version, name) VALUES ('inbox:public.idemq_inbox', 7, 'future')`); err != nil {
+	if _, err := pool.Exec(ctx, `INSERT INTO idemq_migrations (owner, version, name) VALUES ('inbox:public.idemq_inbox', 8, 'future')`); err != nil {
 		t.Fatal(err)
 	}
 	list := must(m.List(ctx))(t)
-	if last := list[len(list)-1]; ids(list) != ids(pending.Pending)+" inbox:0007_future" || last.AppliedAt.IsZero() || last.Up != "" ||
+	if last := list[len(list)-1]; ids(list) != ids(pending.Pending)+" inbox:0008_future" || last.AppliedAt.IsZero() || last.Up != "" ||
 		slices.ContainsFunc(list, func(mg migrate.Migration) bool { return mg.AppliedAt.IsZero() }) {
 		t.Fatalf("List with a newer version applied: %+v", list)
 	}
@@ -343,10 +343,10 @@ func TestStoresPendingMigrations(t *testing.T) {
 		store pender
 		want  string
 	}{
-		{must(inbox.New(pool, inbox.Config{}))(t), "inbox:0001_inbox inbox:0002_failures inbox:0003_conflicts inbox:0004_superseded inbox:0005_token inbox:0006_error_class"},
+		{must(inbox.New(pool, inbox.Config{}))(t), "inbox:0001_inbox inbox:0002_failures inbox:0003_conflicts inbox:0004_superseded inbox:0005_token inbox:0006_error_class inbox:0007_expired_leases"},
 		{must(outbox.New(pool, outbox.Config{}))(t), "outbox:0001_outbox outbox:0002_partitions outbox:0003_error_class outbox:0004_audit"},
 		{must(webhook.NewRegistry(pool, webhook.RegistryConfig{}))(t), "webhook:0001_endpoints"},
-		{must(pgstore.New(pool, pgstore.Config{}))(t), "inbox:0001_inbox inbox:0002_failures inbox:0003_conflicts inbox:0004_superseded inbox:0005_token inbox:0006_error_class"},
+		{must(pgstore.New(pool, pgstore.Config{}))(t), "inbox:0001_inbox inbox:0002_failures inbox:0003_conflicts inbox:0004_superseded inbox:0005_token inbox:0006_error_class inbox:0007_expired_leases"},
 	} {
 		if pending, err := c.store.PendingMigrations(ctx); err != nil || ids(pending) != c.want {
 			t.Fatalf("%T before Migrate: %v, %v; want %s", c.store, ids(pending), err, c.want)

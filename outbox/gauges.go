@@ -34,6 +34,12 @@ type Gauges struct {
 	// OldestAge is the age of the oldest row (lowest seq); zero when the
 	// outbox is empty.
 	OldestAge time.Duration
+	// Enqueued is the last seq the outbox's sequence handed out: a
+	// counter of the rows ever enqueued, which never goes back (a
+	// rolled-back enqueue counts too; a replayed dead letter keeps its
+	// seq and does not). Two snapshots give the enqueue rate, and with
+	// the change of Depth the drain rate (see package console).
+	Enqueued int64
 	// Destinations are the destinations of the oldest GaugeSample rows, by
 	// name.
 	Destinations []DestinationGauge
@@ -95,7 +101,8 @@ type RelayGauge struct {
 // Gauges reads the backlog's gauges in one round trip of five statements,
 // each of which reads index edges or at most GaugeSample index entries,
 // never count(*) over the outbox:
-//   - the primary key's two edges: the oldest row, the span of seqs;
+//   - the primary key's two edges: the oldest row, the span of seqs; and
+//     the last value of the seq sequence (Enqueued);
 //   - the oldest GaugeSample rows by the primary key, grouped by
 //     destination: exact figures while the outbox is that small, the
 //     rows a relay works on next when it is not;
@@ -150,7 +157,7 @@ func readGauges(res pgx.BatchResults) (Gauges, error) {
 	var g Gauges
 	var lo, hi, estimate *int64
 	var oldest *float64
-	if err := res.QueryRow().Scan(&lo, &oldest, &hi, &estimate); err != nil {
+	if err := res.QueryRow().Scan(&lo, &oldest, &hi, &estimate, &g.Enqueued); err != nil {
 		return g, err
 	}
 	g.OldestAge = seconds(oldest)

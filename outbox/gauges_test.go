@@ -16,7 +16,7 @@ import (
 func TestGauges(t *testing.T) {
 	b := setup(t, outbox.Config{})
 	g, err := b.ob.Gauges(b.ctx)
-	if err != nil || g.Depth != 0 || !g.Exact || len(g.Destinations) != 0 || len(g.Partitions) != 65 || g.OldestAge != 0 {
+	if err != nil || g.Depth != 0 || !g.Exact || len(g.Destinations) != 0 || len(g.Partitions) != 65 || g.OldestAge != 0 || g.Enqueued != 0 {
 		t.Fatalf("empty outbox: %+v, %v", g, err)
 	}
 	var msgs []outbox.Message
@@ -41,6 +41,9 @@ UPDATE idemq_outbox_lease SET owner = '`+owner.String()+`', token = 7`); err != 
 	g, err = b.ob.Gauges(b.ctx)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if g.Enqueued != 30 {
+		t.Errorf("Enqueued = %d after 30 enqueues, want 30", g.Enqueued)
 	}
 	if g.Depth != 30 || !g.Exact || g.OldestAge <= 0 || len(g.Destinations) != 2 {
 		t.Fatalf("gauges %+v", g)

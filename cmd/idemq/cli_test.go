@@ -87,7 +87,7 @@ func TestMigrateExport(t *testing.T) {
 	validate := []string{"--schema", "billing", "migrate", "validate", "--components", "outbox,inbox,webhook"}
 	var files []string
 	mustJSON(t, "postgres://127.0.0.1:1/unreachable", &files, export...)
-	if len(files) != 22 || files[0] != "0001_idemq_outbox_outbox.up.sql" || files[21] != "0011_idemq_webhook_endpoints_endpoints.down.sql" {
+	if len(files) != 24 || files[0] != "0001_idemq_outbox_outbox.up.sql" || files[23] != "0012_idemq_webhook_endpoints_endpoints.down.sql" {
 		t.Fatalf("export wrote %v", files)
 	}
 	if out := mustRun(t, "", export...); !strings.Contains(out, "nothing to export") {

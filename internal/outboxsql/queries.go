@@ -416,7 +416,8 @@ FROM unnest($1::int8[], $2::text[]) AS u(s, c) WHERE d.seq = u.s AND d.error_cla
        (SELECT seq FROM ` + table + ` ORDER BY seq DESC LIMIT 1),
        (SELECT CASE WHEN c.reltuples < 0 OR c.relpages = 0 THEN NULL
                     ELSE (c.reltuples / c.relpages * (pg_relation_size(c.oid) / current_setting('block_size')::int8))::int8 END
-        FROM pg_class AS c WHERE c.oid = $1::regclass)
+        FROM pg_class AS c WHERE c.oid = $1::regclass),
+       coalesce(pg_sequence_last_value(pg_get_serial_sequence($1::regclass::text, 'seq')::regclass), 0)
 FROM (SELECT 1) AS one LEFT JOIN LATERAL (SELECT seq, created_at FROM ` + table + ` ORDER BY seq LIMIT 1) AS lo ON true`,
 		// The oldest $2 rows (primary-key order) by destination: count, age
 		// of the oldest, how long the oldest due one has been due, and the

@@ -46,6 +46,12 @@
 // relay with several Workers so that the other workers' batches flow
 // meanwhile.
 //
+// The breaker lives in the Sink's memory, one per endpoint per relay
+// process, and is not stored: the registry's row says only when the
+// endpoint started failing (FailingSince) and whether it was disabled,
+// and why, which is what the operator console shows. The breaker's
+// changes are logged ("webhook: breaker open", "half-open", "closed").
+//
 // # SSRF
 //
 // The Sink's dialer checks every resolved address on every connection

@@ -41,5 +41,9 @@ BEGIN
 			WHERE x.indrelid = format('%I.%I', ns, name)::regclass AND x.indpred IS NOT NULL AND a.attname = 'error_class') THEN
 		EXECUTE format('CREATE INDEX ON %I.%I (scope_id, error_class, updated_at) WHERE status = 4', ns, name);
 	END IF;
+	IF NOT EXISTS (SELECT 1 FROM pg_index x JOIN pg_attribute a ON a.attrelid = x.indrelid AND a.attnum = x.indkey[1]
+			WHERE x.indrelid = format('%I.%I', ns, name)::regclass AND x.indpred IS NOT NULL AND a.attname = 'lease_until') THEN
+		EXECUTE format('CREATE INDEX ON %I.%I (scope_id, lease_until) WHERE status = 1', ns, name);
+	END IF;
 END
 $$;

@@ -44,6 +44,8 @@ BEGIN
 	EXECUTE format('CREATE INDEX ON %I.%I (scope_id, updated_at) WHERE status = 4', ns, name);
 	-- And the index that groups them by error class (migration 0006).
 	EXECUTE format('CREATE INDEX ON %I.%I (scope_id, error_class, updated_at) WHERE status = 4', ns, name);
+	-- And the expired leases' index (migration 0007).
+	EXECUTE format('CREATE INDEX ON %I.%I (scope_id, lease_until) WHERE status = 1', ns, name);
 	EXECUTE format('ALTER TABLE %I.%I ATTACH PARTITION %I.%I FOR VALUES FROM (MINVALUE) TO (1)', ns, name, ns, name || '_p0');
 END
 $$;
