@@ -278,8 +278,9 @@ func (w *worker) rewindDue() {
 }
 
 // scan begins the transaction, locks the worker's lease rows, moves the
-// horizon and reads a window of rows, locking those it can take. It
-// returns the leases as locked.
+// horizon and reads a window of rows, locking those it can take, then the
+// file nodes of the table and its sequence (see sequence.go). It returns
+// the leases as locked.
 func (w *worker) scan(ctx context.Context, tx *claimTx) ([]lease, []scanned, error) {
 	r := w.r
 	idle := strconv.FormatInt(r.fenceTimeout().Milliseconds(), 10)
@@ -323,6 +324,7 @@ func (w *worker) scan(ctx context.Context, tx *claimTx) ([]lease, []scanned, err
 	} else {
 		b.Queue(r.sql.Scan, r.cfg.BatchSize, parts, starts, cursors, r.cfg.GlobalKeyOrder, blocked)
 	}
+	b.Queue(r.sql.Nodes, r.seqOID, r.sql.Table)
 	tx.open = true
 	br := tx.conn.SendBatch(ctx, b)
 	var held []lease
@@ -369,11 +371,18 @@ func (w *worker) scan(ctx context.Context, tx *claimTx) ([]lease, []scanned, err
 		}
 		win = make([]scanned, 0, r.cfg.BatchSize)
 		var s scanned
-		_, err = pgx.ForEachRow(rows, []any{&s.part, &s.seq, &s.ctid, &s.order, &s.wait}, func() error {
+		if _, err = pgx.ForEachRow(rows, []any{&s.part, &s.seq, &s.ctid, &s.order, &s.wait}, func() error {
 			win = append(win, s)
 			return nil
-		})
-		return err
+		}); err != nil {
+			return err
+		}
+		var node, seqNode int64
+		if err := br.QueryRow().Scan(&node, &seqNode); err != nil {
+			return err
+		}
+		w.watch(w.seqs.high, node, seqNode)
+		return nil
 	}()
 	if cerr := br.Close(); err == nil {
 		err = cerr

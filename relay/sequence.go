@@ -13,7 +13,8 @@ import (
 // back. The relay refuses to start when it does not (preflight, with
 // outbox.Outbox.CheckSequence), and every horizon read checks again; a
 // worker reads the horizon at least every second for that, also while its
-// scans do not reach it:
+// scans do not reach it, and every scan reads the file nodes after its
+// window, in the same round trip:
 //
 //   - CACHE above 1 (set while the relay runs) ends Run with the ALTER
 //     TABLE that fixes it;
@@ -49,6 +50,18 @@ func (w *worker) watchSequence(top, node, cache, seqNode int64) error {
 	if cache > 1 {
 		return outbox.SequenceCheck{Sequence: "the outbox's sequence", Cache: cache, Table: w.r.sql.Table}.Err()
 	}
+	w.watch(top, node, seqNode)
+	w.seqs.at = time.Now()
+	return nil
+}
+
+// watch compares the sequence's last value top and the file nodes of the
+// table and the sequence with what the worker saw before. After a change
+// it drops what it knew of the seqs and marks the sequence for a check,
+// which also drops the window the round read. Every scan reads the nodes
+// again (outboxsql's Nodes, with top the highest value seen), so that no
+// window holding rows of a new run of the sequence is ever claimed.
+func (w *worker) watch(top, node, seqNode int64) {
 	s := &w.seqs
 	tableNew, seqNew := s.node != 0 && node != s.node, s.seqNode != 0 && seqNode != s.seqNode
 	if tableNew || seqNew || top < s.high {
@@ -58,8 +71,7 @@ func (w *worker) watchSequence(top, node, cache, seqNode int64) error {
 		w.horizon, w.seen, w.pending = 0, 0, nil
 		s.high, s.moved = 0, true
 	}
-	s.high, s.node, s.seqNode, s.at = max(s.high, top), node, seqNode, time.Now()
-	return nil
+	s.high, s.node, s.seqNode = max(s.high, top), node, seqNode
 }
 
 // checkSequence checks the sequence against the seqs in use after a

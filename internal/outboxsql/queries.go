@@ -116,10 +116,10 @@ type Queries struct {
 	Writable string
 
 	// Join, Beat, Live, Take, Release, Leave, Hold, Lock, Sequence, Top, Writers,
-	// Scan, ScanAll, Claim, PutBack, Bury and Park are the relay's; see their
-	// comments below and the relay package's claim.go and lease.go.
+	// Scan, ScanAll, Nodes, Claim, PutBack, Bury and Park are the relay's; see
+	// their comments below and the relay package's claim.go and lease.go.
 	Join, Beat, Live, Take, Release, Leave, Hold, Lock, Sequence, Top, Writers string
-	Scan, ScanAll, Claim, ClaimParked, PutBack, Bury, Park                     string
+	Scan, ScanAll, Nodes, Claim, ClaimParked, PutBack, Bury, Park              string
 	// Delivered deletes the rows of partition $1 with seq in $2: rows a
 	// transactional Sink's last committed transaction delivered (see the
 	// relay's Watermarker), which a crash or a failed commit left behind.
@@ -353,6 +353,11 @@ LIMIT $1`,
 FROM ` + table + ` AS o
 WHERE o.seq >= $2 AND ` + behind("$3::int8", "$4::bool", "$5::int8[]") + `
 ORDER BY o.seq LIMIT $1`,
+		// The file nodes of table $2 and of sequence $1, as Top reads them,
+		// sent after a scan: the scan keeps the table locked, so if it saw
+		// a row of a new run of the sequence (after TRUNCATE ... RESTART
+		// IDENTITY or ALTER SEQUENCE ... RESTART), this shows the new node.
+		Nodes: `SELECT pg_relation_filenode($2::regclass)::int8, pg_relation_filenode($1::oid::regclass)::int8`,
 		// Failed rows go back with their seq (their place in their key's
 		// order), due after a delay in microseconds (negative: parked
 		// until a replay or purge releases them).
