@@ -97,7 +97,7 @@ func (s *Sink) admit(st *endpointState, now time.Time) (Endpoint, []Key, error) 
 		st.probing = true // half open: this delivery is the probe
 		s.log.Info("webhook: breaker half-open: probing the endpoint with one delivery", "endpoint", ep.ID)
 		if st.changed(BreakerHalfOpen, now) {
-			defer s.report(st)
+			s.report(st) // its goroutine waits for st.mu
 		}
 	}
 	if len(st.keys) == 0 {
