@@ -6,6 +6,7 @@ import (
 	"html"
 	"net/http"
 	"net/url"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -96,6 +97,15 @@ func TestPagesRender(t *testing.T) {
 	if err := e.webhooks.Disable(e.ctx, "ep-1", "410 Gone"); err != nil {
 		t.Fatal(err)
 	}
+	// ep-2's breaker as a relay's webhook Sink records it (tested in
+	// transports/webhook): open for a minute, by relay-a.
+	if _, err := e.webhooks.Add(e.ctx, webhook.Endpoint{ID: "ep-2", URL: "https://hooks.example/two", Keys: []string{secret}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.pool.Exec(e.ctx, `UPDATE idemq_webhook_endpoints SET breaker_state = 'open', breaker_since = now() - interval '1 minute',
+		breaker_relay = 'relay-a' WHERE id = 'ep-2'`); err != nil {
+		t.Fatal(err)
+	}
 	groups, err := e.ob.DeadGroups(e.ctx, outbox.DeadFilter{})
 	if err != nil || len(groups) != 1 {
 		t.Fatalf("groups %+v, %v", groups, err)
@@ -115,6 +125,8 @@ func TestPagesRender(t *testing.T) {
 		{"/inbox", "order-8"},
 		{"/webhooks", "410 Gone"},
 		{"/webhooks", `id="breaker-note"`},
+		{"/webhooks", `<span class="bad" data-breaker="open">open</span> since `},
+		{"/webhooks", ` ago) by <span class="mono">relay-a</span>`},
 		{"/lookup?key=order-9", `id="lookup-inbox"`},
 		{"/lookup?key=order-9", `id="pending"`},
 		{"/lookup?key=" + ids[1], `id="lookup-dead"`},
@@ -128,6 +140,11 @@ func TestPagesRender(t *testing.T) {
 		if strings.Contains(body, `name="csrf"`) {
 			t.Errorf("GET %s of a read-only console shows action forms", p.path)
 		}
+	}
+	// An open breaker lists its endpoint with the failing ones, though its
+	// failure clock is not running.
+	if _, body := c.get("/webhooks"); !regexp.MustCompile(`(?s)id="failing".*ep-2.*<h2>Healthy</h2>`).MatchString(body) {
+		t.Errorf("GET /webhooks: ep-2, whose breaker is open, is not listed as failing:\n%s", body)
 	}
 	if code, _ := c.get("/dead/" + "0192f3a4-5b6c-7d8e-9f01-23456789abcd"); code != http.StatusNotFound {
 		t.Errorf("an unknown message: %d, want 404", code)
@@ -202,6 +219,15 @@ func TestReplayGroupIsAuditedAndIdempotent(t *testing.T) {
 	t.Parallel()
 	e := setup(t, console.Config{AllowActions: true, User: user, Password: password, Token: token})
 	ids := e.deadLettersOf(t, 3, "hooks", "HTTP 500 from ID", "mail", "smtp: mailbox full")[:3]
+	// ep-2's breaker as a relay's webhook Sink records it (tested in
+	// transports/webhook): open for a minute, by relay-a.
+	if _, err := e.webhooks.Add(e.ctx, webhook.Endpoint{ID: "ep-2", URL: "https://hooks.example/two", Keys: []string{secret}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.pool.Exec(e.ctx, `UPDATE idemq_webhook_endpoints SET breaker_state = 'open', breaker_since = now() - interval '1 minute',
+		breaker_relay = 'relay-a' WHERE id = 'ep-2'`); err != nil {
+		t.Fatal(err)
+	}
 	groups, err := e.ob.DeadGroups(e.ctx, outbox.DeadFilter{})
 	if err != nil || len(groups) != 2 || groups[0].Destination != "hooks" {
 		t.Fatalf("groups %+v, %v", groups, err)

@@ -12,9 +12,13 @@
 // outbox.Outbox.Gauges and outbox.Outbox.DeadGroups), never count(*) over
 // the outbox.
 //
-// The webhook page shows what the endpoint registry stores (failing since,
-// disabled and why), not breaker state: the webhook Sink keeps its
-// breakers in memory per relay process (see package transports/webhook).
+// The webhook page shows what the endpoint registry stores: failing since,
+// disabled and why, and the breaker state (open, half-open, closed) with
+// since when and which relay reported it. Each relay's webhook Sink keeps
+// its own breaker per endpoint and records every change of its state on
+// the endpoint's row, so with several relays the last report wins (see
+// package transports/webhook). An endpoint whose breaker is open or
+// half-open is listed with the failing ones.
 //
 // # Rates
 //

@@ -348,7 +348,7 @@ func (h *handler) webhooks(w http.ResponseWriter, r *http.Request) {
 		switch {
 		case !ep.DisabledAt.IsZero():
 			disabled = append(disabled, ep)
-		case !ep.FailingSince.IsZero():
+		case !ep.FailingSince.IsZero(), ep.Breaker == webhook.BreakerOpen, ep.Breaker == webhook.BreakerHalfOpen:
 			failing = append(failing, ep)
 		default:
 			healthy = append(healthy, ep)

@@ -235,8 +235,8 @@ func TestExportAppliesLikeMigrate(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if len(first) != 12*f.perStep || !strings.Contains(files[0], "0013_") || len(first)+len(files) != len(applied)*f.perStep {
-				t.Fatalf("Export wrote %v, then %v; want the files of the first three stores (0001 to 0012), then only the rest from 0013", first, files)
+			if len(first) != 13*f.perStep || !strings.Contains(files[0], "0014_") || len(first)+len(files) != len(applied)*f.perStep {
+				t.Fatalf("Export wrote %v, then %v; want the files of the first three stores (0001 to 0013), then only the rest from 0014", first, files)
 			}
 			if again, err := migrate.New(exported, all...).Export(dir, f.format); err != nil || len(again) != 0 {
 				t.Fatalf("a second Export wrote %v, %v; want nothing", again, err)
@@ -345,7 +345,7 @@ func TestStoresPendingMigrations(t *testing.T) {
 	}{
 		{must(inbox.New(pool, inbox.Config{}))(t), "inbox:0001_inbox inbox:0002_failures inbox:0003_conflicts inbox:0004_superseded inbox:0005_token inbox:0006_error_class inbox:0007_expired_leases"},
 		{must(outbox.New(pool, outbox.Config{}))(t), "outbox:0001_outbox outbox:0002_partitions outbox:0003_error_class outbox:0004_audit"},
-		{must(webhook.NewRegistry(pool, webhook.RegistryConfig{}))(t), "webhook:0001_endpoints"},
+		{must(webhook.NewRegistry(pool, webhook.RegistryConfig{}))(t), "webhook:0001_endpoints webhook:0002_breaker"},
 		{must(pgstore.New(pool, pgstore.Config{}))(t), "inbox:0001_inbox inbox:0002_failures inbox:0003_conflicts inbox:0004_superseded inbox:0005_token inbox:0006_error_class inbox:0007_expired_leases"},
 	} {
 		if pending, err := c.store.PendingMigrations(ctx); err != nil || ids(pending) != c.want {

@@ -53,8 +53,14 @@ type endpointJSON struct {
 	DisabledAt     *time.Time `json:"disabled_at,omitempty"`
 	DisabledReason string     `json:"disabled_reason,omitempty"`
 	FailingSince   *time.Time `json:"failing_since,omitempty"`
-	Keys           int        `json:"keys"`
-	CreatedAt      time.Time  `json:"created_at"`
+	// Breaker is the breaker state a relay last reported (open, half-open,
+	// closed), since when and by which relay; absent until a breaker
+	// first opened.
+	Breaker      string     `json:"breaker,omitempty"`
+	BreakerSince *time.Time `json:"breaker_since,omitempty"`
+	BreakerRelay string     `json:"breaker_relay,omitempty"`
+	Keys         int        `json:"keys"`
+	CreatedAt    time.Time  `json:"created_at"`
 }
 
 func toEndpointJSON(e webhook.Endpoint) endpointJSON {
@@ -65,6 +71,12 @@ func toEndpointJSON(e webhook.Endpoint) endpointJSON {
 	}
 	if !e.FailingSince.IsZero() {
 		j.FailingSince = &e.FailingSince
+	}
+	if e.Breaker != "" {
+		j.Breaker, j.BreakerRelay = string(e.Breaker), e.BreakerRelay
+		if !e.BreakerSince.IsZero() {
+			j.BreakerSince = &e.BreakerSince
+		}
 	}
 	if j.EventTypes == nil {
 		j.EventTypes = []string{}
@@ -89,7 +101,8 @@ func webhookCommand() *cli.Command {
 				&cli.IntFlag{Name: "concurrency", Usage: "deliveries in flight; default the relay's"},
 				&cli.FloatFlag{Name: "rate-limit", Usage: "deliveries per second; default unlimited"},
 			}},
-			{Name: "list", Usage: "list the endpoints", Action: webhookList},
+			{Name: "list", Usage: "list the endpoints: enabled or disabled and why, failing since, and the breaker state a relay last reported",
+				Action: webhookList},
 			{Name: "rotate", Usage: "add a new signing key; the old ones sign on for --grace", ArgsUsage: "ID", Action: webhookRotate,
 				Flags: []cli.Flag{
 					&cli.StringFlag{Name: "secret", Usage: "the new key; default a fresh whsec_ secret"},
@@ -171,7 +184,7 @@ func webhookList(ctx context.Context, cmd *cli.Command) error {
 			out = append(out, toEndpointJSON(e))
 		}
 		return output(cmd, out, func(t *table) {
-			t.header("ID", "URL", "EVENTS", "STATE", "FAILING", "KEYS")
+			t.header("ID", "URL", "EVENTS", "STATE", "FAILING", "BREAKER", "KEYS")
 			for _, e := range out {
 				state := "enabled"
 				if !e.Enabled {
@@ -181,11 +194,21 @@ func webhookList(ctx context.Context, cmd *cli.Command) error {
 				if e.FailingSince != nil {
 					failing = age(*e.FailingSince)
 				}
+				breaker := "-"
+				if e.Breaker != "" {
+					breaker = e.Breaker
+					if e.BreakerSince != nil {
+						breaker += " " + age(*e.BreakerSince)
+					}
+					if e.BreakerRelay != "" {
+						breaker += " (" + clip(e.BreakerRelay, 30) + ")"
+					}
+				}
 				events := strings.Join(e.EventTypes, ",")
 				if events == "" {
 					events = "*"
 				}
-				t.row(e.ID, e.URL, events, state, failing, fmt.Sprint(e.Keys))
+				t.row(e.ID, e.URL, events, state, failing, breaker, fmt.Sprint(e.Keys))
 			}
 		})
 	})

@@ -74,6 +74,23 @@ func TestWebhookEndpoints(t *testing.T) {
 	if len(list) != 1 || list[0].Keys != 2 || !list[0].Enabled || list[0].EventTypes[0] != "order.created" {
 		t.Errorf("webhook list: %+v", list)
 	}
+	if list[0].Breaker != "" || list[0].BreakerSince != nil || !strings.Contains(mustRun(t, url, "webhook", "list"), "BREAKER") {
+		t.Errorf("webhook list before any breaker report: %+v", list[0])
+	}
+	// A relay's Sink reports its breaker on the row (transports/webhook
+	// tests that); list shows the report.
+	since := time.Now().Add(-90 * time.Second).Truncate(time.Microsecond)
+	if _, err := pool.Exec(ctx, `UPDATE idemq_webhook_endpoints SET breaker_state = 'open', breaker_since = $1, breaker_relay = 'relay-a'
+		WHERE id = 'shop'`, since); err != nil {
+		t.Fatal(err)
+	}
+	mustJSON(t, url, &list, "webhook", "list")
+	if len(list) != 1 || list[0].Breaker != "open" || list[0].BreakerSince == nil || !list[0].BreakerSince.Equal(since) || list[0].BreakerRelay != "relay-a" {
+		t.Errorf("webhook list --json with an open breaker: %+v", list)
+	}
+	if out := mustRun(t, url, "webhook", "list"); !strings.Contains(out, "open 1m3") || !strings.Contains(out, "(relay-a)") {
+		t.Errorf("webhook list with an open breaker does not show it open for 1m30s by relay-a:\n%s", out)
+	}
 	for _, args := range [][]string{{"enable", "nope"}, {"disable", "nope"}, {"rotate", "nope"}} {
 		wantCode(t, url, exitNotFound, append([]string{"webhook"}, args...)...)
 	}

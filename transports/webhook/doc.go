@@ -47,10 +47,16 @@
 // meanwhile.
 //
 // The breaker lives in the Sink's memory, one per endpoint per relay
-// process, and is not stored: the registry's row says only when the
-// endpoint started failing (FailingSince) and whether it was disabled,
-// and why, which is what the operator console shows. The breaker's
-// changes are logged ("webhook: breaker open", "half-open", "closed").
+// process. Each change of its state (open, half-open, closed; never each
+// delivery) is logged ("webhook: breaker open", "half-open", "closed") and
+// recorded on the endpoint's registry row (Endpoint.Breaker, BreakerSince
+// and BreakerRelay, registry migration 0002) by a goroutine of its own,
+// off the delivery's path; a failed write is logged and fails no delivery.
+// With several relays each has its own breaker for an endpoint and the
+// last report wins, so the row says what one relay saw last, and when; a
+// relay that stopped leaves its last report until another relay's breaker
+// changes. The operator console and `idemq webhook list` show it beside
+// FailingSince and the disabled state.
 //
 // # SSRF
 //

@@ -26,6 +26,12 @@ type endpointState struct {
 	trips     int // times opened since the last success
 	openUntil time.Time
 	probing   bool
+	// the breaker's state as reported to the registry: the latest change,
+	// whether it still has to be written, and whether a writer runs
+	reported  BreakerState
+	changedAt time.Time
+	unwritten bool
+	writing   bool
 }
 
 // maxTrips caps the doubling of the breaker's cooldown at 2^4.
@@ -90,6 +96,9 @@ func (s *Sink) admit(st *endpointState, now time.Time) (Endpoint, []Key, error) 
 	case !st.openUntil.IsZero():
 		st.probing = true // half open: this delivery is the probe
 		s.log.Info("webhook: breaker half-open: probing the endpoint with one delivery", "endpoint", ep.ID)
+		if st.changed(BreakerHalfOpen, now) {
+			s.report(st) // its goroutine waits for st.mu
+		}
 	}
 	if len(st.keys) == 0 {
 		return ep, nil, idemq.Permanent(fmt.Errorf("webhook: endpoint %s has no valid signing key", ep.ID))
@@ -106,7 +115,7 @@ func (s *Sink) settle(ctx context.Context, st *endpointState, out outcome, cause
 	wasProbe := st.probing
 	wasOpen := !st.openUntil.IsZero()
 	st.probing = false
-	var clockRuns bool
+	var clockRuns, changed bool
 	switch out {
 	case outcomeHeld:
 		st.mu.Unlock()
@@ -114,6 +123,7 @@ func (s *Sink) settle(ctx context.Context, st *endpointState, out outcome, cause
 	case outcomeDelivered:
 		if wasOpen {
 			s.log.Info("webhook: breaker closed: the endpoint delivers again", "endpoint", ep.ID, "trips", st.trips)
+			changed = st.changed(BreakerClosed, time.Now())
 		}
 		st.failures, st.trips, st.openUntil = 0, 0, time.Time{}
 		clockRuns = !st.ep.FailingSince.IsZero()
@@ -124,8 +134,10 @@ func (s *Sink) settle(ctx context.Context, st *endpointState, out outcome, cause
 			// Every failed probe doubles the cooldown: a dead endpoint
 			// costs the batches one timeout per cooldown.
 			cooldown := s.cfg.BreakerCooldown << min(st.trips, maxTrips)
-			st.openUntil = time.Now().Add(cooldown)
+			now := time.Now()
+			st.openUntil = now.Add(cooldown)
 			st.trips++
+			changed = st.changed(BreakerOpen, now)
 			switch {
 			case wasProbe:
 				s.log.Warn("webhook: breaker open again: the probe failed", "endpoint", ep.ID, "cooldown", cooldown, "err", cause)
@@ -135,6 +147,9 @@ func (s *Sink) settle(ctx context.Context, st *endpointState, out outcome, cause
 		}
 	}
 	st.mu.Unlock()
+	if changed {
+		s.report(st)
+	}
 
 	switch {
 	case out == outcomeDelivered:
@@ -162,6 +177,51 @@ func (s *Sink) settle(ctx context.Context, st *endpointState, out outcome, cause
 	if time.Since(since) >= s.cfg.DisableAfter {
 		s.disable(ctx, st, fmt.Sprintf("deliveries failing since %s", since.UTC().Format(time.RFC3339)))
 	}
+}
+
+// changed notes a change of the breaker to state at now, unless it is in
+// state already, and reports whether the change needs [Sink.report]: no
+// writer runs for the endpoint. st.mu is held.
+func (st *endpointState) changed(state BreakerState, now time.Time) bool {
+	if st.reported == state {
+		return false
+	}
+	st.reported, st.changedAt, st.unwritten = state, now, true
+	if st.writing {
+		return false // the running writer writes it next
+	}
+	st.writing = true
+	return true
+}
+
+// breakerWriteTimeout bounds one write of a breaker change.
+const breakerWriteTimeout = 10 * time.Second
+
+// report writes the endpoint's breaker changes to the registry on a
+// goroutine of their own, off the delivery's path, one at a time and in
+// order; changes made while a write runs are written next, the latest
+// only. A failed write is logged and not retried: the next change writes
+// the state again.
+func (s *Sink) report(st *endpointState) {
+	go func() {
+		for {
+			st.mu.Lock()
+			if !st.unwritten {
+				st.writing = false
+				st.mu.Unlock()
+				return
+			}
+			id, state, since := st.ep.ID, st.reported, st.changedAt
+			st.unwritten = false
+			st.mu.Unlock()
+			ctx, cancel := context.WithTimeout(context.Background(), breakerWriteTimeout)
+			err := s.reg.breaker(ctx, id, state, since, s.cfg.Instance)
+			cancel()
+			if err != nil {
+				s.log.Warn("webhook: recording the breaker's state in the registry failed", "endpoint", id, "state", state, "err", err)
+			}
+		}
+	}()
 }
 
 func (s *Sink) disable(ctx context.Context, st *endpointState, reason string) {

@@ -76,9 +76,37 @@ type Endpoint struct {
 	// FailingSince is the first failed delivery since the last success,
 	// zero when the last delivery succeeded.
 	FailingSince time.Time
+	// Breaker is the endpoint's breaker as a Sink last reported it, ""
+	// until a breaker first opened. Each relay's Sink has its own breaker
+	// per endpoint and reports each change of its state (not each
+	// delivery); with several relays the last report wins. The report of
+	// a relay that stopped stays until another one reports.
+	Breaker BreakerState
+	// BreakerSince is when the reporting Sink's breaker changed to
+	// Breaker, by that relay's clock; zero when Breaker is "".
+	BreakerSince time.Time
+	// BreakerRelay names the Sink that reported Breaker: its
+	// [Config.Instance].
+	BreakerRelay string
 	// CreatedAt and UpdatedAt are kept by the registry.
 	CreatedAt, UpdatedAt time.Time
 }
+
+// BreakerState is a state of an endpoint's breaker (see [Config.BreakerFailures]).
+type BreakerState string
+
+// The states of a breaker.
+const (
+	// BreakerOpen holds the endpoint's rows, without attempts, until its
+	// cooldown ends.
+	BreakerOpen BreakerState = "open"
+	// BreakerHalfOpen lets one delivery through, the probe, and holds the
+	// others until it ends: a success closes the breaker, a retryable
+	// failure opens it again for a doubled cooldown.
+	BreakerHalfOpen BreakerState = "half-open"
+	// BreakerClosed lets every delivery through.
+	BreakerClosed BreakerState = "closed"
+)
 
 // Enabled reports whether deliveries flow to the endpoint.
 func (e Endpoint) Enabled() bool { return e.DisabledAt.IsZero() }
@@ -132,14 +160,14 @@ func (r *Registry) MigrationSource() migrate.Source {
 }
 
 type registrySQL struct {
-	insert, insertKey, update, expireKeys, disable, enable, remove, get, failing, succeeded, enabled string
+	insert, insertKey, update, expireKeys, disable, enable, remove, get, failing, succeeded, breaker, enabled string
 }
 
 func newRegistrySQL(t pgutil.Table) registrySQL {
 	ep, keys := t.String(), t.Ident("_keys")
 	// Active keys, oldest first, as one array per endpoint.
 	const cols = `e.id, e.url, e.event_types, e.timeout_ms, e.concurrency, e.rate_per_sec, e.disabled_at, e.disabled_reason,
-       e.failing_since, e.created_at, e.updated_at`
+       e.failing_since, e.created_at, e.updated_at, e.breaker_state, e.breaker_since, e.breaker_relay`
 	activeKeys := `ARRAY(SELECT k.secret FROM ` + keys + ` AS k
              WHERE k.endpoint_id = e.id AND (k.expires_at IS NULL OR k.expires_at > now()) ORDER BY k.seq)`
 	return registrySQL{
@@ -162,6 +190,8 @@ WHERE id = $1`,
 		get:       `SELECT ` + cols + `, ` + activeKeys + ` FROM ` + ep + ` AS e WHERE $1::text[] IS NULL OR e.id = ANY($1) ORDER BY e.id`,
 		failing:   `UPDATE ` + ep + ` SET failing_since = coalesce(failing_since, now()) WHERE id = $1 RETURNING failing_since`,
 		succeeded: `UPDATE ` + ep + ` SET failing_since = NULL WHERE id = $1 AND failing_since IS NOT NULL`,
+		// A Sink's report of its breaker: the last writer wins.
+		breaker: `UPDATE ` + ep + ` SET breaker_state = $2, breaker_since = $3, breaker_relay = $4 WHERE id = $1`,
 		// Fan-out reads the endpoints subscribed to any of the event types
 		// $1 in the caller's transaction, so an endpoint added or disabled
 		// by a transaction that commits first is seen.
@@ -237,6 +267,7 @@ func (r *Registry) Add(ctx context.Context, ep Endpoint) (Endpoint, error) {
 	}
 	ep.UpdatedAt = ep.CreatedAt
 	ep.DisabledAt, ep.DisabledReason, ep.FailingSince = time.Time{}, "", time.Time{}
+	ep.Breaker, ep.BreakerSince, ep.BreakerRelay = "", time.Time{}, ""
 	return ep, nil
 }
 
@@ -352,15 +383,25 @@ func (r *Registry) get(ctx context.Context, ids []string) ([]Endpoint, error) {
 	eps, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Endpoint, error) {
 		var e Endpoint
 		var timeoutMS int64
-		var disabled, failing *time.Time
+		var disabled, failing, breakerSince *time.Time
+		var breaker, breakerRelay *string
 		err := row.Scan(&e.ID, &e.URL, &e.EventTypes, &timeoutMS, &e.Concurrency, &e.RateLimit, &disabled, &e.DisabledReason,
-			&failing, &e.CreatedAt, &e.UpdatedAt, &e.Keys)
+			&failing, &e.CreatedAt, &e.UpdatedAt, &breaker, &breakerSince, &breakerRelay, &e.Keys)
 		e.Timeout = time.Duration(timeoutMS) * time.Millisecond
 		if disabled != nil {
 			e.DisabledAt = *disabled
 		}
 		if failing != nil {
 			e.FailingSince = *failing
+		}
+		if breaker != nil {
+			e.Breaker = BreakerState(*breaker)
+		}
+		if breakerSince != nil {
+			e.BreakerSince = *breakerSince
+		}
+		if breakerRelay != nil {
+			e.BreakerRelay = *breakerRelay
 		}
 		return e, err
 	})
@@ -381,5 +422,11 @@ func (r *Registry) failing(ctx context.Context, id string) (time.Time, error) {
 // succeeded stops the endpoint's failure clock.
 func (r *Registry) succeeded(ctx context.Context, id string) error {
 	_, err := r.db.Exec(ctx, r.sql.succeeded, id)
+	return err
+}
+
+// breaker records a Sink's report of the endpoint's breaker.
+func (r *Registry) breaker(ctx context.Context, id string, state BreakerState, since time.Time, relay string) error {
+	_, err := r.db.Exec(ctx, r.sql.breaker, id, string(state), since, relay)
 	return err
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/netip"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -81,9 +82,14 @@ type Config struct {
 	AllowedNetworks []netip.Prefix
 	// UserAgent is sent with every delivery. Defaults to "idemq-webhook/1".
 	UserAgent string
+	// Instance names this Sink where it reports its breakers' changes
+	// (Endpoint.BreakerRelay). Defaults to "<hostname>/<pid>".
+	Instance string
 	// Hooks receive delivery events. All optional.
 	Hooks Hooks
-	// Logger receives endpoint state changes. Defaults to slog.Default().
+	// Logger receives endpoint state changes, breaker changes among them,
+	// which the Sink also records in the registry (Endpoint.Breaker).
+	// Defaults to slog.Default().
 	Logger *slog.Logger
 }
 
@@ -142,6 +148,10 @@ func (c Config) withDefaults() Config {
 	c.HoldInterval = cmp.Or(c.HoldInterval, HoldIntervalDefault)
 	c.RefreshInterval = cmp.Or(c.RefreshInterval, RefreshIntervalDefault)
 	c.UserAgent = cmp.Or(c.UserAgent, UserAgentDefault)
+	if c.Instance == "" {
+		host, _ := os.Hostname()
+		c.Instance = cmp.Or(host, "unknown") + "/" + strconv.Itoa(os.Getpid())
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}

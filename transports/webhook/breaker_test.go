@@ -1,0 +1,141 @@
+package webhook_test
+
+import (
+	"net/http"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/idemqtest"
+	"github.com/idemq/idemq/relay"
+	"github.com/idemq/idemq/testenv"
+	"github.com/idemq/idemq/transports/webhook"
+)
+
+// TestBreakerRecordedInRegistry: the Sink records each change of an
+// endpoint's breaker on its registry row. An endpoint answering 500 opens
+// it (with when and by which relay); once it answers again the probe runs
+// while the row says half-open, and its success is recorded as closed. An
+// endpoint that never fails has no breaker report at all.
+func TestBreakerRecordedInRegistry(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var down atomic.Bool
+	down.Store(true)
+	var probed, sawHalfOpen atomic.Bool
+	var ep webhook.Endpoint
+	rc := newReceiver(t, func(i int, w http.ResponseWriter, r *http.Request) bool {
+		if down.Load() {
+			http.Error(w, "down", http.StatusInternalServerError)
+			return true
+		}
+		if probed.Swap(true) {
+			return false
+		}
+		// Recovered: the first request is the probe. Answer once the
+		// registry says half-open, so the test sees the state the probe
+		// runs in.
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+			if got, err := b.reg.Get(b.ctx, ep.ID); err == nil && got.Breaker == webhook.BreakerHalfOpen {
+				sawHalfOpen.Store(true)
+				break
+			}
+		}
+		return false
+	})
+	ep, _ = addEndpoint(t, b, rc.srv.URL, nil)
+	// Count the breaker's writes: one per change of state, none per
+	// delivery.
+	if _, err := b.pool.Exec(b.ctx, `CREATE TABLE breaker_writes (state text);
+CREATE FUNCTION breaker_write() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN INSERT INTO breaker_writes VALUES (NEW.breaker_state); RETURN NEW; END $$;
+CREATE TRIGGER breaker_write AFTER UPDATE OF breaker_state ON idemq_webhook_endpoints FOR EACH ROW EXECUTE FUNCTION breaker_write()`); err != nil {
+		t.Fatal(err)
+	}
+	var logs testenv.Logs
+	healthy := newReceiver(t, nil)
+	ok, _ := addEndpoint(t, b, healthy.srv.URL, nil)
+	start := time.Now()
+	runRelay(t, b, fastSink(t, b, webhook.Config{BreakerFailures: 2, BreakerCooldown: 50 * time.Millisecond, Instance: "relay-a", Logger: logs.Logger()}),
+		relay.Config{Retry: idemq.Retry{MaxAttempts: 1000}})
+	for i := range 5 {
+		publish(t, b, event("k", i))
+	}
+
+	var open webhook.Endpoint
+	idemqtest.WaitFor(t, "the registry to say open", func() bool {
+		open, _ = b.reg.Get(b.ctx, ep.ID)
+		return open.Breaker == webhook.BreakerOpen
+	})
+	if open.BreakerSince.Before(start.Add(-time.Second)) || open.BreakerSince.After(time.Now()) || open.BreakerRelay != "relay-a" {
+		t.Fatalf("open breaker since %v by %q: want a time since the test started, by relay-a", open.BreakerSince, open.BreakerRelay)
+	}
+	down.Store(false)
+	idemqtest.WaitFor(t, "every delivery", func() bool { n, _ := pending(t, b); return n == 0 })
+	var closed webhook.Endpoint
+	idemqtest.WaitFor(t, "the registry to say closed", func() bool {
+		closed, _ = b.reg.Get(b.ctx, ep.ID)
+		return closed.Breaker == webhook.BreakerClosed
+	})
+	if !sawHalfOpen.Load() {
+		t.Error("the probe ran without the registry saying half-open")
+	}
+	if !closed.BreakerSince.After(open.BreakerSince) || closed.BreakerRelay != "relay-a" {
+		t.Errorf("closed since %v by %q: want after the opening at %v, by relay-a", closed.BreakerSince, closed.BreakerRelay, open.BreakerSince)
+	}
+	changes := len(logs.Records("webhook: breaker open")) + len(logs.Records("webhook: breaker half-open")) + len(logs.Records("webhook: breaker closed"))
+	var writes int
+	if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM breaker_writes`).Scan(&writes); err != nil {
+		t.Fatal(err)
+	}
+	if writes == 0 || writes > changes || changes >= rc.count() {
+		t.Errorf("%d breaker writes for %d logged changes and %d requests: want at most one write per change", writes, changes, rc.count())
+	}
+	if got, err := b.reg.Get(b.ctx, ok.ID); err != nil || healthy.count() != 5 || got.Breaker != "" || !got.BreakerSince.IsZero() || got.BreakerRelay != "" {
+		t.Errorf("healthy endpoint after %d deliveries: %+v, %v; want no breaker report", healthy.count(), got, err)
+	}
+}
+
+// TestBreakerWriteFailureFailsNoDelivery: when the registry refuses the
+// breaker's report, the Sink logs it and delivers as before: the breaker
+// opens and closes, and every row arrives.
+func TestBreakerWriteFailureFailsNoDelivery(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var down atomic.Bool
+	down.Store(true)
+	rc := newReceiver(t, func(i int, w http.ResponseWriter, r *http.Request) bool {
+		if down.Load() {
+			http.Error(w, "down", http.StatusInternalServerError)
+			return true
+		}
+		return false
+	})
+	ep, _ := addEndpoint(t, b, rc.srv.URL, nil)
+	if _, err := b.pool.Exec(b.ctx, `CREATE FUNCTION refuse_breaker() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN RAISE EXCEPTION 'breaker writes refused'; END $$;
+CREATE TRIGGER refuse_breaker BEFORE UPDATE OF breaker_state ON idemq_webhook_endpoints FOR EACH ROW EXECUTE FUNCTION refuse_breaker()`); err != nil {
+		t.Fatal(err)
+	}
+	var logs testenv.Logs
+	runRelay(t, b, fastSink(t, b, webhook.Config{BreakerFailures: 2, BreakerCooldown: 50 * time.Millisecond, Logger: logs.Logger()}),
+		relay.Config{Retry: idemq.Retry{MaxAttempts: 1000}})
+	for i := range 5 {
+		publish(t, b, event("k", i))
+	}
+	idemqtest.WaitFor(t, "a failed breaker write logged", func() bool {
+		return len(logs.Records("webhook: recording the breaker's state in the registry failed", "endpoint", ep.ID, "state", "open")) > 0
+	})
+	down.Store(false)
+	idemqtest.WaitFor(t, "every delivery", func() bool { n, _ := pending(t, b); return n == 0 })
+	if n := len(logs.Records("webhook: breaker closed")); n != 1 {
+		t.Errorf("%d lines for the breaker closing, want 1", n)
+	}
+	idemqtest.WaitFor(t, "the closing's failed write logged", func() bool {
+		return len(logs.Records("webhook: recording the breaker's state in the registry failed", "state", "closed")) > 0
+	})
+	if got, err := b.reg.Get(b.ctx, ep.ID); err != nil || got.Breaker != "" {
+		t.Errorf("endpoint %+v, %v: want no breaker recorded", got, err)
+	}
+}
