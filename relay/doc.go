@@ -231,8 +231,8 @@
 // deleted visible, and it reads through them from the start every batch
 // (17,000 to 222,000 rows/s), while the relay's cursors do not: there the
 // ratios were 0.54 to 2.0 for both versions. On that server with the
-// machine otherwise quiet, interleaved: keyed 0.68 to 0.73 at 1,000 and at
-// 100,000 keys, against 0.76 to 0.81 for the version before; reading the
+// machine otherwise quiet, interleaved: keyed 0.71 to 0.73 at 1,000 keys and 0.68 to
+// 0.73 at 100,000, against 0.76 to 0.81 for the version before; reading the
 // file nodes after every scan (sequence.go) made no measurable difference.
 //
 // The relay is bound by the server and its round trips, not by its own
