@@ -16,15 +16,7 @@ import (
 // until ClassifyDead classifies them.
 func TestDeadGroups(t *testing.T) {
 	t.Parallel()
-	for name, cfg := range map[string]inbox.Config{
-		"plain":       {},
-		"partitioned": {Partitioning: inbox.PartitionByArrival},
-	} {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			testDeadGroups(t, setup(t, cfg))
-		})
-	}
+	eachLayout(t, testDeadGroups)
 }
 
 // testDeadGroups groups, releases and classifies dead letters in b's

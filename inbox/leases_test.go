@@ -15,15 +15,7 @@ import (
 // the count stops at the limit, and the sample is the oldest one.
 func TestExpiredLeases(t *testing.T) {
 	t.Parallel()
-	for name, cfg := range map[string]inbox.Config{
-		"plain":       {},
-		"partitioned": {Partitioning: inbox.PartitionByArrival},
-	} {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			testExpiredLeases(t, setup(t, cfg))
-		})
-	}
+	eachLayout(t, testExpiredLeases)
 }
 
 func testExpiredLeases(t *testing.T, b bundle) {

@@ -30,6 +30,20 @@ type bundle struct {
 	claims *inboxsql.Store
 }
 
+// eachLayout runs test, in parallel, on a fresh inbox of each table
+// layout: the plain table and one partitioned by arrival.
+func eachLayout(t *testing.T, test func(*testing.T, bundle)) {
+	for name, cfg := range map[string]inbox.Config{
+		"plain":       {},
+		"partitioned": {Partitioning: inbox.PartitionByArrival},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			test(t, setup(t, cfg))
+		})
+	}
+}
+
 func setup(t testing.TB, cfg inbox.Config) bundle {
 	t.Helper()
 	pool := testenv.Postgres(t)
