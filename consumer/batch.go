@@ -63,7 +63,7 @@ func (c *Consumer) ProcessBatch(ctx context.Context, msgs []*Message) []Result {
 	for i, p := range batch {
 		switch {
 		case err != nil:
-			results[p.index] = retryLater(p.key, err)
+			results[p.index] = unavailable(p.key, err)
 		case ds[i].failure != nil:
 			results[p.index] = c.run(ctx, p.msg, p.key, p.fingerprint, ds[i].failure)
 		default:
@@ -141,7 +141,7 @@ func decide(batch []pending) []disposition {
 		isConflict := errors.As(p.claim.Err, &conflict)
 		switch {
 		case isConflict && p.err != nil:
-			ds[i].result = retryLater(p.key, p.err)
+			ds[i].result = unavailable(p.key, p.err)
 		case isConflict:
 			ds[i].result = Result{Outcome: Conflict, Key: p.key, Err: conflict}
 		case !p.claim.New:
@@ -149,7 +149,7 @@ func decide(batch []pending) []disposition {
 		case p.err == nil:
 			ds[i].result = Result{Outcome: Applied, Key: p.key, Attempts: p.claim.Failures + 1}
 		case transient(p.err):
-			ds[i].result = retryLater(p.key, fmt.Errorf("consumer: database error: %w", p.err))
+			ds[i].result = unavailable(p.key, fmt.Errorf("consumer: database error: %w", p.err))
 			ds[i].unclaim = true
 		default:
 			ds[i].failure = &failure{err: p.err}

@@ -62,8 +62,10 @@ type Hooks struct {
 	// outcome counts applied, duplicates, conflicts, retries and dead
 	// letters; Duration is the latency.
 	OnResult func(ResultEvent)
-	// OnRetry is called before each in-process retry of a failed attempt.
-	OnRetry func(RetryEvent)
+	// OnRetried is called for each failed attempt retried in process,
+	// before the wait: the name and the moment of relay.Hooks.OnRetried,
+	// for a failed message put back for another attempt.
+	OnRetried func(RetriedEvent)
 }
 
 // ResultEvent reports the result of one message to [Hooks.OnResult].
@@ -73,9 +75,9 @@ type ResultEvent struct {
 	Result
 }
 
-// RetryEvent reports a failed attempt about to be retried in process to
-// [Hooks.OnRetry].
-type RetryEvent struct {
+// RetriedEvent reports a failed attempt about to be retried in process to
+// [Hooks.OnRetried].
+type RetriedEvent struct {
 	// Scope is the consumer's scope; Key the message's idempotency key.
 	Scope, Key string
 	// Attempt counts the failed attempts so far, as recorded in the inbox.

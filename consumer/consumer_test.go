@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -208,7 +209,7 @@ func TestPoisonMessageIsDeadLetteredAndStaysDead(t *testing.T) {
 			_, err := tx.Exec(ctx, `INSERT INTO dead_letters VALUES ($1, $2)`, m.ID, cause.Error())
 			return err
 		},
-		Hooks: consumer.Hooks{OnRetry: func(consumer.RetryEvent) { retries.Add(1) }},
+		Hooks: consumer.Hooks{OnRetried: func(consumer.RetriedEvent) { retries.Add(1) }},
 	})
 	ctx := context.Background()
 
@@ -294,8 +295,8 @@ func TestDatabaseDroppingTheConnectionMidTransaction(t *testing.T) {
 	}, consumer.Config{})
 	ctx := context.Background()
 	r := c.Process(ctx, msg("order-1", "p"))
-	if r.Outcome != consumer.Retry || r.Attempts != 0 || orders(t, pool) != 0 {
-		t.Fatalf("dropped connection: %+v, want Retry with no attempt counted and nothing written", r)
+	if r.Outcome != consumer.Retry || !r.Unavailable || r.Attempts != 0 || orders(t, pool) != 0 {
+		t.Fatalf("dropped connection: %+v, want an Unavailable Retry with no attempt counted and nothing written", r)
 	}
 	if _, err := c.Store().Get(ctx, "billing", "order-1"); !errors.Is(err, inbox.ErrNotFound) {
 		t.Fatalf("the dropped connection left an inbox record (a counted failure): %v", err)
@@ -447,8 +448,8 @@ func TestDatabaseRefusingTheTransactionIsNotAFailedAttempt(t *testing.T) {
 				return c.Process(ctx, m)
 			}
 			for range 3 {
-				if r := process(msg("contended", "p")); r.Outcome != consumer.Retry || r.Attempts != 0 {
-					t.Fatalf("serialization failure: %+v, want Retry with no attempt counted", r)
+				if r := process(msg("contended", "p")); r.Outcome != consumer.Retry || !r.Unavailable || r.Attempts != 0 {
+					t.Fatalf("serialization failure: %+v, want an Unavailable Retry with no attempt counted", r)
 				}
 				if _, err := c.Store().Get(ctx, "billing", "contended"); !errors.Is(err, inbox.ErrNotFound) {
 					t.Fatalf("the refused attempt left a record: %v", err)
@@ -461,5 +462,44 @@ func TestDatabaseRefusingTheTransactionIsNotAFailedAttempt(t *testing.T) {
 				t.Fatalf("applied %d times, want once", n)
 			}
 		})
+	}
+}
+
+// A database that cannot be reached is told apart from the message's own
+// failures and from a shutdown: Result.Unavailable is set, and the
+// consumer logs it at Debug level (the transport reports the outage once);
+// a cancelled context and a handler failure handed back in Redeliver mode
+// are Retries without it, logged at Warn.
+func TestUnreachableDatabaseIsUnavailable(t *testing.T) {
+	t.Parallel()
+	pool, proxy := testenv.PostgresBehindProxy(t)
+	var logs testenv.Logs
+	c := newConsumer(t, pool, func(context.Context, pgx.Tx, *consumer.Message) error { return errors.New("refused") },
+		consumer.Config{Redeliver: true, Logger: logs.Logger()})
+	ctx := context.Background()
+
+	if r := c.Process(ctx, msg("fails", "p")); r.Outcome != consumer.Retry || r.Unavailable || r.Attempts != 1 {
+		t.Fatalf("handler failure in Redeliver mode: %+v, want a Retry that is not Unavailable", r)
+	}
+	proxy.Stop()
+	if r := c.Process(ctx, msg("down", "p")); r.Outcome != consumer.Retry || !r.Unavailable || r.Attempts != 0 {
+		t.Fatalf("database down: %+v, want an Unavailable Retry, no attempt counted", r)
+	}
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	if r := c.Process(cancelled, msg("down", "p")); r.Outcome != consumer.Retry || r.Unavailable {
+		t.Fatalf("cancelled context: %+v, want a Retry that is not Unavailable", r)
+	}
+	warn := 0
+	for _, rec := range logs.Records("message retry") {
+		if rec.Level >= slog.LevelWarn {
+			warn++
+			if rec.Attrs["key"] == "down" && !strings.Contains(rec.Attrs["error"], "context canceled") {
+				t.Fatalf("the outage was logged at %v: %+v", rec.Level, rec)
+			}
+		}
+	}
+	if warn != 2 {
+		t.Fatalf("%d Warn lines for retries, want 2 (the handler failure and the cancelled context): %+v", warn, logs.Records("message retry"))
 	}
 }

@@ -92,6 +92,11 @@ func checkDisposition(t *testing.T, c decideCase, key string, d disposition) {
 	if r.Outcome != Retry && r.RetryAfter != 0 || c.unclaim && r.RetryAfter != 0 {
 		t.Fatalf("result %+v: retry-after set where the message is not waiting for another worker", r)
 	}
+	// Every Retry of a batch is the database's, but the wait for another
+	// worker's lease.
+	if want := r.Outcome == Retry && !errors.Is(r.Err, ErrInProgress); r.Unavailable != want {
+		t.Fatalf("result %+v: Unavailable %v, want %v", r, r.Unavailable, want)
+	}
 }
 
 // Every disposition a batch's transaction can reach, decided without a

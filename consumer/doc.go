@@ -40,7 +40,11 @@
 // Retry with nothing committed and nothing counted, so a consumer killed
 // again and again never dead-letters a message whose handler never failed.
 // A transport's own delivery count is only a far backstop
-// ([RedeliverBackstop]).
+// ([RedeliverBackstop]). A database error (not a cancelled context) also
+// sets [Result.Unavailable]: every message would fail alike, so the
+// transports of idemq keep such a message and the ones behind it in order,
+// wait with a capped, jittered backoff, and log the outage once instead of
+// once per message.
 //
 // # Batches
 //
@@ -70,5 +74,6 @@
 // # Observability
 //
 // Every log line about a message carries its scope and key; [Hooks] report
-// each result (outcome and latency) and each in-process retry for metrics.
+// each result (outcome and latency) and each in-process retry
+// ([Hooks.OnRetried]) for metrics.
 package consumer

@@ -28,7 +28,8 @@ import (
 // Process never panics on bad input and never leaves anything
 // half-written: a nil message, a nil payload or an unusable key is
 // DeadLettered with ErrInvalidMessage; a cancelled context or a database
-// error is Retry, with nothing committed and no attempt counted.
+// error is Retry, with nothing committed and no attempt counted, and a
+// database error sets Result.Unavailable.
 func (c *Consumer) Process(ctx context.Context, msg *Message) Result {
 	start := time.Now()
 	key, fingerprint, err := c.identify(msg)
@@ -36,7 +37,7 @@ func (c *Consumer) Process(ctx context.Context, msg *Message) Result {
 		return c.finish(ctx, start, c.invalid(ctx, msg, key, err))
 	}
 	if err := c.claims.RegisterScope(ctx, c.scope); err != nil {
-		return c.finish(ctx, start, retryLater(key, err))
+		return c.finish(ctx, start, unavailable(key, err))
 	}
 	return c.finish(ctx, start, c.run(ctx, msg, key, fingerprint, nil))
 }
@@ -100,8 +101,8 @@ func (c *Consumer) run(ctx context.Context, msg *Message, key string, fingerprin
 		}
 		c.logger(key).LogAttrs(ctx, slog.LevelWarn, "retrying message", slog.Int("attempt", n),
 			slog.Duration("delay", delay), slog.Any("error", failed.err))
-		if c.cfg.Hooks.OnRetry != nil {
-			c.cfg.Hooks.OnRetry(RetryEvent{Scope: c.scope, Key: key, Attempt: n, Err: failed.err, Delay: delay})
+		if c.cfg.Hooks.OnRetried != nil {
+			c.cfg.Hooks.OnRetried(RetriedEvent{Scope: c.scope, Key: key, Attempt: n, Err: failed.err, Delay: delay})
 		}
 		if err := lifecycle.Sleep(ctx, delay); err != nil {
 			return Result{Outcome: Retry, Key: key, Err: errors.Join(failed.err, err), Attempts: n}
@@ -124,7 +125,7 @@ func (c *Consumer) try(ctx context.Context, msg *Message, key string, fingerprin
 		return c.conflict(ctx, tx, msg, key, conflict), nil
 	}
 	if err != nil {
-		return retryLater(key, err), nil
+		return unavailable(key, err), nil
 	}
 	if !claim.New {
 		return existingResult(key, claim.Existing), nil
@@ -143,12 +144,12 @@ func (c *Consumer) try(ctx context.Context, msg *Message, key string, fingerprin
 		// transaction of its own, so it survives the rollback.
 		rollbackErr := tx.Rollback(ctx)
 		if err := notAFailure(ctx, tx.Conn(), errors.Join(handlerErr, rollbackErr)); err != nil {
-			return retryLater(key, err), nil
+			return unavailable(key, err), nil
 		}
 		return c.recordFailure(ctx, key, fingerprint, handlerErr)
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return retryLater(key, fmt.Errorf("consumer: commit: %w", err)), nil
+		return unavailable(key, fmt.Errorf("consumer: commit: %w", err)), nil
 	}
 	return Result{Outcome: Applied, Key: key, Attempts: claim.Failures + 1}, nil
 }
@@ -211,7 +212,7 @@ func transient(err error) bool {
 func (c *Consumer) recordFailure(ctx context.Context, key string, fingerprint []byte, handlerErr error) (Result, *failure) {
 	rec, err := c.claims.RecordFailure(ctx, c.scope, key, fingerprint, handlerErr)
 	if err != nil {
-		return retryLater(key, errors.Join(handlerErr, fmt.Errorf("consumer: count failed attempt: %w", err))), nil
+		return unavailable(key, errors.Join(handlerErr, fmt.Errorf("consumer: count failed attempt: %w", err))), nil
 	}
 	if rec.Status != inbox.FailedRetryable {
 		return existingResult(key, &rec), nil // another attempt settled it meanwhile
@@ -224,13 +225,13 @@ func (c *Consumer) tryLeased(ctx context.Context, msg *Message, key string, fing
 	if conflict := (*inbox.ConflictError)(nil); errors.As(err, &conflict) {
 		tx, err := c.pool.Begin(ctx)
 		if err != nil {
-			return retryLater(key, err), nil
+			return unavailable(key, err), nil
 		}
 		defer tx.Rollback(ctx) //nolint:errcheck // after Commit a no-op
 		return c.conflict(ctx, tx, msg, key, conflict), nil
 	}
 	if err != nil {
-		return retryLater(key, err), nil
+		return unavailable(key, err), nil
 	}
 	if !claim.New {
 		return existingResult(key, (*inboxsql.Row)(claim.Existing)), nil
@@ -248,7 +249,7 @@ func (c *Consumer) tryLeased(ctx context.Context, msg *Message, key string, fing
 	defer cancel()
 	if handlerErr != nil {
 		if errors.Is(handlerErr, idemq.ErrLeaseLost) {
-			return retryLater(key, handlerErr), nil // another worker holds the key now
+			return Result{Outcome: Retry, Key: key, Err: handlerErr}, nil // another worker holds the key now
 		}
 		if ctx.Err() != nil {
 			// Not a failure of the message: the key goes back to the next
@@ -256,18 +257,18 @@ func (c *Consumer) tryLeased(ctx context.Context, msg *Message, key string, fing
 			if err := c.store.Abandon(fctx, lease); err != nil {
 				handlerErr = errors.Join(handlerErr, fmt.Errorf("consumer: give the lease back: %w", err))
 			}
-			return retryLater(key, errors.Join(handlerErr, ctx.Err())), nil
+			return unavailable(key, errors.Join(handlerErr, ctx.Err())), nil
 		}
 		// Count the failure and release the key to the next attempt.
 		if err := c.store.Fail(fctx, lease, handlerErr); err != nil {
-			return retryLater(key, errors.Join(handlerErr, fmt.Errorf("consumer: count failed attempt: %w", err))), nil
+			return unavailable(key, errors.Join(handlerErr, fmt.Errorf("consumer: count failed attempt: %w", err))), nil
 		}
 		return Result{}, &failure{err: handlerErr, failures: claim.Failures + 1}
 	}
 	if err := c.store.Complete(fctx, lease, nil); err != nil {
 		// ErrLeaseLost: another worker took over; redelivery finds out
-		// whether it succeeded.
-		return Result{Outcome: Retry, Key: key, Err: err, Attempts: claim.Failures + 1}, nil
+		// whether it succeeded. Any other error is the database's.
+		return Result{Outcome: Retry, Key: key, Err: err, Attempts: claim.Failures + 1, Unavailable: !errors.Is(err, idemq.ErrLeaseLost)}, nil
 	}
 	return Result{Outcome: Applied, Key: key, Attempts: claim.Failures + 1}, nil
 }
@@ -299,7 +300,7 @@ func (c *Consumer) conflict(ctx context.Context, tx pgx.Tx, msg *Message, key st
 		err = tx.Commit(ctx)
 	}
 	if err != nil {
-		return retryLater(key, err)
+		return unavailable(key, err)
 	}
 	return Result{Outcome: Conflict, Key: key, Err: conflict}
 }
@@ -338,7 +339,7 @@ func (c *Consumer) deadLetter(ctx context.Context, msg *Message, key string, fin
 	})
 	switch {
 	case err != nil:
-		return Result{Outcome: Retry, Key: key, Err: errors.Join(cause, fmt.Errorf("consumer: record dead letter: %w", err)), Attempts: attempts}
+		return Result{Outcome: Retry, Key: key, Err: errors.Join(cause, fmt.Errorf("consumer: record dead letter: %w", err)), Attempts: attempts, Unavailable: true}
 	case found != nil:
 		return existingResult(key, found)
 	}
@@ -351,7 +352,7 @@ func (c *Consumer) invalid(ctx context.Context, msg *Message, key string, cause 
 	if c.cfg.DeadLetter != nil && msg != nil {
 		err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error { return c.cfg.DeadLetter(ctx, tx, msg, cause) })
 		if err != nil {
-			return Result{Outcome: Retry, Key: key, Err: errors.Join(cause, err)}
+			return unavailable(key, errors.Join(cause, err))
 		}
 	}
 	return Result{Outcome: DeadLettered, Key: key, Err: cause}
@@ -368,18 +369,23 @@ func existingResult(key string, rec *inboxsql.Row) Result {
 	return Result{Outcome: Retry, Key: key, Err: ErrInProgress, RetryAfter: max(time.Until(rec.LeaseUntil), 0)}
 }
 
-func retryLater(key string, err error) Result {
-	return Result{Outcome: Retry, Key: key, Err: err}
+// unavailable is the Retry of a message the database failed: nothing was
+// applied or counted, and the message is not to blame (see
+// Result.Unavailable; finish clears the flag when ctx ended instead).
+func unavailable(key string, err error) Result {
+	return Result{Outcome: Retry, Key: key, Err: err, Unavailable: true}
 }
 
 // finish stamps the duration, logs the outcome and calls the hooks.
 func (c *Consumer) finish(ctx context.Context, start time.Time, r Result) Result {
 	r.Duration = time.Since(start)
+	r.Unavailable = r.Unavailable && ctx.Err() == nil // a shutdown, not an outage
 	level := slog.LevelDebug
-	switch r.Outcome {
-	case Retry:
+	switch {
+	case r.Outcome == Retry && !r.Unavailable:
+		// An outage is one line of the transport's, not one per message.
 		level = slog.LevelWarn
-	case Conflict, DeadLettered:
+	case r.Outcome == Conflict || r.Outcome == DeadLettered:
 		level = slog.LevelError
 	}
 	if c.cfg.Logger.Enabled(ctx, level) {

@@ -21,6 +21,7 @@ const (
 	// Retry: nothing was committed and the message should be redelivered
 	// after RetryAfter (a retryable failure in Redeliver mode, a cancelled
 	// context, an unreachable database, a key leased elsewhere).
+	// Result.Unavailable tells a database failure from the others.
 	Retry
 	// DeadLettered: the message failed for good (permanent error, attempts
 	// or time exhausted, invalid input) and was recorded as a dead letter.
@@ -51,8 +52,18 @@ type Result struct {
 	// Err is the cause of a Conflict, Retry or DeadLettered outcome.
 	Err error
 	// RetryAfter is how long a transport should wait before redelivering a
-	// Retry.
+	// Retry; 0 leaves the wait to the transport's backoff.
 	RetryAfter time.Duration
+	// Unavailable marks a Retry that the database caused, not the message:
+	// it could not be reached, lost the connection, or refused the
+	// transaction for a reason of its own (a serialization failure, a
+	// server shutting down), while the context was still live. Nothing was
+	// applied and no attempt was counted, and every message would fail
+	// alike: a transport keeps the message and those behind it, in order,
+	// and waits with a capped backoff instead of redelivering it at once,
+	// and reports the outage once rather than once per message (the
+	// consumer logs such a result at Debug level, other Retries at Warn).
+	Unavailable bool
 	// Attempts counts the attempts at the message as the inbox records
 	// them, across deliveries and processes: its failed attempts, plus the
 	// one that succeeded for Applied. A crash, a lost connection or a

@@ -38,10 +38,10 @@ func (t *Telemetry) ConsumerHooks(next consumer.Hooks) consumer.Hooks {
 				next.OnResult(e)
 			}
 		},
-		OnRetry: func(e consumer.RetryEvent) {
+		OnRetried: func(e consumer.RetriedEvent) {
 			in.retries.Add(bg, 1, metric.WithAttributes(keyScope.String(e.Scope)))
-			if next.OnRetry != nil {
-				next.OnRetry(e)
+			if next.OnRetried != nil {
+				next.OnRetried(e)
 			}
 		},
 	}

@@ -46,7 +46,7 @@ func TestPrometheusNames(t *testing.T) {
 
 	ch := tel.ConsumerHooks(consumer.Hooks{})
 	ch.OnResult(consumer.ResultEvent{Scope: "billing", Result: consumer.Result{Outcome: consumer.Applied, Duration: time.Millisecond}})
-	ch.OnRetry(consumer.RetryEvent{Scope: "billing"})
+	ch.OnRetried(consumer.RetriedEvent{Scope: "billing"})
 	m := relay.Message{Message: outbox.Message{Destination: "orders"}}
 	rh := tel.RelayHooks(relay.Hooks{})
 	rh.OnPublished(relay.PublishedEvent{Messages: []relay.Message{m}, Took: time.Millisecond})
