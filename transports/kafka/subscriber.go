@@ -21,10 +21,6 @@ import (
 	"github.com/idemq/idemq/transports/internal/inbound"
 )
 
-// errNotAttempted marks the messages after a retried one in per-message
-// mode: they were not processed and are re-read after it.
-var errNotAttempted = errors.New("idemq/kafka: an earlier message of the partition is retried")
-
 // The defaults of [SubscriberConfig].
 const (
 	MaxBatchDefault          = 100
@@ -125,8 +121,9 @@ type SubscriberConfig struct {
 	// lets the in-flight groups finish before cancelling them (unfinished
 	// messages are then redelivered). Defaults to [ShutdownGraceDefault].
 	ShutdownGrace time.Duration
-	// Retry shapes the backoff (full jitter) before a message with a Retry
-	// outcome is re-read, when the consumer gave no RetryAfter, and between
+	// Retry shapes the backoff (full jitter) before held messages (a
+	// Retry outcome and the messages behind it) are processed again, when
+	// the consumer gave no RetryAfter (a database outage), and between
 	// failed group joins and fetches. Only BaseDelay and MaxDelay apply:
 	// the consumer counts attempts. Defaults to [RetryDefault].
 	Retry idemq.Retry
@@ -214,16 +211,22 @@ func (c SubscriberConfig) validate() error {
 // after the transaction committed or the message was recognised as a
 // duplicate, a conflict or a dead letter (consumer.Result.Settled). A Retry
 // outcome is never skipped: the offsets before it are committed, and the
-// partition is re-read from the retried message after its RetryAfter (or a
-// backoff). A crash anywhere between the database commit and the offset
-// commit means a redelivery that the inbox recognises as a Duplicate.
+// retried message and those behind it are held and processed again, in
+// order, after its RetryAfter (or a backoff). While the database is down
+// (consumer.Result.Unavailable) the partition waits with a capped,
+// jittered backoff and fetches nothing, no message of a key overtakes an
+// earlier one, and the log says once that the database is gone and once
+// that it is back, with the count of the messages that waited. A crash
+// anywhere between the database commit and the offset commit means a
+// redelivery that the inbox recognises as a Duplicate.
 //
 // A rebalance lets each revoked partition finish and commit its in-flight
 // group before the member rejoins; whatever did not commit is redelivered
 // to the partition's next owner and deduplicated there.
 //
 // Message.Delivery is 1 on the first delivery of a record to this process
-// and counts up each time a Retry makes the Subscriber re-read it, so a
+// and counts up each time a Retry makes the Subscriber process it again
+// (a database outage excepted), so a
 // consumer with Config.Redeliver counts its attempts (Kafka keeps no
 // delivery count across processes: after a restart it starts at 1 again).
 //
@@ -240,6 +243,7 @@ type Subscriber struct {
 	cfg      SubscriberConfig
 	groupCfg kafka.ConsumerGroupConfig
 	log      *slog.Logger
+	ids      inbound.IDs
 	state    lifecycle.State
 
 	idCaseWarned atomic.Bool
@@ -260,6 +264,7 @@ func NewSubscriber(c *consumer.Consumer, cfg SubscriberConfig) (*Subscriber, err
 		cfg: cfg,
 		log: cfg.Logger.With(slog.String("group", cfg.GroupID), slog.String("scope", c.Scope())),
 	}
+	s.ids = inbound.IDs{Consumer: c, Header: cfg.IDHeader, FallbackOnInvalid: cfg.FallbackOnInvalidID, OtherCase: s.warnIDCase}
 	s.groupCfg = kafka.ConsumerGroupConfig{
 		ID:                cfg.GroupID,
 		Brokers:           cfg.Brokers,
@@ -307,7 +312,9 @@ func (s *Subscriber) Run(ctx context.Context) error {
 		return err
 	}
 	defer end()
-	r := &run{s: s, dlq: s.cfg.DeadLetterWriter}
+	r := &run{s: s, dlq: s.cfg.DeadLetterWriter,
+		kernel: inbound.New(inbound.Config{Retry: s.cfg.Retry, Logger: s.log})}
+	r.process = r.kernel.Processor(s.c, s.cfg.Batch)
 	if s.cfg.DeadLetterTopic != "" && r.dlq == nil {
 		r.dlq = s.deadLetterWriter()
 		defer func() {
@@ -386,12 +393,14 @@ func assignments(gen *kafka.Generation) map[string][]int {
 	return out
 }
 
-// run is the state of one Run: its dead-letter writer and its crash latch,
-// shared by the partition goroutines.
+// run is the state of one Run: its dead-letter writer, its settle kernel
+// and its crash latch, shared by the partition goroutines.
 type run struct {
-	s    *Subscriber
-	dlq  *kafka.Writer
-	stop context.CancelFunc
+	s       *Subscriber
+	dlq     *kafka.Writer
+	kernel  *inbound.Kernel
+	process inbound.Process
+	stop    context.CancelFunc
 
 	mu       sync.Mutex
 	crashErr error
@@ -399,7 +408,8 @@ type run struct {
 
 // partition consumes one partition until the generation ends (a
 // rebalance) or runCtx is done (shutdown, crash), committing after every
-// processed group.
+// settled part of a fetched group. It fetches nothing while a group's
+// messages are held (a database outage).
 func (r *run) partition(runCtx, genCtx context.Context, gen *kafka.Generation, topic string, partition int, offset int64) {
 	// fetchCtx ends with the generation or the run; the work on a fetched
 	// group outlives it by ShutdownGrace.
@@ -415,20 +425,21 @@ func (r *run) partition(runCtx, genCtx context.Context, gen *kafka.Generation, t
 		return
 	}
 	for fetchCtx.Err() == nil {
-		if !w.fetchGroup(fetchCtx) {
+		msgs := w.fetchGroup(fetchCtx)
+		if len(msgs) == 0 {
 			continue
 		}
-		msgs, results, settled := w.apply(fetchCtx)
-		if !w.commitSettled(runCtx, msgs, results, settled) {
-			return
-		}
-		if settled < len(w.group) && !w.rewind(runCtx, fetchCtx, results, settled) {
-			return
+		workCtx, cancel := lifecycle.Grace(fetchCtx, r.s.cfg.ShutdownGrace)
+		err := r.kernel.Group(fetchCtx, workCtx, msgs, r.process, w)
+		cancel()
+		if err != nil {
+			return // a crash, or the generation or the run ended with messages held
 		}
 	}
 }
 
-// partitionWorker is the state of one partition within one generation.
+// partitionWorker is the state of one partition within one generation,
+// and the kafka-go half of its settling (an inbound.Client).
 type partitionWorker struct {
 	r         *run
 	gen       *kafka.Generation
@@ -437,13 +448,6 @@ type partitionWorker struct {
 	log       *slog.Logger
 	reader    *kafka.Reader
 
-	// group is the fetched group being worked on.
-	group []kafka.Message
-	// retries counts the consecutive rewinds, for the backoff.
-	retries int
-	// redelivered counts, for offsets re-read after a Retry, how many times
-	// this process delivered them before (Message.Delivery - 1).
-	redelivered map[int64]int
 	// fetchBack spaces the retries of a failed fetch.
 	fetchBack backoff.BackOff
 }
@@ -465,9 +469,7 @@ func (r *run) newPartitionWorker(gen *kafka.Generation, topic string, partition 
 			ReadLagInterval: -1,
 			ErrorLogger:     kafka.LoggerFunc(func(f string, a ...any) { log.Debug(fmt.Sprintf(f, a...)) }),
 		}),
-		group:       make([]kafka.Message, 0, s.cfg.MaxBatch),
-		redelivered: map[int64]int{},
-		fetchBack:   reconnect(s.cfg.Retry),
+		fetchBack: reconnect(s.cfg.Retry),
 	}
 }
 
@@ -478,96 +480,76 @@ func reconnect(r idemq.Retry) backoff.BackOff {
 }
 
 // fetchGroup waits for the next message and takes what the reader has
-// already fetched behind it, up to MaxBatch. It reports false, after a
-// backoff, when nothing could be fetched.
-func (w *partitionWorker) fetchGroup(ctx context.Context) bool {
-	w.group = w.group[:0]
+// already fetched behind it, up to MaxBatch, as consumer messages. It
+// returns none, after a backoff, when nothing could be fetched.
+func (w *partitionWorker) fetchGroup(ctx context.Context) []*consumer.Message {
 	m, err := backoff.RetryNotifyWithData(func() (kafka.Message, error) { return w.reader.FetchMessage(ctx) },
 		backoff.WithContext(w.fetchBack, ctx), func(err error, d time.Duration) {
 			w.log.WarnContext(ctx, "fetch", slog.Any("error", err), slog.Duration("retry_in", d))
 		})
 	if err != nil {
-		return false // ctx is done
+		return nil // ctx is done
 	}
-	w.group = append(w.group, m)
+	msgs := []*consumer.Message{w.r.s.message(m)}
 	for more := min(int(w.reader.Stats().QueueLength), w.r.s.cfg.MaxBatch-1); more > 0; more-- {
 		m, err := w.reader.FetchMessage(ctx)
 		if err != nil {
 			break
 		}
-		w.group = append(w.group, m)
+		msgs = append(msgs, w.r.s.message(m))
 	}
-	return true
+	return msgs
 }
 
-// apply processes the group, publishes its dead letters and returns how
-// many leading messages are settled. The work finishes even when the
-// generation or the run ends, within ShutdownGrace.
-func (w *partitionWorker) apply(fetchCtx context.Context) ([]*consumer.Message, []consumer.Result, int) {
-	workCtx, cancel := lifecycle.Grace(fetchCtx, w.r.s.cfg.ShutdownGrace)
-	defer cancel()
-	msgs, results := w.r.s.process(workCtx, w.group, w.redelivered)
-	return msgs, results, w.r.settle(workCtx, w.log, w.group, results)
-}
-
-// commitSettled commits the offset after the settled messages. It reports
-// false when the run crashed (Test.BeforeCommit): nothing more may be
-// committed.
-func (w *partitionWorker) commitSettled(runCtx context.Context, msgs []*consumer.Message, results []consumer.Result, settled int) bool {
-	if settled == 0 {
-		return true
+// DeadLetter writes the copies of the dead letters among msgs in one
+// batch; it reports how many leading ones reached the topic.
+func (w *partitionWorker) DeadLetter(ctx context.Context, msgs []*consumer.Message, results []consumer.Result, dead []int) (int, error) {
+	if w.r.dlq == nil {
+		return len(dead), nil
 	}
-	if hook := w.r.s.cfg.Test.BeforeCommit; hook != nil {
-		if err := hook(runCtx, msgs[:settled], results[:settled]); err != nil {
-			w.r.crashed(err)
-			return false
+	copies := make([]kafka.Message, len(dead))
+	for j, i := range dead {
+		copies[j] = w.r.s.deadLetter(msgs[i], results[i])
+	}
+	err := w.r.dlq.WriteMessages(ctx, copies...)
+	if err == nil {
+		return len(dead), nil
+	}
+	var werrs kafka.WriteErrors
+	if errors.As(err, &werrs) && len(werrs) == len(dead) {
+		for j, e := range werrs {
+			if e != nil {
+				return j, fmt.Errorf("idemq/kafka: publish dead letter to %s: %w", w.r.s.cfg.DeadLetterTopic, e)
+			}
 		}
 	}
-	if w.r.crash() != nil {
-		return false
+	return 0, fmt.Errorf("idemq/kafka: publish dead letter to %s: %w", w.r.s.cfg.DeadLetterTopic, err)
+}
+
+// Settle commits the offset after msgs, which all settled. It returns the
+// error of a Test.BeforeCommit veto, after which nothing more is
+// committed.
+func (w *partitionWorker) Settle(ctx context.Context, msgs []*consumer.Message, results []consumer.Result, _ []inbound.Step) error {
+	if hook := w.r.s.cfg.Test.BeforeCommit; hook != nil {
+		if err := hook(ctx, msgs, results); err != nil {
+			w.r.crashed(err)
+		}
 	}
-	next := w.group[settled-1].Offset + 1
+	if err := w.r.crash(); err != nil {
+		return err
+	}
+	last, _ := Source(msgs[len(msgs)-1])
+	next := last.Offset + 1
 	if err := w.gen.CommitOffsets(map[string]map[int]int64{w.topic: {w.partition: next}}); err != nil {
 		// The work is durable; a redelivery is deduplicated.
-		w.log.WarnContext(runCtx, "commit offset", slog.Int64("offset", next), slog.Any("error", err))
+		w.log.WarnContext(ctx, "commit offset", slog.Int64("offset", next), slog.Any("error", err))
 	}
-	// Counts of committed records are done with; a record fetched in a
-	// later group than its predecessors keeps its count.
-	for off := range w.redelivered {
-		if off < next {
-			delete(w.redelivered, off)
-		}
-	}
-	if settled == len(w.group) {
-		w.retries = 0
-	}
-	return true
+	return nil
 }
 
-// rewind re-reads the partition from the first unsettled message after
-// its RetryAfter or a backoff: a Retry is never skipped. It reports false
-// when the reader cannot seek.
-func (w *partitionWorker) rewind(runCtx, fetchCtx context.Context, results []consumer.Result, settled int) bool {
-	for j := settled; j < len(w.group); j++ {
-		if results[j].Outcome == consumer.Retry && !errors.Is(results[j].Err, errNotAttempted) {
-			w.redelivered[w.group[j].Offset]++
-		}
-	}
-	w.retries++
-	res := results[settled]
-	delay := res.RetryAfter
-	if delay <= 0 {
-		delay = w.r.s.cfg.Retry.Delay(w.retries, 0)
-	}
-	w.log.WarnContext(runCtx, "message will be redelivered", slog.Int64("offset", w.group[settled].Offset),
-		slog.String("key", res.Key), slog.Duration("after", delay), slog.Any("error", res.Err))
-	_ = lifecycle.Sleep(fetchCtx, delay)
-	if err := w.reader.SetOffset(w.group[settled].Offset); err != nil {
-		w.log.ErrorContext(runCtx, "seek back", slog.Any("error", err))
-		return false
-	}
-	return true
-}
+// Release does nothing: the offset is not committed past held messages,
+// so the partition's next reader starts at the first of them.
+func (w *partitionWorker) Release([]*consumer.Message) {}
 
 // crashed latches the first Test.BeforeCommit veto and stops the run.
 func (r *run) crashed(err error) {
@@ -585,89 +567,17 @@ func (r *run) crash() error {
 	return r.crashErr
 }
 
-// process applies batch through the consumer.
-func (s *Subscriber) process(ctx context.Context, batch []kafka.Message, redelivered map[int64]int) ([]*consumer.Message, []consumer.Result) {
-	msgs := make([]*consumer.Message, len(batch))
-	for i := range batch {
-		msgs[i] = s.message(batch[i])
-		msgs[i].Delivery = 1 + redelivered[batch[i].Offset]
-	}
-	if s.cfg.Batch {
-		return msgs, s.c.ProcessBatch(ctx, msgs)
-	}
-	results := make([]consumer.Result, len(msgs))
-	for i, m := range msgs {
-		results[i] = s.c.Process(ctx, m)
-		if !results[i].Settled() {
-			// Keep order: nothing after a retried message runs now.
-			for j := i + 1; j < len(msgs); j++ {
-				results[j] = consumer.Result{Outcome: consumer.Retry, Err: errNotAttempted}
-			}
-			break
-		}
-	}
-	return msgs, results
-}
-
-// settle returns how many leading messages of batch are settled and may be
-// committed, after publishing the dead letters among them.
-func (r *run) settle(ctx context.Context, log *slog.Logger, batch []kafka.Message, results []consumer.Result) int {
-	n := inbound.Settled(results)
-	if r.dlq == nil {
-		return n
-	}
-	var dead []kafka.Message
-	var idx []int
-	for i := range n {
-		if o := results[i].Outcome; o == consumer.DeadLettered || o == consumer.Conflict {
-			dead = append(dead, r.s.deadLetter(batch[i], results[i]))
-			idx = append(idx, i)
-		}
-	}
-	if len(dead) == 0 {
-		return n
-	}
-	err := r.dlq.WriteMessages(ctx, dead...)
-	if err == nil {
-		return n
-	}
-	// Commit only up to the first dead letter that did not reach the topic.
-	first := idx[0]
-	var werrs kafka.WriteErrors
-	if errors.As(err, &werrs) && len(werrs) == len(dead) {
-		for j, e := range werrs {
-			if e != nil {
-				first = idx[j]
-				break
-			}
-		}
-	}
-	log.WarnContext(ctx, "publish dead letter", slog.String("topic", r.s.cfg.DeadLetterTopic),
-		slog.Int64("offset", batch[first].Offset), slog.Any("error", err))
-	results[first] = consumer.Result{Outcome: consumer.Retry, Key: results[first].Key, Err: fmt.Errorf("idemq/kafka: publish dead letter: %w", err)}
-	return first
-}
-
-func (s *Subscriber) deadLetter(m kafka.Message, r consumer.Result) kafka.Message {
-	headers := make([]kafka.Header, 0, len(m.Headers)+4)
-	hasID := false
-	for _, h := range m.Headers {
-		hasID = hasID || h.Key == s.cfg.IDHeader
-		headers = append(headers, h)
-	}
-	if !hasID {
-		headers = append(headers, kafka.Header{Key: s.cfg.IDHeader, Value: []byte(FallbackID(m))})
-	}
-	for _, h := range inbound.DeadLetterHeaders(r, FallbackID(m)) {
-		headers = append(headers, kafka.Header{Key: h[0], Value: []byte(h[1])})
-	}
-	return kafka.Message{Topic: s.cfg.DeadLetterTopic, Key: m.Key, Value: m.Value, Headers: headers}
+// deadLetter is the copy of msg, a dead letter or a conflict, for
+// DeadLetterTopic.
+func (s *Subscriber) deadLetter(msg *consumer.Message, r consumer.Result) kafka.Message {
+	m, _ := Source(msg)
+	return kafka.Message{Topic: s.cfg.DeadLetterTopic, Key: m.Key, Value: m.Value,
+		Headers: inbound.DeadLetterRecord(m.Headers, s.cfg.IDHeader, FallbackID(m), r)}
 }
 
 // message converts a record, choosing its id.
 func (s *Subscriber) message(m kafka.Message) *consumer.Message {
-	return inbound.Message(s.c, m.Value, m, m.Headers, func(h kafka.Header) (string, []byte) { return h.Key, h.Value },
-		s.cfg.IDHeader, s.cfg.FallbackOnInvalidID, func() string { return FallbackID(m) }, s.warnIDCase)
+	return inbound.Record(s.ids, m.Value, m.Headers, m, func() string { return FallbackID(m) })
 }
 
 // warnIDCase warns, once per Subscriber, about an id header spelled in

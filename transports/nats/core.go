@@ -14,6 +14,7 @@ import (
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/internal/lifecycle"
+	"github.com/idemq/idemq/transports/internal/inbound"
 )
 
 // CoreSubscriberConfig configures a [CoreSubscriber]. The zero value is
@@ -32,8 +33,12 @@ type CoreSubscriberConfig struct {
 	// draining the subscription and applying what it had received.
 	// Defaults to [ShutdownGraceDefault].
 	ShutdownGrace time.Duration
-	// Logger receives the outcomes that are lost on core NATS (a Retry
-	// cannot be redelivered). Defaults to slog.Default().
+	// Retry shapes the backoff with full jitter before a held message (a
+	// database outage) is processed again. Only BaseDelay and MaxDelay
+	// apply. Defaults to [RetryDefault].
+	Retry idemq.Retry
+	// Logger receives the database's outages and the messages lost on
+	// core NATS (held when Run stopped). Defaults to slog.Default().
 	Logger *slog.Logger
 
 	// Test holds crash points for tests; leave it zero in production.
@@ -48,10 +53,14 @@ type CoreSubscriberConfig struct {
 // wrapper therefore protects against duplicates from publishers only (a
 // producer that retries, a relay [CoreSink] re-publishing after a crash):
 // the second copy with the same id is a Duplicate. A Retry outcome (the
-// database unreachable, retries exhausted in Redeliver mode) cannot be
-// handed back to the server; it is logged at Error level and the message is
-// lost, so leave consumer.Config.Redeliver false with core NATS. Use
-// JetStream where messages must not be lost.
+// database unreachable, a failure in Redeliver mode) cannot be handed back
+// to the server: the message is held and processed again after its
+// RetryAfter or a capped, jittered backoff, while the messages behind it
+// wait in the subscription (up to its pending limits), so no message of a
+// key overtakes an earlier one; a database outage is logged once when it
+// begins and once when it ends. A message still held when Run stops is
+// logged at Error level and lost. Use JetStream where messages must not be
+// lost.
 //
 // A CoreSubscriber is an idemq.Service: Ready is closed once the server
 // confirmed the subscription, so a message published after that reaches
@@ -89,6 +98,10 @@ func NewCoreSubscriber(c *consumer.Consumer, nc *nats.Conn, subject string, cfg 
 	}
 	cfg.IDHeader = cmp.Or(cfg.IDHeader, IDHeaderDefault)
 	cfg.ShutdownGrace = cmp.Or(cfg.ShutdownGrace, ShutdownGraceDefault)
+	cfg.Retry = cfg.Retry.WithDefaults(RetryDefault)
+	if err := cfg.Retry.Validate(component); err != nil {
+		return nil, err
+	}
 	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
 	log := cfg.Logger.With(slog.String("subject", subject), slog.String("scope", c.Scope()))
 	if cfg.Queue != "" {
@@ -128,32 +141,43 @@ func (s *CoreSubscriber) Run(ctx context.Context) error {
 
 	pctx, cancel := lifecycle.Grace(ctx, s.cfg.ShutdownGrace)
 	defer cancel()
+	k := inbound.New(inbound.Config{Retry: s.cfg.Retry, Logger: s.log})
+	a := &coreApply{s: s, k: k, process: k.Processor(s.c, false)}
 	for {
 		raw, err := sub.NextMsgWithContext(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
-				return s.drain(pctx, sub)
+				return a.drain(pctx, sub)
 			}
 			_ = sub.Unsubscribe()
 			return fmt.Errorf("idemq/nats: subscription to %s: %w", s.subject, err)
 		}
-		if err := s.apply(pctx, raw); err != nil {
+		if err := a.apply(ctx, pctx, raw); errors.Is(err, errCrash) {
 			_ = sub.Unsubscribe()
 			return err
 		}
 	}
 }
 
+// coreApply is one Run's settling of core NATS messages (an
+// inbound.Client): there is nothing to acknowledge and no dead-letter
+// subject.
+type coreApply struct {
+	s       *CoreSubscriber
+	k       *inbound.Kernel
+	process inbound.Process
+}
+
 // drain stops the server sending and applies what it had sent.
-func (s *CoreSubscriber) drain(ctx context.Context, sub *nats.Subscription) error {
+func (a *coreApply) drain(ctx context.Context, sub *nats.Subscription) error {
 	if err := sub.Drain(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) && !errors.Is(err, nats.ErrBadSubscription) {
-		return fmt.Errorf("idemq/nats: drain %s: %w", s.subject, err)
+		return fmt.Errorf("idemq/nats: drain %s: %w", a.s.subject, err)
 	}
 	for ctx.Err() == nil {
 		raw, err := sub.NextMsg(20 * time.Millisecond)
 		switch {
 		case err == nil:
-			if err := s.apply(ctx, raw); err != nil {
+			if err := a.apply(ctx, ctx, raw); errors.Is(err, errCrash) {
 				return err
 			}
 		case errors.Is(err, nats.ErrTimeout):
@@ -168,22 +192,40 @@ func (s *CoreSubscriber) drain(ctx context.Context, sub *nats.Subscription) erro
 	return nil
 }
 
-func (s *CoreSubscriber) apply(ctx context.Context, raw *nats.Msg) error {
+// apply processes raw under work, holding it (until wait ends) while it
+// cannot be applied. It returns an errCrash, or wait's error when the
+// message was lost.
+func (a *coreApply) apply(wait, work context.Context, raw *nats.Msg) error {
 	msg := &consumer.Message{Payload: raw.Data, Headers: flatten(raw.Header), Source: raw}
 	if msg.Payload == nil {
 		msg.Payload = []byte{}
 	}
-	if vals := raw.Header.Values(s.cfg.IDHeader); len(vals) > 0 {
+	if vals := raw.Header.Values(a.s.cfg.IDHeader); len(vals) > 0 {
 		msg.ID = vals[0]
 	}
-	r := s.c.Process(ctx, msg)
-	if hook := s.cfg.Test.BeforeAck; hook != nil {
-		if err := hook(ctx, []*consumer.Message{msg}, []consumer.Result{r}); err != nil {
+	return a.k.Group(wait, work, []*consumer.Message{msg}, a.process, a)
+}
+
+// DeadLetter has nowhere to publish: the consumer's DeadLetter hook is
+// core NATS's dead-letter destination.
+func (a *coreApply) DeadLetter(_ context.Context, _ []*consumer.Message, _ []consumer.Result, dead []int) (int, error) {
+	return len(dead), nil
+}
+
+// Settle has nothing to acknowledge; it runs the Test.BeforeAck crash
+// point.
+func (a *coreApply) Settle(ctx context.Context, msgs []*consumer.Message, results []consumer.Result, _ []inbound.Step) error {
+	if hook := a.s.cfg.Test.BeforeAck; hook != nil {
+		if err := hook(ctx, msgs, results); err != nil {
 			return fmt.Errorf("%w: %w", errCrash, err)
 		}
 	}
-	if r.Outcome == consumer.Retry {
-		s.log.Error("idemq/nats: core NATS cannot redeliver; message lost", slog.String("key", r.Key), slog.Any("error", r.Err))
-	}
 	return nil
+}
+
+// Release logs the messages lost: core NATS cannot take them back.
+func (a *coreApply) Release(msgs []*consumer.Message) {
+	for _, m := range msgs {
+		a.s.log.Error("idemq/nats: core NATS cannot redeliver; message lost", slog.String("id", m.ID))
+	}
 }

@@ -95,9 +95,9 @@ type JetStreamSubscriberConfig struct {
 	// message id in [HeaderDeadLetterID]), published through JetStream (a
 	// stream must capture the subject; it may be the input's own) before
 	// the message is terminated. If the publish fails the message is not
-	// terminated but redelivered, and published again: at least once, and
-	// the copy's Nats-Msg-Id, "dead-letter/stream/sequence", lets the
-	// stream drop the repeats.
+	// terminated but held, with the messages behind it, and published
+	// again after a backoff: at least once, and the copy's Nats-Msg-Id,
+	// "dead-letter/stream/sequence", lets the stream drop the repeats.
 	DeadLetterSubject string
 
 	// ShutdownGrace bounds the time Run spends, after ctx is cancelled,
@@ -106,8 +106,9 @@ type JetStreamSubscriberConfig struct {
 	// later). Defaults to [ShutdownGraceDefault].
 	ShutdownGrace time.Duration
 	// Retry shapes the backoff with full jitter between fetches that failed
-	// (server restarting, connection lost) and before a dead letter whose
-	// copy could not be published is redelivered. Only BaseDelay and
+	// (server restarting, connection lost) and before held messages (a
+	// database outage, a dead letter whose copy could not be published)
+	// are processed again. Only BaseDelay and
 	// MaxDelay apply: the consumer counts attempts. Defaults to
 	// [RetryDefault].
 	Retry idemq.Retry
@@ -138,9 +139,17 @@ type TestConfig struct {
 //     last acknowledgement of every fetched batch (in per-message mode:
 //     every one) waits for the server's confirmation, which confirms the
 //     earlier ones, so a graceful stop leaves nothing unacknowledged;
-//   - a Retry outcome is NakWithDelay(Result.RetryAfter): the server
-//     redelivers it later (set consumer.Config.Redeliver so the consumer
-//     counts attempts by the delivery count instead of retrying in place);
+//   - a Retry outcome the database caused (consumer.Result.Unavailable)
+//     holds the message and the ones fetched behind it, in progress, and
+//     processes them again in order after a capped, jittered backoff: no
+//     fetch while the database is down, no message of a key overtaking an
+//     earlier one, and one log line when the database goes and one when
+//     it is back, with the count of the messages that waited;
+//   - any other Retry outcome is NakWithDelay(Result.RetryAfter): the
+//     server redelivers it later (set consumer.Config.Redeliver so the
+//     consumer counts attempts by the delivery count instead of retrying
+//     in place; a handler failure handed back so lets the messages behind
+//     it go first);
 //   - a Conflict or DeadLettered outcome is copied to
 //     [JetStreamSubscriberConfig.DeadLetterSubject] if set, then terminated;
 //   - every fetched message not yet acknowledged is reported in progress
@@ -273,11 +282,13 @@ func (s *JetStreamSubscriber) Run(ctx context.Context) error {
 	// BackOff rather than running under backoff.RetryNotify: Retry's
 	// delays without its bounds, since fetching never gives up.
 	back := idemq.Retry{BaseDelay: s.cfg.Retry.BaseDelay, MaxDelay: s.cfg.Retry.MaxDelay}.BackOff()
+	k := inbound.New(inbound.Config{Retry: s.cfg.Retry, Redeliver: true, Logger: s.log})
+	process := k.Processor(s.c, s.cfg.Batch)
 	for ctx.Err() == nil {
 		batch, err := s.cons.Fetch(s.cfg.MaxBatch, jetstream.FetchMaxWait(s.cfg.FetchWait))
 		if err == nil {
 			ready()
-			err = s.handle(pctx, batch)
+			err = s.handle(ctx, pctx, batch, k, process)
 		}
 		switch {
 		case err == nil:
@@ -285,6 +296,8 @@ func (s *JetStreamSubscriber) Run(ctx context.Context) error {
 			continue
 		case errors.Is(err, errCrash):
 			return err
+		case ctx.Err() != nil:
+			return nil // stopped while messages were held; they were handed back
 		case errors.Is(err, jetstream.ErrConsumerDeleted), errors.Is(err, jetstream.ErrConsumerNotFound),
 			errors.Is(err, nats.ErrConnectionClosed):
 			return fmt.Errorf("idemq/nats: fetch: %w", err)
@@ -296,67 +309,87 @@ func (s *JetStreamSubscriber) Run(ctx context.Context) error {
 	return nil
 }
 
-// handle processes one fetched batch. It returns the batch's fetch error
-// (after processing what arrived) or an errCrash.
-func (s *JetStreamSubscriber) handle(ctx context.Context, batch jetstream.MessageBatch) error {
+// handle processes one fetched batch, holding messages in place (in
+// progress) while the kernel holds them. It returns the batch's fetch
+// error (after processing what arrived), an errCrash, or ctx's error when
+// Run stopped with messages held (those are handed back).
+func (s *JetStreamSubscriber) handle(ctx, pctx context.Context, batch jetstream.MessageBatch, k *inbound.Kernel, process inbound.Process) error {
 	live := newInProgress(s.cfg.InProgressInterval)
 	defer live.stop()
+	cl := &jsClient{s: s, live: live}
 	if s.cfg.Batch {
-		var raws []jetstream.Msg
+		var msgs []*consumer.Message
 		for raw := range batch.Messages() {
 			live.add(raw)
-			raws = append(raws, raw)
+			msgs = append(msgs, s.message(raw))
 		}
-		if len(raws) > 0 {
-			msgs := make([]*consumer.Message, len(raws))
-			for i, raw := range raws {
-				msgs[i] = s.message(raw)
-			}
-			if err := s.settle(ctx, raws, msgs, s.c.ProcessBatch(ctx, msgs), live); err != nil {
+		if len(msgs) > 0 {
+			if err := k.Group(ctx, pctx, msgs, process, cl); err != nil {
 				return err
 			}
 		}
 		return batch.Error()
 	}
-	var crash error
+	var stopped error
 	for raw := range batch.Messages() {
 		live.add(raw)
-		if crash != nil {
+		switch {
+		case errors.Is(stopped, errCrash):
 			continue // a killed process would not see the rest
+		case stopped != nil:
+			cl.handBack(raw) // behind a held one: back to the server, in order
+			continue
 		}
-		msg := s.message(raw)
-		r := s.c.Process(ctx, msg)
-		crash = s.settle(ctx, []jetstream.Msg{raw}, []*consumer.Message{msg}, []consumer.Result{r}, live)
+		stopped = k.Group(ctx, pctx, []*consumer.Message{s.message(raw)}, process, cl)
 	}
-	if crash != nil {
-		return crash
+	if stopped != nil {
+		return stopped
 	}
 	return batch.Error()
 }
 
-// settle acknowledges, naks or terminates processed messages.
-func (s *JetStreamSubscriber) settle(ctx context.Context, raws []jetstream.Msg, msgs []*consumer.Message, results []consumer.Result, live *inProgress) error {
-	if hook := s.cfg.Test.BeforeAck; hook != nil {
+// jsClient is the JetStream half of settling a fetched batch (an
+// inbound.Client).
+type jsClient struct {
+	s    *JetStreamSubscriber
+	live *inProgress
+}
+
+// DeadLetter publishes the copies of the dead letters among msgs, one by
+// one; it reports how many leading ones the stream stored.
+func (c *jsClient) DeadLetter(ctx context.Context, msgs []*consumer.Message, results []consumer.Result, dead []int) (int, error) {
+	for j, i := range dead {
+		raw, _ := JetStreamSource(msgs[i])
+		if err := c.s.deadLetter(ctx, raw, msgs[i], results[i]); err != nil {
+			return j, fmt.Errorf("idemq/nats: publish dead letter to %s: %w", c.s.cfg.DeadLetterSubject, err)
+		}
+	}
+	return len(dead), nil
+}
+
+// Settle acknowledges, naks or terminates processed messages.
+func (c *jsClient) Settle(ctx context.Context, msgs []*consumer.Message, results []consumer.Result, steps []inbound.Step) error {
+	if hook := c.s.cfg.Test.BeforeAck; hook != nil {
 		if err := hook(ctx, msgs, results); err != nil {
-			live.stop()
+			c.live.stop()
 			return fmt.Errorf("%w: %w", errCrash, err)
 		}
 	}
-	// Acks go out without waiting, except the batch's last one: JetStream
+	// Acks go out without waiting, except the last one: JetStream
 	// processes a consumer's acks in order, so its confirmation confirms
 	// the earlier ones too.
 	confirm := -1
-	for i, r := range results {
-		if r.Outcome == consumer.Applied || r.Outcome == consumer.Duplicate {
+	for i, st := range steps {
+		if st.Action == inbound.Ack {
 			confirm = i
 		}
 	}
-	for i, raw := range raws {
-		live.done(raw) // no InProgress after the settlement
-		r := results[i]
+	for i, st := range steps {
+		raw, _ := JetStreamSource(msgs[i])
+		c.live.done(raw) // no InProgress after the settlement
 		var err error
-		switch r.Outcome {
-		case consumer.Applied, consumer.Duplicate:
+		switch st.Action {
+		case inbound.Ack:
 			if i == confirm {
 				actx, cancel := context.WithTimeout(ctx, ackTimeout)
 				err = raw.DoubleAck(actx)
@@ -364,14 +397,9 @@ func (s *JetStreamSubscriber) settle(ctx context.Context, raws []jetstream.Msg, 
 			} else {
 				err = raw.Ack()
 			}
-		case consumer.Retry:
-			err = raw.NakWithDelay(r.RetryAfter)
-		default: // Conflict, DeadLettered
-			if err = s.deadLetter(ctx, raw, msgs[i], r); err != nil {
-				s.log.Error("idemq/nats: publish dead letter; the message will be redelivered", slog.String("key", r.Key), slog.Any("error", err))
-				err = raw.NakWithDelay(s.cfg.Retry.Delay(max(1, msgs[i].Delivery), 0))
-				break
-			}
+		case inbound.Redeliver:
+			err = raw.NakWithDelay(st.Delay)
+		default: // DeadLetter, its copy published
 			// Term, not TermWithReason: servers before 2.10.4 ignore the
 			// latter and redeliver. The reason is in the inbox record and
 			// the dead-letter copy.
@@ -380,10 +408,23 @@ func (s *JetStreamSubscriber) settle(ctx context.Context, raws []jetstream.Msg, 
 		if err != nil {
 			// The server redelivers it after AckWait; the inbox makes that
 			// a Duplicate.
-			s.log.Warn("idemq/nats: settle message", slog.String("key", r.Key), slog.String("outcome", r.Outcome.String()), slog.Any("error", err))
+			c.s.log.Warn("idemq/nats: settle message", slog.String("key", results[i].Key), slog.String("outcome", results[i].Outcome.String()), slog.Any("error", err))
 		}
 	}
 	return nil
+}
+
+// Release hands held messages back to the server at once, in order.
+func (c *jsClient) Release(msgs []*consumer.Message) {
+	for _, m := range msgs {
+		raw, _ := JetStreamSource(m)
+		c.handBack(raw)
+	}
+}
+
+func (c *jsClient) handBack(raw jetstream.Msg) {
+	c.live.done(raw)
+	_ = raw.Nak()
 }
 
 func (s *JetStreamSubscriber) deadLetter(ctx context.Context, raw jetstream.Msg, msg *consumer.Message, r consumer.Result) error {
@@ -428,7 +469,8 @@ func (s *JetStreamSubscriber) message(raw jetstream.Msg) *consumer.Message {
 	if found && len(vals) > 0 {
 		id = vals[0]
 	}
-	msg.ID = inbound.ID(s.c, id, found, s.cfg.FallbackOnInvalidID, func() string { return FallbackID(raw) })
+	ids := inbound.IDs{Consumer: s.c, Header: s.cfg.IDHeader, FallbackOnInvalid: s.cfg.FallbackOnInvalidID}
+	msg.ID = ids.Choose(id, found, func() string { return FallbackID(raw) })
 	return msg
 }
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"time"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/transports/internal/inbound"
 )
 
 // Defaults of [ReceiverConfig].
@@ -20,6 +22,10 @@ const (
 	ToleranceDefault = 5 * time.Minute
 	MaxBodyDefault   = 1 << 20
 )
+
+// ReceiverRetryDefault is the default [ReceiverConfig.Retry]: Retry-After
+// from 1 s up to 1 minute.
+var ReceiverRetryDefault = idemq.Retry{BaseDelay: time.Second, MaxDelay: time.Minute}
 
 // HeaderDelivery is the response header by which a receiver steers the
 // sender (Svix's delivery control, proposed for Standard Webhooks): the
@@ -46,6 +52,15 @@ type ReceiverConfig struct {
 	// MaxBody is the largest body accepted, in bytes; a larger one gets
 	// 413. Defaults to 1 MiB.
 	MaxBody int64
+	// Retry shapes the Retry-After of a webhook the database could not
+	// take (consumer.Result.Unavailable): its BaseDelay and MaxDelay, full
+	// jitter, growing while the outage lasts. Defaults to
+	// [ReceiverRetryDefault].
+	Retry idemq.Retry
+	// Logger receives the database's outages: one line when one begins,
+	// one when it ends with the count of the webhooks that were refused
+	// meanwhile. Defaults to slog.Default().
+	Logger *slog.Logger
 
 	// Test holds crash points for tests; leave it zero in production.
 	Test ReceiverTestConfig
@@ -65,6 +80,8 @@ type ReceiverTestConfig struct {
 func (c ReceiverConfig) withDefaults() ReceiverConfig {
 	c.Tolerance = cmp.Or(c.Tolerance, ToleranceDefault)
 	c.MaxBody = cmp.Or(c.MaxBody, MaxBodyDefault)
+	c.Retry = c.Retry.WithDefaults(ReceiverRetryDefault)
+	c.Logger = cmp.Or(c.Logger, slog.Default())
 	return c
 }
 
@@ -83,7 +100,7 @@ func (c ReceiverConfig) validate() error {
 	if _, err := ParseKeys(c.Keys...); err != nil {
 		return idemq.NewConfigError(component, "Keys", "%v", err)
 	}
-	return nil
+	return c.Retry.Validate(component)
 }
 
 // Delivery is a verified webhook as the handler sees it.
@@ -168,7 +185,12 @@ func HandleLeased(h LeasedHandler) consumer.LeasedHandler {
 //   - Applied or Duplicate: 200;
 //   - Conflict (the webhook-id seen before with another body): 409;
 //   - DeadLettered: 422, or 400 for a webhook-id the inbox cannot take;
-//   - Retry: 503 with Retry-After.
+//   - Retry: 503 with Retry-After: the consumer's RetryAfter, or while the
+//     database is down (consumer.Result.Unavailable) a backoff that grows
+//     with the outage ([ReceiverConfig.Retry]); the outage is logged once
+//     when it begins and once when it ends, not once per webhook. A
+//     sender that keeps a key's order (idemq's relay) holds the key's
+//     later webhooks until this one is taken.
 //
 // 409, 422 and 400 carry "webhook-delivery: abort-message", so neither a
 // sender that stops at a 4xx (idemq's Sink) nor one that retries every
@@ -181,9 +203,10 @@ func HandleLeased(h LeasedHandler) consumer.LeasedHandler {
 // within the request, up to Retry.MaxElapsed, which must then stay well
 // under the sender's timeout (15 s for Svix and idemq's Sink).
 type Receiver struct {
-	c    *consumer.Consumer
-	cfg  ReceiverConfig
-	keys []Key
+	c      *consumer.Consumer
+	cfg    ReceiverConfig
+	keys   []Key
+	kernel *inbound.Kernel
 }
 
 // NewReceiver validates cfg and returns a receiver applying webhooks
@@ -198,7 +221,8 @@ func NewReceiver(c *consumer.Consumer, cfg ReceiverConfig) (*Receiver, error) {
 	}
 	cfg = cfg.withDefaults()
 	keys, _ := ParseKeys(cfg.Keys...) // validated above
-	return &Receiver{c: c, cfg: cfg, keys: keys}, nil
+	log := cfg.Logger.With(slog.String("scope", c.Scope()))
+	return &Receiver{c: c, cfg: cfg, keys: keys, kernel: inbound.New(inbound.Config{Retry: cfg.Retry, Logger: log})}, nil
 }
 
 // ServeHTTP verifies the request and applies it through the consumer; see
@@ -212,14 +236,15 @@ func (r *Receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	for name, v := range req.Header {
 		headers[name] = v[0]
 	}
-	msg := &consumer.Message{ID: d.ID, Payload: d.Body, Headers: headers, Source: d}
-	res := r.c.Process(req.Context(), msg)
+	msgs := []*consumer.Message{{ID: d.ID, Payload: d.Body, Headers: headers, Source: d}}
+	started := time.Now()
+	results := []consumer.Result{r.c.Process(req.Context(), msgs[0])}
 	if hook := r.cfg.Test.BeforeAnswer; hook != nil {
-		if err := hook(req.Context(), []*consumer.Message{msg}, []consumer.Result{res}); err != nil {
+		if err := hook(req.Context(), msgs, results); err != nil {
 			panic(http.ErrAbortHandler)
 		}
 	}
-	answer(w, res)
+	answer(w, results[0], r.kernel.Plan(started, msgs, results).Delay)
 }
 
 // verify reads and verifies the request; on failure it has answered.
@@ -248,8 +273,8 @@ func (r *Receiver) verify(w http.ResponseWriter, req *http.Request) (Delivery, b
 }
 
 // answer maps the consumer's result to the response; the consumer has
-// logged it already.
-func answer(w http.ResponseWriter, res consumer.Result) {
+// logged it already. retry is the kernel's wait for a Retry.
+func answer(w http.ResponseWriter, res consumer.Result, retry time.Duration) {
 	switch res.Outcome {
 	case consumer.Applied, consumer.Duplicate:
 		w.WriteHeader(http.StatusOK)
@@ -264,7 +289,7 @@ func answer(w http.ResponseWriter, res consumer.Result) {
 		}
 		http.Error(w, "the webhook cannot be applied", http.StatusUnprocessableEntity)
 	default: // Retry: nothing committed
-		w.Header().Set("Retry-After", seconds(res.RetryAfter))
+		w.Header().Set("Retry-After", seconds(retry))
 		http.Error(w, "the webhook was not applied; retry later", http.StatusServiceUnavailable)
 	}
 }

@@ -64,8 +64,10 @@ type SubscriberConfig struct {
 	// ShutdownGrace bounds how long Run, once its context is cancelled,
 	// lets the polled records finish. Defaults to [ShutdownGraceDefault].
 	ShutdownGrace time.Duration
-	// Retry shapes the backoff before a retried message is read again
-	// when the consumer gave no RetryAfter. Defaults to [RetryDefault].
+	// Retry shapes the backoff (full jitter) before held records (a Retry
+	// outcome and the records behind it) are processed again when the
+	// consumer gave no RetryAfter (a database outage). Defaults to
+	// [RetryDefault].
 	Retry idemq.Retry
 	// Logger receives rebalances, commit failures and retries. Defaults
 	// to slog.Default().
@@ -118,7 +120,12 @@ func (c SubscriberConfig) validate() error {
 // effectively once, like package transports/kafka's Subscriber: offsets
 // are committed only after the message's transaction committed or the
 // consumer recognised it as a duplicate, a conflict or a dead letter; a
-// Retry outcome re-reads its partition from that message. Rebalances wait
+// Retry outcome holds that record and the ones behind it, which are
+// processed again in order after its RetryAfter or a backoff (while the
+// database is down: a capped, jittered backoff, no new poll, and one log
+// line when it goes and one when it is back). Dead letters are produced
+// to DeadLetterTopic in one batch per group, as the kafka-go Subscriber
+// does, and the offset is committed up to the first that failed. Rebalances wait
 // for the polled records to be processed and committed (kgo's
 // BlockRebalanceOnPoll), so a revoked partition's next owner starts where
 // this one stopped.
@@ -201,7 +208,8 @@ func (s *Subscriber) Run(ctx context.Context) error {
 		return fmt.Errorf("idemq/franz: consumer client: %w", err)
 	}
 	defer cl.Close()
-	r := &run{redelivered: map[string]int{}}
+	r := &run{s: s, cl: cl, kernel: inbound.New(inbound.Config{Retry: s.cfg.Retry, Logger: s.log})}
+	process := r.kernel.Processor(s.c, s.cfg.Batch)
 	for ctx.Err() == nil && r.crash() == nil {
 		fs := cl.PollFetches(ctx)
 		if ctx.Err() != nil || fs.IsClientClosed() {
@@ -219,11 +227,18 @@ func (s *Subscriber) Run(ctx context.Context) error {
 				return
 			}
 			wg.Go(func() {
-				// MaxBatch records at a time, in order; a rewind drops
-				// the rest (they are fetched again).
+				workCtx, cancel := lifecycle.Grace(ctx, s.cfg.ShutdownGrace)
+				defer cancel()
+				// MaxBatch records at a time, in order; held ones wait in
+				// place (the next poll waits for them), and after a
+				// shutdown or a crash the rest is dropped uncommitted.
 				for recs := p.Records; len(recs) > 0 && r.crash() == nil; {
 					n := min(len(recs), s.cfg.MaxBatch)
-					if !s.partition(ctx, cl, recs[:n], r) {
+					msgs := make([]*consumer.Message, n)
+					for i, rec := range recs[:n] {
+						msgs[i] = s.message(rec)
+					}
+					if r.kernel.Group(ctx, workCtx, msgs, process, r) != nil {
 						return
 					}
 					recs = recs[n:]
@@ -237,11 +252,15 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	return r.crash()
 }
 
-// run is the state of one Run, shared by the partitions of a poll.
+// run is the state of one Run, shared by the partitions of a poll, and
+// the franz-go half of their settling (an inbound.Client).
 type run struct {
-	mu          sync.Mutex
-	redelivered map[string]int // "topic/partition/offset" -> earlier deliveries
-	crashErr    error
+	s      *Subscriber
+	cl     *kgo.Client
+	kernel *inbound.Kernel
+
+	mu       sync.Mutex
+	crashErr error
 }
 
 func (r *run) crashed(err error) {
@@ -258,118 +277,57 @@ func (r *run) crash() error {
 	return r.crashErr
 }
 
-// partition processes one partition's polled records and commits the
-// settled ones; after the first unsettled one it rewinds the partition to
-// it, after its RetryAfter or a backoff, and reports false. A
-// Test.BeforeCommit veto crashes the run.
-func (s *Subscriber) partition(ctx context.Context, cl *kgo.Client, recs []*kgo.Record, r *run) bool {
-	workCtx, cancel := lifecycle.Grace(ctx, s.cfg.ShutdownGrace)
-	defer cancel()
-	msgs := make([]*consumer.Message, len(recs))
-	r.mu.Lock()
-	for i, rec := range recs {
-		msgs[i] = s.message(rec)
-		msgs[i].Delivery = 1 + r.redelivered[FallbackID(rec)]
+// DeadLetter produces the copies of the dead letters among msgs in one
+// batch; it reports how many leading ones reached the topic.
+func (r *run) DeadLetter(ctx context.Context, msgs []*consumer.Message, results []consumer.Result, dead []int) (int, error) {
+	if r.s.cfg.DeadLetterTopic == "" {
+		return len(dead), nil
 	}
-	r.mu.Unlock()
-	var results []consumer.Result
-	if s.cfg.Batch {
-		results = s.c.ProcessBatch(workCtx, msgs)
-	} else {
-		results = make([]consumer.Result, len(msgs))
-		for i, m := range msgs {
-			results[i] = s.c.Process(workCtx, m)
-			if !results[i].Settled() {
-				for j := i + 1; j < len(msgs); j++ {
-					results[j] = consumer.Result{Outcome: consumer.Retry, Err: errNotAttempted}
-				}
-				break
-			}
+	copies := make([]*kgo.Record, len(dead))
+	for j, i := range dead {
+		copies[j] = r.s.deadLetter(msgs[i], results[i])
+	}
+	for j, pr := range r.cl.ProduceSync(ctx, copies...) {
+		if pr.Err != nil {
+			return j, fmt.Errorf("idemq/franz: publish dead letter to %s: %w", r.s.cfg.DeadLetterTopic, pr.Err)
 		}
 	}
-	settled := s.settle(workCtx, cl, recs, results)
-	if settled > 0 {
-		if hook := s.cfg.Test.BeforeCommit; hook != nil {
-			if err := hook(ctx, msgs[:settled], results[:settled]); err != nil {
-				r.crashed(err)
-			}
-		}
-		if r.crash() != nil {
-			return false
-		}
-		if err := cl.CommitRecords(workCtx, recs[settled-1]); err != nil {
-			// The work is durable; a redelivery is deduplicated.
-			s.log.WarnContext(ctx, "commit offset", slog.String("record", FallbackID(recs[settled-1])), slog.Any("error", err))
-		}
-	}
-	r.mu.Lock()
-	for i := range settled {
-		delete(r.redelivered, FallbackID(recs[i]))
-	}
-	for j := settled; j < len(recs); j++ {
-		if results[j].Outcome == consumer.Retry && !errors.Is(results[j].Err, errNotAttempted) {
-			r.redelivered[FallbackID(recs[j])]++
-		}
-	}
-	r.mu.Unlock()
-	if settled == len(recs) {
-		return true
-	}
-	res, first := results[settled], recs[settled]
-	delay := res.RetryAfter
-	if delay <= 0 {
-		delay = s.cfg.Retry.Delay(msgs[settled].Delivery, 0)
-	}
-	s.log.WarnContext(ctx, "message will be redelivered", slog.String("record", FallbackID(first)),
-		slog.String("key", res.Key), slog.Duration("after", delay), slog.Any("error", res.Err))
-	_ = lifecycle.Sleep(ctx, delay)
-	cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{first.Topic: {first.Partition: {Epoch: -1, Offset: first.Offset}}})
-	return false
+	return len(dead), nil
 }
 
-// errNotAttempted marks the messages after a retried one in per-message
-// mode: they were not processed and are read again after it.
-var errNotAttempted = errors.New("idemq/franz: an earlier message of the partition is retried")
-
-// settle returns how many leading records are settled and may be
-// committed, after publishing the dead letters among them.
-func (s *Subscriber) settle(ctx context.Context, cl *kgo.Client, recs []*kgo.Record, results []consumer.Result) int {
-	n := inbound.Settled(results)
-	if s.cfg.DeadLetterTopic == "" {
-		return n
-	}
-	for i := range n {
-		if o := results[i].Outcome; o != consumer.DeadLettered && o != consumer.Conflict {
-			continue
-		}
-		if err := cl.ProduceSync(ctx, s.deadLetter(recs[i], results[i])).FirstErr(); err != nil {
-			s.log.WarnContext(ctx, "publish dead letter", slog.String("topic", s.cfg.DeadLetterTopic),
-				slog.String("record", FallbackID(recs[i])), slog.Any("error", err))
-			results[i] = consumer.Result{Outcome: consumer.Retry, Key: results[i].Key, Err: fmt.Errorf("idemq/franz: publish dead letter: %w", err)}
-			return i
+// Settle commits the offset after msgs, which all settled. It returns the
+// error of a Test.BeforeCommit veto, after which nothing more is
+// committed.
+func (r *run) Settle(ctx context.Context, msgs []*consumer.Message, results []consumer.Result, _ []inbound.Step) error {
+	if hook := r.s.cfg.Test.BeforeCommit; hook != nil {
+		if err := hook(ctx, msgs, results); err != nil {
+			r.crashed(err)
 		}
 	}
-	return n
+	if err := r.crash(); err != nil {
+		return err
+	}
+	last, _ := Source(msgs[len(msgs)-1])
+	if err := r.cl.CommitRecords(ctx, last); err != nil {
+		// The work is durable; a redelivery is deduplicated.
+		r.s.log.WarnContext(ctx, "commit offset", slog.String("record", FallbackID(last)), slog.Any("error", err))
+	}
+	return nil
 }
 
-func (s *Subscriber) deadLetter(r *kgo.Record, res consumer.Result) *kgo.Record {
-	headers := make([]kgo.RecordHeader, 0, len(r.Headers)+4)
-	hasID := false
-	for _, h := range r.Headers {
-		hasID = hasID || h.Key == s.cfg.IDHeader
-		headers = append(headers, h)
-	}
-	if !hasID {
-		headers = append(headers, kgo.RecordHeader{Key: s.cfg.IDHeader, Value: []byte(FallbackID(r))})
-	}
-	for _, h := range inbound.DeadLetterHeaders(res, FallbackID(r)) {
-		headers = append(headers, kgo.RecordHeader{Key: h[0], Value: []byte(h[1])})
-	}
-	return &kgo.Record{Topic: s.cfg.DeadLetterTopic, Key: r.Key, Value: r.Value, Headers: headers}
+// Release does nothing: the offset is not committed past held records.
+func (r *run) Release([]*consumer.Message) {}
+
+// deadLetter is the copy of msg, a dead letter or a conflict, for
+// DeadLetterTopic.
+func (s *Subscriber) deadLetter(msg *consumer.Message, res consumer.Result) *kgo.Record {
+	r, _ := Source(msg)
+	return &kgo.Record{Topic: s.cfg.DeadLetterTopic, Key: r.Key, Value: r.Value,
+		Headers: inbound.DeadLetterRecord(r.Headers, s.cfg.IDHeader, FallbackID(r), res)}
 }
 
 // message converts a record, choosing its id.
 func (s *Subscriber) message(r *kgo.Record) *consumer.Message {
-	return inbound.Message(s.c, r.Value, r, r.Headers, func(h kgo.RecordHeader) (string, []byte) { return h.Key, h.Value },
-		s.cfg.IDHeader, s.cfg.FallbackOnInvalidID, func() string { return FallbackID(r) }, nil)
+	return inbound.Record(inbound.IDs{Consumer: s.c, Header: s.cfg.IDHeader, FallbackOnInvalid: s.cfg.FallbackOnInvalidID},
+		r.Value, r.Headers, r, func() string { return FallbackID(r) })
 }
