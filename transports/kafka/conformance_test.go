@@ -67,6 +67,7 @@ func (h *harness) Subscriber(c *consumer.Consumer, opts transporttest.SubscribeO
 	cfg.Batch = opts.Batch
 	cfg.DeadLetterTopic = h.k.Topic("orders.dlq")
 	cfg.Test.BeforeCommit = opts.BeforeAck()
+	cfg.Logger = opts.Logger
 	s, err := idemqkafka.NewSubscriber(c, cfg)
 	if err != nil {
 		h.t.Fatal(err)

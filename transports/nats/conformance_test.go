@@ -129,7 +129,7 @@ func streamIDs(ctx context.Context, s jetstream.Stream) ([]string, error) {
 }
 
 func (h *harness) Subscriber(c *consumer.Consumer, opts transporttest.SubscribeOptions) idemq.Service {
-	cfg := idemqnats.JetStreamSubscriberConfig{Batch: opts.Batch, DeadLetterSubject: h.dlqSubj, FetchWait: 200 * time.Millisecond}
+	cfg := idemqnats.JetStreamSubscriberConfig{Batch: opts.Batch, DeadLetterSubject: h.dlqSubj, FetchWait: 200 * time.Millisecond, Logger: opts.Logger}
 	cfg.Test.BeforeAck = opts.BeforeAck()
 	// Each subscriber has its own connection, closed when it ends, as a
 	// process of its own would.

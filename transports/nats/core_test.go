@@ -11,6 +11,8 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/relay"
+	"github.com/idemq/idemq/testenv"
 	idemqnats "github.com/idemq/idemq/transports/nats"
 	"github.com/idemq/idemq/transports/transporttest"
 )
@@ -129,4 +131,64 @@ func TestCoreSubscriberRunsAgainAfterRun(t *testing.T) {
 		}
 		w.waitFor("the message applied", func() bool { return len(w.effects()) == round+1 })
 	})
+}
+
+// TestCoreDatabaseOutage: core NATS cannot redeliver, so a message the
+// database could not take is held in the subscriber, the messages behind
+// it waiting in the subscription, until the database is back: none lost,
+// none out of its key's order, the outage logged once.
+func TestCoreDatabaseOutage(t *testing.T) {
+	t.Parallel()
+	n := testenv.NATS(t)
+	transporttest.DatabaseOutage(t, &coreHarness{t: t, n: n, nc: n.ConnectTB(t), subject: n.Name("orders")})
+}
+
+// coreHarness is the transporttest.Harness of a core NATS subject, for
+// the scenarios core NATS can run: one publisher connection and one
+// subscription receive in publish order.
+type coreHarness struct {
+	t       *testing.T
+	n       *testenv.NATSServer
+	nc      *nats.Conn
+	subject string
+}
+
+func (h *coreHarness) Features() transporttest.Features {
+	return transporttest.Features{OrderedPerKey: true}
+}
+
+func (h *coreHarness) Publish(ctx context.Context, msgs ...transporttest.Message) error {
+	for _, m := range msgs {
+		out := nats.NewMsg(h.subject)
+		out.Data = m.Payload
+		if m.ID != "" {
+			out.Header.Set(idemqnats.IDHeaderDefault, m.ID)
+		}
+		if err := h.nc.PublishMsg(out); err != nil {
+			return err
+		}
+	}
+	return h.nc.FlushWithContext(ctx)
+}
+
+func (h *coreHarness) Sink() (relay.Sink, string) {
+	sink, err := idemqnats.NewCoreSink(h.nc, idemqnats.SinkConfig{})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return sink, h.subject
+}
+
+func (h *coreHarness) DeadLetters(context.Context) ([]string, error) {
+	return nil, errors.New("core NATS has no dead-letter subject")
+}
+
+func (h *coreHarness) Subscriber(c *consumer.Consumer, opts transporttest.SubscribeOptions) idemq.Service {
+	cfg := idemqnats.CoreSubscriberConfig{Logger: opts.Logger}
+	cfg.Test.BeforeAck = opts.BeforeAck()
+	s, err := idemqnats.NewCoreSubscriber(c, h.n.ConnectTB(h.t), h.subject, cfg)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return s
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -52,6 +53,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"RelayRepublish", relayRepublish},
 		{"RelayCrash", relayCrash},
 		{"OrderedPerKey", orderedPerKey},
+		{"DatabaseOutage", databaseOutage},
 	}
 	// Features do not depend on the stream; ask a throwaway harness once
 	// to decide on batch mode.
@@ -95,6 +97,11 @@ type fixture struct {
 	byID     map[string][]consumer.Outcome
 	attempts sync.Map // payload -> *atomic.Int32, for flaky messages
 	groups   atomic.Int32
+
+	// logger, if set, is the consumers' and subscribers' logger;
+	// onResult, if set, sees every result after it was counted.
+	logger   *slog.Logger
+	onResult func(consumer.Result)
 }
 
 func newFixture(t *testing.T, h Harness, m mode) *fixture {
@@ -120,8 +127,9 @@ func newFixture(t *testing.T, h Harness, m mode) *fixture {
 // statement.
 func (fx *fixture) consumer(scope string) *consumer.Consumer {
 	cfg := consumer.Config{
-		Retry: idemq.Retry{MaxAttempts: 4, BaseDelay: 5 * time.Millisecond, MaxDelay: 50 * time.Millisecond},
-		Hooks: consumer.Hooks{OnResult: fx.record},
+		Retry:  idemq.Retry{MaxAttempts: 4, BaseDelay: 5 * time.Millisecond, MaxDelay: 50 * time.Millisecond},
+		Hooks:  consumer.Hooks{OnResult: fx.record},
+		Logger: fx.logger,
 	}
 	newConsumer := func() (*consumer.Consumer, error) { return consumer.New(fx.pool, scope, fx.handle, cfg) }
 	if fx.mode.batchHandler {
@@ -166,9 +174,12 @@ func (fx *fixture) check(msg *consumer.Message) error {
 
 func (fx *fixture) record(r consumer.ResultEvent) {
 	fx.mu.Lock()
-	defer fx.mu.Unlock()
 	fx.outcomes[r.Outcome]++
 	fx.byID[r.Key] = append(fx.byID[r.Key], r.Outcome)
+	fx.mu.Unlock()
+	if fx.onResult != nil {
+		fx.onResult(r.Result)
+	}
 }
 
 func (fx *fixture) count(o consumer.Outcome) int {
@@ -194,7 +205,7 @@ func (fx *fixture) settled() int {
 // ready: joined, subscribed) and stops it at the end of the test.
 func (fx *fixture) subscribe(c *consumer.Consumer, group string, crash func(*consumer.Message, consumer.Result) bool) *idemq.Running {
 	fx.t.Helper()
-	return fx.start(fx.h.Subscriber(c, SubscribeOptions{Group: group, Batch: fx.mode.batch, Crash: crash}))
+	return fx.start(fx.h.Subscriber(c, SubscribeOptions{Group: group, Batch: fx.mode.batch, Crash: crash, Logger: fx.logger}))
 }
 
 // start runs s until the end of the test.
@@ -556,6 +567,13 @@ func orderedPerKey(fx *fixture) {
 	fx.publish(msgs...)
 	fx.subscribe(fx.consumer("orders"), fx.group("g"), nil)
 	fx.waitFor("every message applied", func() bool { return fx.count(consumer.Applied) >= len(msgs) })
+	fx.inKeyOrder(msgs)
+}
+
+// inKeyOrder asserts that every message of msgs was applied, each after
+// the messages of its key published before it.
+func (fx *fixture) inKeyOrder(msgs []Message) {
+	fx.t.Helper()
 	applied := fx.fx.Load(fx.t).Sequence()
 	pos := make(map[string]int, len(applied))
 	for i, id := range applied {

@@ -37,6 +37,11 @@
 //     publishes a batch and dies before deleting it, a second relay
 //     publishes those rows again; each outbox message is applied once;
 //   - OrderedPerKey: messages of one key are applied in publish order
+//     (Features.OrderedPerKey);
+//   - DatabaseOutage: the database goes away for a few seconds with a
+//     backlog on the subscriber; every message is applied once and in its
+//     key's order, and the subscriber logs the outage once when it begins
+//     and once when it ends, no line per retried message
 //     (Features.OrderedPerKey).
 //
 // Side effects are counted as rows of a business table without a unique

@@ -3,6 +3,7 @@ package transporttest
 import (
 	"context"
 	"errors"
+	"log/slog"
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
@@ -80,6 +81,9 @@ type SubscribeOptions struct {
 	// membership then follow the broker's rules (offsets not committed,
 	// AckWait expiry, session timeout or leave).
 	Crash func(msg *consumer.Message, r consumer.Result) bool
+	// Logger, if not nil, is the subscriber's logger (its Config.Logger),
+	// for the scenarios that count its lines.
+	Logger *slog.Logger
 }
 
 // Harness is what a transport implements to run the suite: a fresh stream

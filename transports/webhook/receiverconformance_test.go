@@ -52,9 +52,11 @@ func newWebhookHarness(t *testing.T, secret string) *webhookHarness {
 
 func (h *webhookHarness) Features() transporttest.Features {
 	// The sender redelivers what got no answer; there are no shared groups
-	// or batches in HTTP, and the order of concurrent requests is not the
-	// Receiver's to keep.
-	return transporttest.Features{Redelivery: true, RequiresID: true}
+	// or batches in HTTP. The order of concurrent requests is not the
+	// Receiver's to keep, but this sender posts a group's messages one at
+	// a time, as a relay posts a key's, and a message the Receiver did
+	// not take (a 5xx) holds back the ones behind it.
+	return transporttest.Features{Redelivery: true, RequiresID: true, OrderedPerKey: true}
 }
 
 func (h *webhookHarness) Publish(_ context.Context, msgs ...transporttest.Message) error {
@@ -105,7 +107,7 @@ func (s *webhookSubscription) Run(ctx context.Context) error {
 	defer end()
 	ctx, crash := context.WithCancelCause(ctx)
 	defer crash(nil)
-	cfg := webhook.ReceiverConfig{Keys: []string{s.h.ring}}
+	cfg := webhook.ReceiverConfig{Keys: []string{s.h.ring}, Logger: s.opts.Logger}
 	if hook := s.opts.BeforeAck(); hook != nil {
 		cfg.Test.BeforeAnswer = func(ctx context.Context, msgs []*consumer.Message, results []consumer.Result) error {
 			err := hook(ctx, msgs, results)

@@ -89,6 +89,7 @@ func (h *harness) Subscriber(c *consumer.Consumer, opts transporttest.SubscribeO
 		Batch:           opts.Batch,
 		DeadLetterTopic: h.k.Topic("orders.dlq"),
 		Test:            franz.TestConfig{BeforeCommit: opts.BeforeAck()},
+		Logger:          opts.Logger,
 	}, kgo.SeedBrokers(h.k.Brokers...), kgo.FetchMaxWait(250*time.Millisecond),
 		kgo.HeartbeatInterval(250*time.Millisecond), kgo.SessionTimeout(6*time.Second), kgo.RebalanceTimeout(6*time.Second))
 	if err != nil {
