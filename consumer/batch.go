@@ -29,7 +29,10 @@ import (
 // A failed message is retried after the batch commits, that is after the
 // later messages of its batch: where per-key order matters and handlers
 // fail, use Process, or keep keys that must stay ordered in separate
-// batches.
+// batches. A message the database failed (a serialization failure, a
+// lost connection: Result.Unavailable) is different: the new messages
+// behind it are not applied either, and are Unavailable with it, so that
+// none overtakes it.
 //
 // In leased mode the messages are processed one by one.
 func (c *Consumer) ProcessBatch(ctx context.Context, msgs []*Message) []Result {
@@ -84,6 +87,11 @@ func (c *Consumer) ProcessBatch(ctx context.Context, msgs []*Message) []Result {
 	return results
 }
 
+// errHeld is the error of a new message of a batch that was not applied
+// because the database failed an earlier one: it is Unavailable, and
+// waits for that one rather than overtaking it.
+var errHeld = errors.New("consumer: held behind an earlier message of the batch that the database failed")
+
 // copyResult is what a later copy of a key in a batch reports, given the
 // result of the key's first copy: a copy with the same payload is a
 // Duplicate of an Applied first copy and shares any other outcome; a copy
@@ -132,8 +140,9 @@ type disposition struct {
 // is a Conflict once recorded, Retry if recording it failed; a new
 // message is Applied (one more attempt than its failures so far) if its
 // handler succeeded, Retry with its claim undone if a transient database
-// error failed it, and otherwise a counted failure. A claim error other
-// than a conflict ends the batch before decide.
+// error failed it or it was held behind one (errHeld), and otherwise a
+// counted failure. A claim error other than a conflict ends the batch
+// before decide.
 func decide(batch []pending) []disposition {
 	ds := make([]disposition, len(batch))
 	for i, p := range batch {
@@ -150,6 +159,9 @@ func decide(batch []pending) []disposition {
 			ds[i].result = Result{Outcome: Applied, Key: p.key, Attempts: p.claim.Failures + 1}
 		case transient(p.err):
 			ds[i].result = unavailable(p.key, fmt.Errorf("consumer: database error: %w", p.err))
+			ds[i].unclaim = true
+		case errors.Is(p.err, errHeld):
+			ds[i].result = unavailable(p.key, p.err)
 			ds[i].unclaim = true
 		default:
 			ds[i].failure = &failure{err: p.err}
@@ -186,9 +198,14 @@ func (c *Consumer) applyBatch(ctx context.Context, batch []pending) ([]dispositi
 	if err := c.applyAll(ctx, tx, btx, batch); err != nil {
 		return nil, err
 	}
+	// held: the database failed an earlier message of the batch, which
+	// is Retry; the new messages behind it wait for it, unapplied, so that
+	// none overtakes it (a later message may be of its key).
+	held := false
 	for i := range batch {
 		p := &batch[i]
 		if p.passed {
+			held = held || transient(p.err)
 			continue
 		}
 		var conflict *inbox.ConflictError
@@ -197,6 +214,10 @@ func (c *Consumer) applyBatch(ctx context.Context, batch []pending) ([]dispositi
 		case p.claim.Err != nil:
 			return nil, p.claim.Err // identify validated the key: this is a bug, not bad input
 		case !p.claim.New:
+			continue
+		}
+		if held {
+			p.err = errHeld
 			continue
 		}
 		btx.Next()
@@ -215,6 +236,7 @@ func (c *Consumer) applyBatch(ctx context.Context, batch []pending) ([]dispositi
 			return nil, errors.Join(err, fmt.Errorf("consumer: rollback to savepoint: %w", rerr))
 		}
 		p.err = err
+		held = transient(err) || (conflict != nil && err != nil)
 	}
 	// A cancelled context or a lost connection is not the handlers'
 	// failure: nothing is counted, nothing committed.

@@ -420,6 +420,23 @@ func TestLeakedHandlerTxCannotWriteAfterCommit(t *testing.T) {
 	}
 }
 
+// refusing is a handler that inserts the order, and for the first times
+// deliveries of message id has the database refuse its transaction with a
+// serialization failure.
+func refusing(id string, times int32) consumer.Handler {
+	var refused atomic.Int32
+	return func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if err := insertOrder(ctx, tx, m); err != nil {
+			return err
+		}
+		if m.ID == id && refused.Add(1) <= times {
+			_, err := tx.Exec(ctx, `DO $$ BEGIN RAISE EXCEPTION 'could not serialize access' USING ERRCODE = '40001'; END $$`)
+			return err
+		}
+		return nil
+	}
+}
+
 // A serialization failure or a deadlock is the database's, not the
 // message's: the attempt is not counted and nothing is written, in
 // per-message and batch mode, and the next delivery applies the message.
@@ -429,17 +446,7 @@ func TestDatabaseRefusingTheTransactionIsNotAFailedAttempt(t *testing.T) {
 		t.Run(fmt.Sprintf("batch=%v", batch), func(t *testing.T) {
 			t.Parallel()
 			pool := setup(t)
-			var refused atomic.Int32
-			c := newConsumer(t, pool, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-				if err := insertOrder(ctx, tx, m); err != nil {
-					return err
-				}
-				if m.ID == "contended" && refused.Add(1) <= 3 {
-					_, err := tx.Exec(ctx, `DO $$ BEGIN RAISE EXCEPTION 'could not serialize access' USING ERRCODE = '40001'; END $$`)
-					return err
-				}
-				return nil
-			}, consumer.Config{Retry: idemq.Retry{MaxAttempts: 1}})
+			c := newConsumer(t, pool, refusing("contended", 3), consumer.Config{Retry: idemq.Retry{MaxAttempts: 1}})
 			ctx := context.Background()
 			process := func(m *consumer.Message) consumer.Result {
 				if batch {
@@ -501,5 +508,43 @@ func TestUnreachableDatabaseIsUnavailable(t *testing.T) {
 	}
 	if warn != 2 {
 		t.Fatalf("%d Warn lines for retries, want 2 (the handler failure and the cancelled context): %+v", warn, logs.Records("message retry"))
+	}
+}
+
+// In a batch, a message the database refused holds back the new messages
+// behind it: none is applied before it, whatever its key.
+func TestBatchHoldsTheMessagesBehindADatabaseError(t *testing.T) {
+	t.Parallel()
+	pool := setup(t)
+	c := newConsumer(t, pool, refusing("first", 1), consumer.Config{})
+	ctx := context.Background()
+	batch := func() []*consumer.Message {
+		return []*consumer.Message{msg("before", "p"), msg("first", "p"), msg("second", "p"), msg("third", "p")}
+	}
+	results := c.ProcessBatch(ctx, batch())
+	for i, want := range []bool{false, true, true, true} {
+		if r := results[i]; (r.Outcome == consumer.Retry) != want || r.Unavailable != want {
+			t.Fatalf("result %d: %+v; want Retry and Unavailable %v", i, r, want)
+		}
+	}
+	if n := orders(t, pool); n != 1 {
+		t.Fatalf("%d orders after the refused batch, want only the one before the refusal", n)
+	}
+	results = c.ProcessBatch(ctx, batch())
+	for i, want := range []consumer.Outcome{consumer.Duplicate, consumer.Applied, consumer.Applied, consumer.Applied} {
+		if results[i].Outcome != want {
+			t.Fatalf("redelivery: result %d %+v, want %v", i, results[i], want)
+		}
+	}
+	var seq []string
+	rows, err := pool.Query(ctx, `SELECT id FROM orders ORDER BY tx, ctid`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if seq, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(seq, " ") != "before first second third" {
+		t.Fatalf("orders %v", seq)
 	}
 }

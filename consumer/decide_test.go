@@ -67,6 +67,8 @@ func decideCases() []decideCase {
 		{name: "lost connection undoes the claim", claim: fresh(0), err: connLost, outcome: Retry, unclaim: true, errIs: connLost},
 		{name: "server shutdown undoes the claim", claim: fresh(0), err: shutdown, outcome: Retry, unclaim: true, errIs: shutdown},
 		{name: "server out of resources undoes the claim", claim: fresh(0), err: outOfMemory, outcome: Retry, unclaim: true, errIs: outOfMemory},
+		{name: "held behind a database error undoes the claim", claim: fresh(0), err: errHeld, outcome: Retry, unclaim: true, errIs: errHeld},
+		{name: "conflict held behind a database error is retried", claim: inboxsql.BatchClaim{Err: conflict}, err: errHeld, outcome: Retry, errIs: errHeld},
 	}
 }
 
