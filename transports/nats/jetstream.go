@@ -139,17 +139,17 @@ type TestConfig struct {
 //     last acknowledgement of every fetched batch (in per-message mode:
 //     every one) waits for the server's confirmation, which confirms the
 //     earlier ones, so a graceful stop leaves nothing unacknowledged;
-//   - a Retry outcome the database caused (consumer.Result.Unavailable)
-//     holds the message and the ones fetched behind it, in progress, and
-//     processes them again in order after a capped, jittered backoff: no
-//     fetch while the database is down, no message of a key overtaking an
-//     earlier one, and one log line when the database goes and one when
-//     it is back, with the count of the messages that waited;
-//   - any other Retry outcome is NakWithDelay(Result.RetryAfter): the
-//     server redelivers it later (set consumer.Config.Redeliver so the
-//     consumer counts attempts by the delivery count instead of retrying
-//     in place; a handler failure handed back so lets the messages behind
-//     it go first);
+//   - a handler failure that the consumer hands back (its
+//     consumer.Config.Redeliver mode) is NakWithDelay(Result.RetryAfter):
+//     the server redelivers it later, and the messages behind it go first;
+//   - any other Retry outcome holds the message and the ones fetched
+//     behind it, in progress, and processes them again in order after its
+//     RetryAfter or a capped, jittered backoff, so no message of a key
+//     overtakes an earlier one: a database outage
+//     (consumer.Result.Unavailable), during which nothing is fetched and
+//     the log says once that the database is gone and once that it is
+//     back, with the count of the messages that waited; a key another
+//     worker holds; a shutdown, after which held messages are Nak'ed;
 //   - a Conflict or DeadLettered outcome is copied to
 //     [JetStreamSubscriberConfig.DeadLetterSubject] if set, then terminated;
 //   - every fetched message not yet acknowledged is reported in progress

@@ -18,7 +18,7 @@ const (
 	// Redeliver: hand the message back to the broker, which delivers it
 	// again after Step.Delay (JetStream: NakWithDelay); the messages
 	// behind it go on. Only for a client that can hand back one message
-	// ([Config.Redeliver]) and a Retry that is not the database's.
+	// ([Config.Redeliver]) and a handler failure the consumer handed back.
 	Redeliver
 	// Hold: not settled; the message and every one behind it are kept and
 	// processed again, in order, after Plan.Delay.
@@ -77,13 +77,17 @@ func (p *Plan) holdFrom(i int, delay time.Duration, outage bool) {
 //
 //   - Applied and Duplicate are acknowledged; DeadLettered and Conflict
 //     are copied to the dead-letter destination and acknowledged;
-//   - a Retry that the database caused (Result.Unavailable) holds its
-//     message and every one behind it: all would fail alike, and a later
-//     message of its key must not overtake it, whatever the cause;
-//   - any other Retry (a handler failure in the consumer's Redeliver
-//     mode, a key leased elsewhere, a cancelled context) is handed back
-//     on its own after its RetryAfter where the client can (redeliver,
-//     as JetStream's NakWithDelay), and otherwise holds like the above.
+//   - a Retry after a counted failed attempt (Result.Attempts > 0: a
+//     handler failure the consumer hands back in its Redeliver mode,
+//     which gives up order for the broker's redelivery schedule) is
+//     handed back on its own after its RetryAfter where the client can
+//     (redeliver, as JetStream's NakWithDelay);
+//   - every other Retry holds its message and every one behind it, so
+//     that no later message of its key overtakes it, whatever the cause:
+//     the database (Result.Unavailable: all would fail alike), a key
+//     another worker holds (after its RetryAfter, the lease's end), a
+//     shutdown; and so does the first where the client cannot hand one
+//     message back.
 //
 // A result not attempted (see [NotAttempted]) is held with the Retry
 // before it.
@@ -95,7 +99,7 @@ func Decide(results []consumer.Result, redeliver bool) Plan {
 			p.Steps[i] = Step{Action: Ack}
 		case r.Outcome == consumer.DeadLettered || r.Outcome == consumer.Conflict:
 			p.Steps[i] = Step{Action: DeadLetter}
-		case redeliver && !r.Unavailable && !notAttempted(r):
+		case redeliver && r.Outcome == consumer.Retry && r.Attempts > 0 && !r.Unavailable:
 			p.Steps[i] = Step{Action: Redeliver, Delay: r.RetryAfter}
 		default:
 			p.holdFrom(i, r.RetryAfter, r.Unavailable)
