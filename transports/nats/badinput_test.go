@@ -122,6 +122,13 @@ func TestBadInputDurations(t *testing.T) {
 	}
 	_, err := idemqnats.NewJetStreamSink(w.e.js, idemqnats.SinkConfig{MaxInFlight: -1})
 	wantConfigError(t, "MaxInFlight = -1", err, "MaxInFlight")
+	for field, r := range map[string]idemq.Retry{
+		"Retry.BaseDelay": {BaseDelay: -time.Second},
+		"Retry.MaxDelay":  {MaxDelay: -time.Second},
+	} {
+		_, err := idemqnats.NewCoreSubscriber(c, w.e.nc, "orders", idemqnats.CoreSubscriberConfig{Retry: r})
+		wantConfigError(t, "core subscriber "+field+" = -1s", err, field)
+	}
 }
 
 // TestBadInputBatchAboveTheConsumersLimit: a MaxBatch above the JetStream

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/inbox"
+	"github.com/idemq/idemq/testenv"
 	"github.com/idemq/idemq/transports/webhook"
 )
 
@@ -132,5 +134,68 @@ func TestReceiverCountsFailuresUpToADeadLetter(t *testing.T) {
 	rec, err := b.inbox.Get(b.ctx, "webhook", "msg_1")
 	if err != nil || rec.Status != inbox.FailedFinal || rec.Failures != 3 {
 		t.Fatalf("record %+v, %v; want FAILED_FINAL after 3 failures", rec, err)
+	}
+}
+
+// TestReceiverDatabaseOutage: while the database is down every webhook
+// gets 503 with a Retry-After from the Receiver's backoff (capped by
+// Retry.MaxDelay), the log says once that the database is gone and once
+// that it is back with the count of the webhooks that waited, and the
+// webhooks sent again are applied once. A negative Retry delay is refused.
+func TestReceiverDatabaseOutage(t *testing.T) {
+	t.Parallel()
+	pool, proxy := testenv.PostgresBehindProxy(t)
+	ctx := context.Background()
+	c, err := consumer.New(pool, "webhook", webhook.Handle(func(context.Context, pgx.Tx, webhook.Delivery) error { return nil }), consumer.Config{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	secret := webhook.NewSecret()
+	keys, _ := webhook.ParseKeys(secret)
+	if _, err := webhook.NewReceiver(c, webhook.ReceiverConfig{Keys: []string{secret}, Retry: idemq.Retry{BaseDelay: -time.Second}}); !errors.Is(err, idemq.ErrConfig) {
+		t.Fatalf("negative Retry.BaseDelay: %v, want ErrConfig", err)
+	}
+	var logs testenv.Logs
+	recv, err := webhook.NewReceiver(c, webhook.ReceiverConfig{Keys: []string{secret}, Retry: idemq.Retry{BaseDelay: time.Second, MaxDelay: 4 * time.Second}, Logger: logs.Logger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(recv)
+	defer srv.Close()
+	send := func(id string) *http.Response {
+		now := time.Now()
+		return postSigned(t, srv.URL, id, now, webhook.Sign(keys, id, now, []byte("{}")), "{}")
+	}
+	if resp := send("msg_before"); resp.StatusCode != http.StatusOK {
+		t.Fatalf("before the outage: %d", resp.StatusCode)
+	}
+	proxy.Stop()
+	ids := []string{"msg_1", "msg_2", "msg_3"}
+	for range 3 {
+		for _, id := range ids {
+			resp := send(id)
+			after, err := strconv.Atoi(resp.Header.Get("Retry-After"))
+			if resp.StatusCode != http.StatusServiceUnavailable || err != nil || after < 1 || after > 4 {
+				t.Fatalf("during the outage: %d, Retry-After %q; want 503 and 1 to 4 s", resp.StatusCode, resp.Header.Get("Retry-After"))
+			}
+		}
+	}
+	proxy.Start()
+	for _, id := range ids {
+		if resp := send(id); resp.StatusCode != http.StatusOK {
+			t.Fatalf("after the outage: %s got %d", id, resp.StatusCode)
+		}
+	}
+	gone, back := logs.Records("idemq: database unavailable"), logs.Records("idemq: database available again")
+	if len(gone) != 1 || len(back) != 1 || back[0].Attrs["waited"] != "3" {
+		t.Fatalf("outage lines %+v and %+v; want one each, the second with waited=3", gone, back)
+	}
+	for _, id := range ids {
+		if rec, err := c.Store().Get(ctx, "webhook", id); err != nil || rec.Status != inbox.Succeeded {
+			t.Fatalf("%s: %+v, %v; want it applied", id, rec, err)
+		}
 	}
 }
