@@ -6,8 +6,9 @@
 // consumer.Consumer: one goroutine per assigned partition, in offset order;
 // offsets committed only after the message's transaction committed or the
 // consumer recognised it as a duplicate, a conflict or a dead letter; a
-// Retry outcome re-reads the partition from that message, never skipping
-// it. In Batch mode what was fetched for a partition is applied with
+// Retry outcome holds that message and those behind it, never skipping
+// it, and processes them again in order (while the database is down, with
+// a capped backoff and without fetching). In Batch mode what was fetched for a partition is applied with
 // consumer.ProcessBatch (one transaction, a savepoint per message) and
 // committed once. A Subscriber is an idemq.Service: idemq.Start returns
 // once it joined the group, and cancelling Run's context finishes the
@@ -47,7 +48,7 @@
 // partition boundaries; the Generation API gives one callback per assigned
 // partition with its committed offset, ends the generation on a rebalance
 // only after every callback returned (so a revoked partition commits what
-// it finished before anyone else reads it), and lets a Retry re-seek the
-// partition. It works unchanged on the in-process kfake broker and on real
+// it finished before anyone else reads it), and ends a hold of messages
+// with the generation. It works unchanged on the in-process kfake broker and on real
 // brokers.
 package kafka

@@ -12,9 +12,14 @@
 // settled by its result:
 //
 //   - Applied, Duplicate: Ack, only after the transaction committed;
-//   - Retry: NakWithDelay(Result.RetryAfter), so the server redelivers it
-//     after the backoff delay (with consumer.Config.Redeliver the consumer
-//     counts attempts by the delivery count);
+//   - Retry after a failed attempt in consumer.Config.Redeliver mode:
+//     NakWithDelay(Result.RetryAfter), so the server redelivers it after
+//     the backoff delay (the consumer counts attempts by the delivery
+//     count);
+//   - any other Retry (the database unavailable, a key another worker
+//     holds): the message and those fetched behind it are held, in
+//     progress, and processed again in order after a capped backoff, with
+//     no fetch meanwhile;
 //   - Conflict, DeadLettered: published to
 //     [JetStreamSubscriberConfig.DeadLetterSubject] if set, then Term.
 //
@@ -46,7 +51,9 @@
 //
 // [CoreSubscriber] wraps a plain or queue-group subscription the same way.
 // Core NATS never redelivers: nothing is acknowledged, and a message that
-// was not applied is gone. The wrapper protects against publisher retries
+// was not applied when Run stops is gone (while Run runs, one the database
+// could not take is held and tried again, the messages behind it waiting
+// in the subscription). The wrapper protects against publisher retries
 // (and relay re-publishes) only; use JetStream where messages must not be
 // lost.
 //
