@@ -51,9 +51,9 @@ func New(cfg Config) *Kernel {
 // Plan decides results ([Decide]), fills in the plan's Delay from the
 // backoff when the held result gave none, and notes the database's state:
 // a hold it caused begins or continues an outage (msgs from Held on
-// waited for it); any other plan means the database answered and ends
-// one, unless its processing started before the outage began (another
-// goroutine's round that finished just before the database went).
+// waited for it); a result the database gave ends one, unless its
+// processing started before the outage began (another goroutine's round
+// that finished just before the database went).
 func (k *Kernel) Plan(started time.Time, msgs []*consumer.Message, results []consumer.Result) Plan {
 	p := Decide(results, k.cfg.Redeliver)
 	k.mu.Lock()
@@ -64,7 +64,7 @@ func (k *Kernel) Plan(started time.Time, msgs []*consumer.Message, results []con
 		p.Delay = k.backoff()
 	}
 	if !p.Outage {
-		if !k.since.IsZero() && started.After(k.since) {
+		if !k.since.IsZero() && started.After(k.since) && answered(results) {
 			k.outageOver()
 		}
 		return p
@@ -80,6 +80,18 @@ func (k *Kernel) Plan(started time.Time, msgs []*consumer.Message, results []con
 		}
 	}
 	return p
+}
+
+// answered reports whether the database gave one of results: a settled
+// outcome, a counted failure, a key another worker holds; not a shutdown
+// or a message left alone.
+func answered(results []consumer.Result) bool {
+	for _, r := range results {
+		if r.Outcome != consumer.Retry || r.Attempts > 0 || errors.Is(r.Err, consumer.ErrInProgress) {
+			return true
+		}
+	}
+	return false
 }
 
 // outageOver logs the end of the outage under way. k.mu is held.

@@ -126,6 +126,28 @@ func TestGroupHoldsThroughAnOutage(t *testing.T) {
 	}
 }
 
+// Only a result the database gave, from a round begun after the outage
+// began, ends it: not a round that started before, not a shutdown.
+func TestOutageEndsWithTheDatabasesAnswer(t *testing.T) {
+	t.Parallel()
+	var logs testenv.Logs
+	k := New(Config{Retry: fastRetry, Logger: logs.Logger()})
+	msgs := group("a")
+	before := time.Now()
+	k.Plan(time.Now(), msgs, []consumer.Result{down})
+	k.Plan(before, msgs, []consumer.Result{applied})                   // began before the outage
+	k.Plan(time.Now(), msgs, []consumer.Result{stopped})               // a shutdown
+	k.Plan(time.Now(), group("b", "c"), []consumer.Result{down, down}) // still down
+	if back := logs.Records("idemq: database available again"); len(back) != 0 {
+		t.Fatalf("the outage ended without the database's answer: %+v", back)
+	}
+	k.Plan(time.Now(), msgs, []consumer.Result{leased})
+	back := logs.Records("idemq: database available again")
+	if gone := logs.Records("idemq: database unavailable"); len(gone) != 1 || len(back) != 1 || back[0].Attrs["waited"] != "3" {
+		t.Fatalf("outage lines %+v and %+v; want one each, waited=3", gone, back)
+	}
+}
+
 // Waits without a RetryAfter come from the backoff: jittered, capped by
 // Retry.MaxDelay; a RetryAfter is kept as it is.
 func TestPlanDelays(t *testing.T) {
