@@ -225,8 +225,8 @@ func (c SubscriberConfig) validate() error {
 // to the partition's next owner and deduplicated there.
 //
 // Message.Delivery is 1 on the first delivery of a record to this process
-// and counts up each time a Retry makes the Subscriber process it again
-// (a database outage excepted), so a
+// and counts up each time the Retry of a failed attempt makes the
+// Subscriber process it again (a database outage is not one), so a
 // consumer with Config.Redeliver counts its attempts (Kafka keeps no
 // delivery count across processes: after a restart it starts at 1 again).
 //

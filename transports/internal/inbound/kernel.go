@@ -159,9 +159,10 @@ func notAttempted(r consumer.Result) bool { return errors.Is(r.Err, errNotAttemp
 // wait's error. It returns cl.Settle's error at once.
 //
 // A dead letter whose copy could not be published is held with the
-// messages behind it, and the ones before it settle. A held message that
-// was attempted and not for the database's sake is one delivery more
-// (consumer.Message.Delivery, where the client counts them).
+// messages behind it, and the ones before it settle. A message held after
+// a counted failed attempt (the consumer's Redeliver mode) is one delivery
+// more (consumer.Message.Delivery, where the client counts them); an
+// outage, a shutdown or another worker's lease is not.
 func (k *Kernel) Group(wait, work context.Context, msgs []*consumer.Message, process Process, cl Client) error {
 	for len(msgs) > 0 {
 		started := time.Now()
@@ -180,7 +181,7 @@ func (k *Kernel) Group(wait, work context.Context, msgs []*consumer.Message, pro
 		}
 		held := msgs[p.Held:]
 		for i, m := range held {
-			if r := results[p.Held+i]; m != nil && m.Delivery > 0 && r.Outcome == consumer.Retry && !r.Unavailable && !notAttempted(r) {
+			if r := results[p.Held+i]; m != nil && m.Delivery > 0 && r.Outcome == consumer.Retry && r.Attempts > 0 && !r.Unavailable {
 				m.Delivery++
 			}
 		}
