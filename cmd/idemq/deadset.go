@@ -116,16 +116,12 @@ func (s *deadSet) move(ctx context.Context, tx pgx.Tx, purge bool) (int64, error
 		return s.ob.ReplayTx(ctx, tx, s.of)
 	}
 	move := s.ib.ReleaseTx
-	switch conflicts := s.cmd.Bool("conflicts"); {
-	case purge && conflicts:
-		move = s.ib.PurgeConflictsTx
-	case purge:
+	if purge {
 		move = s.ib.PurgeTx
-	case conflicts:
-		move = s.ib.ReleaseConflictsTx
 	}
 	var total int64
 	for _, f := range s.inboxFilters() {
+		f.Conflicts = s.cmd.Bool("conflicts")
 		n, err := move(ctx, tx, f)
 		if err != nil {
 			return total, err
