@@ -10,6 +10,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemq/idemq"
+
 	"github.com/idemq/idemq/internal/inboxsql"
 	"github.com/idemq/idemq/internal/pgtx"
 )
@@ -40,6 +42,21 @@ type DeadFilter struct {
 	// oldest first. For DeadLetters it defaults to 100; for Release and
 	// Purge zero means no limit.
 	Limit int
+	// All lets Release and Purge act on every dead letter (or conflict):
+	// without it they refuse a filter that sets none of Scope, Key,
+	// ErrorClass, FailedBefore and FailedAfter (idemq.ErrConfig), so that
+	// a value left empty by mistake (a blank form field, an unset flag)
+	// never selects everything. Listing needs no All.
+	All bool
+}
+
+// checkChange refuses a Release or Purge of everything that does not say
+// All.
+func (f DeadFilter) checkChange() error {
+	if !f.All && f.Scope == "" && f.Key == "" && f.ErrorClass == "" && f.FailedBefore.IsZero() && f.FailedAfter.IsZero() {
+		return idemq.NewConfigError("inbox", "DeadFilter", "selects every dead letter or conflict: set Scope, Key, ErrorClass or a time (an empty value is no filter), or All to mean everything")
+	}
+	return nil
 }
 
 func (f DeadFilter) args(defaultLimit int) ([]any, error) {
@@ -123,7 +140,7 @@ func (s *Store) DeadLetters(ctx context.Context, f DeadFilter) ([]Record, error)
 // Release turns the dead letters that match f back into failed attempts
 // with no failure counted (FAILED_RETRYABLE): the next delivery of each
 // message is applied, and its retries start afresh. It returns the number
-// released.
+// released. A filter that selects everything must say f.All.
 //
 // With f.Conflicts it releases the conflicts that match f instead: the
 // operator says the conflicting payload (the latest, if a key has
@@ -151,7 +168,8 @@ func (s *Store) ReleaseTx(ctx context.Context, tx pgx.Tx, f DeadFilter) (int64, 
 
 // Purge deletes the dead letters that match f and returns how many it
 // deleted. A purged key is forgotten: a later delivery of its message is
-// applied as a new one. With f.Conflicts it deletes the conflicts that
+// applied as a new one. A filter that selects everything must say f.All.
+// With f.Conflicts it deletes the conflicts that
 // match f instead, leaving the keys' records as they are.
 func (s *Store) Purge(ctx context.Context, f DeadFilter) (int64, error) {
 	return s.change(ctx, s.core().DB(), f, true)
@@ -169,6 +187,9 @@ func (s *Store) PurgeTx(ctx context.Context, tx pgx.Tx, f DeadFilter) (int64, er
 // change releases or purges what f selects on db: dead letters (with the
 // error class parameter) or conflicts.
 func (s *Store) change(ctx context.Context, db DB, f DeadFilter, purge bool) (int64, error) {
+	if err := f.checkChange(); err != nil {
+		return 0, err
+	}
 	admin := s.core().Admin()
 	if f.Conflicts {
 		args, err := f.args(0)

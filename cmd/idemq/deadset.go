@@ -121,7 +121,9 @@ func (s *deadSet) move(ctx context.Context, tx pgx.Tx, purge bool) (int64, error
 	}
 	var total int64
 	for _, f := range s.inboxFilters() {
-		f.Conflicts = s.cmd.Bool("conflicts")
+		// The command shows the selection and asks first; its flags refuse
+		// empty values, so a filter with none set means everything.
+		f.Conflicts, f.All = s.cmd.Bool("conflicts"), true
 		n, err := move(ctx, tx, f)
 		if err != nil {
 			return total, err
