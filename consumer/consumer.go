@@ -247,6 +247,16 @@ func newConsumer(pool *pgxpool.Pool, scope string, cfg Config, set func(*Consume
 // Migrate creates or upgrades the inbox tables; see [inbox.Store.Migrate].
 func (c *Consumer) Migrate(ctx context.Context) error { return c.store.Migrate(ctx) }
 
+// Maintenance returns the service that keeps the consumer's inbox in
+// shape: its [inbox.Store.Chores] (GC, partitions, dead-letter
+// classes), logged through Config.Logger. Start it with idemq.Start beside
+// the consumer, in every process that runs one: each chore runs in one
+// process at a time. A partitioned inbox needs it, or GC on a schedule of
+// its own, at least once per PartitionInterval.
+func (c *Consumer) Maintenance() (*idemq.Maintenance, error) {
+	return idemq.NewMaintenance(c.cfg.Logger, c.store.Chores()...)
+}
+
 // Scope returns the consumer's dedupe scope.
 func (c *Consumer) Scope() string { return c.scope }
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/internal/pgtx"
+	"github.com/idemq/idemq/internal/pgutil"
 )
 
 // AcquireResult is the outcome of [Store.Acquire].
@@ -246,4 +247,21 @@ func (s *Store) GC(ctx context.Context, batchSize int) (int64, error) {
 		}
 	}
 	return total, nil
+}
+
+// Table returns the Store's validated table name.
+func (s *Store) Table() pgutil.Table { return s.table }
+
+// GCChore is the maintenance chore that runs GC on the Store's table,
+// named what (the table's role: "inbox", "requests") and the table. It
+// runs every minute and, on a partitioned table, at least four times per
+// PartitionInterval, so the partitions made ahead never run out.
+func (s *Store) GCChore(what string) idemq.Chore {
+	every := time.Minute
+	if s.cfg.Partitioning != Unpartitioned {
+		every = min(every, s.cfg.PartitionInterval/4)
+	}
+	return pgutil.Chore(s.db, what+" gc "+s.table.String(), every, func(ctx context.Context) (int64, error) {
+		return s.GC(ctx, 0)
+	})
 }

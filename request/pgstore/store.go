@@ -266,3 +266,8 @@ func (s *Store) Lookup(ctx context.Context, key string) ([]request.Record, error
 	}
 	return out, nil
 }
+
+// Chores returns the store's maintenance, for an [idemq.Maintenance]: GC
+// of expired records every minute, in one process at a time however many
+// run it.
+func (s *Store) Chores() []idemq.Chore { return []idemq.Chore{s.in.GCChore("requests")} }
