@@ -96,7 +96,8 @@ type Record = inboxsql.Record
 // ConflictError reports a key seen before with a different payload
 // fingerprint (Key, Fingerprint, and the Stored record). The message is
 // not applied: a reused key with another payload is a producer bug that
-// must surface, never be skipped.
+// must surface, never be skipped. It matches idemq.ErrConflict, as
+// request.ConflictError does.
 type ConflictError = inboxsql.ConflictError
 
 // AcquireResult is the outcome of [Store.Acquire]: New with the caller's
@@ -109,7 +110,8 @@ var (
 	// (PartitionByKey: not a UUIDv7, or its time outside the partitions'
 	// span).
 	ErrInvalidKey = inboxsql.ErrInvalidKey
-	// ErrNotFound reports that no inbox record exists for the key.
+	// ErrNotFound reports that no inbox record exists for the key; it is
+	// idemq.ErrNotFound, as request.ErrNotFound is.
 	ErrNotFound = inboxsql.ErrNotFound
 	// ErrNotMigrated is matched by the error of a Store call on a database
 	// whose inbox tables are missing or older than this version expects.

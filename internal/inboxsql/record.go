@@ -126,6 +126,9 @@ type ConflictError struct {
 	Stored Record
 }
 
+// Is makes every ConflictError match idemq.ErrConflict.
+func (e *ConflictError) Is(target error) bool { return target == idemq.ErrConflict }
+
 func (e *ConflictError) Error() string {
 	return fmt.Sprintf("inbox: key %q was first seen at %s (%s) with fingerprint %x, now it comes with %x",
 		e.Key, e.Stored.CreatedAt.Format(time.RFC3339Nano), e.Stored.Status, e.Stored.Fingerprint, e.Fingerprint)
@@ -136,8 +139,9 @@ var (
 	// is not valid UTF-8 or contains NUL, or one the table's layout cannot
 	// place (PartitionByKey takes UUIDv7 keys only).
 	ErrInvalidKey = errors.New("inbox: invalid key")
-	// ErrNotFound reports that no record exists for the key.
-	ErrNotFound = errors.New("inbox: record not found")
+	// ErrNotFound reports that no record exists for the key: it is
+	// idemq.ErrNotFound.
+	ErrNotFound = idemq.ErrNotFound
 	// ErrNotMigrated is matched by the error of a call on a database whose
 	// inbox tables are missing or older than this version expects.
 	ErrNotMigrated = errors.New("inbox: the inbox tables are missing or out of date: run `idemq migrate` or Store.Migrate (consumer.Consumer.Migrate) first")
