@@ -70,18 +70,12 @@ func (s *Store) BeginClaim(ctx context.Context, scope, key string, fingerprint [
 	if err != nil {
 		return nil, ClaimResult{}, err
 	}
-	var inserted bool
-	b := &pgx.Batch{}
-	s.queueBoundaryLock(b, k.ScopeID, k.ID)
-	b.Queue(s.sql.claim, k.Args(s.cfg.Retention)...).Exec(func(tag pgconn.CommandTag) error {
-		inserted = tag.RowsAffected() == 1
-		return nil
-	})
+	b, inserted := s.claimBatch(k)
 	tx, err := s.begin(ctx, b)
 	if err != nil {
 		return nil, ClaimResult{}, fmt.Errorf("inbox: claim %q: %w", key, noPartition(err))
 	}
-	if inserted {
+	if *inserted {
 		return tx, ClaimResult{New: true}, nil
 	}
 	c, err := s.claimExisting(ctx, tx, k)
@@ -91,19 +85,28 @@ func (s *Store) BeginClaim(ctx context.Context, scope, key string, fingerprint [
 	return tx, c, err
 }
 
-// claim inserts the record of a new key, or takes over a failed one.
-func (s *Store) claim(ctx context.Context, tx pgx.Tx, k Key) (ClaimResult, error) {
-	var inserted bool
-	b := &pgx.Batch{}
-	s.queueBoundaryLock(b, k.ScopeID, k.ID)
+// claimBatch is the pipeline of k's claim: the boundary lock where the
+// layout takes one, then the insert, which sets *inserted when it took
+// the key.
+func (s *Store) claimBatch(k Key) (b *pgx.Batch, inserted *bool) {
+	b, inserted = &pgx.Batch{}, new(bool)
+	if s.sql.boundaryLock != "" {
+		b.Queue(s.sql.boundaryLock, k.ScopeID, lockKeys(k.ID))
+	}
 	b.Queue(s.sql.claim, k.Args(s.cfg.Retention)...).Exec(func(tag pgconn.CommandTag) error {
-		inserted = tag.RowsAffected() == 1
+		*inserted = tag.RowsAffected() == 1
 		return nil
 	})
+	return b, inserted
+}
+
+// claim inserts the record of a new key, or takes over a failed one.
+func (s *Store) claim(ctx context.Context, tx pgx.Tx, k Key) (ClaimResult, error) {
+	b, inserted := s.claimBatch(k)
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return ClaimResult{}, fmt.Errorf("inbox: claim %q: %w", k.Key, noPartition(err))
 	}
-	if inserted {
+	if *inserted {
 		return ClaimResult{New: true}, nil
 	}
 	return s.claimExisting(ctx, tx, k)

@@ -143,14 +143,6 @@ func lockKeys(ids ...uuid.UUID) []int32 {
 	return keys
 }
 
-// queueBoundaryLock queues the boundary lock of ids in b, before the
-// claim that follows it in b.
-func (s *Store) queueBoundaryLock(b *pgx.Batch, scopeID int32, ids ...uuid.UUID) {
-	if s.sql.boundaryLock != "" {
-		b.Queue(s.sql.boundaryLock, scopeID, lockKeys(ids...))
-	}
-}
-
 // partitionName is bucket's partition of the table.
 func (s *Store) partitionName(bucket int64) string {
 	return pgx.Identifier{s.table.Schema, s.table.Name + "_p" + strconv.FormatInt(bucket, 10)}.Sanitize()
