@@ -31,3 +31,15 @@ type Lease struct {
 // relay batch fenced off because its partition leases may have run out.
 // The successor's outcome stands.
 var ErrLeaseLost = errors.New("idemq: lease lost")
+
+// ErrNotFound reports that a store has no record of the key: the inbox
+// (inbox.ErrNotFound) and the request stores (request.ErrNotFound) name
+// this one error, so a caller tells "never seen" apart the same way
+// whichever store it asked.
+var ErrNotFound = errors.New("idemq: record not found")
+
+// ErrConflict is matched (with errors.Is) by every error that reports a
+// key reused with another payload: inbox.ConflictError (a message) and
+// request.ConflictError (a request). Each type carries its own record;
+// the meaning, never applied and never silently skipped, is one.
+var ErrConflict = errors.New("idemq: key reused with another payload")

@@ -19,6 +19,7 @@ import (
 	"github.com/idemq/idemq/inbox"
 	"github.com/idemq/idemq/internal/nilcheck"
 	"github.com/idemq/idemq/outbox"
+	"github.com/idemq/idemq/request"
 	"github.com/idemq/idemq/transports/webhook"
 )
 
@@ -65,7 +66,7 @@ type Config struct {
 // RequestLookup finds the request records of one idempotency key in every
 // scope: *pgstore.Store implements it.
 type RequestLookup interface {
-	Lookup(ctx context.Context, key string) ([]inbox.Record, error)
+	Lookup(ctx context.Context, key string) ([]request.Record, error)
 }
 
 // handler is the console.

@@ -77,12 +77,8 @@ func TestPagesRender(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The claim protocol package consumer runs, on the inbox's table.
-	claims, err := inboxsql.New(e.pool, inboxsql.Options{Schema: "public", Table: "idemq_inbox", Retention: time.Hour, MaxKeyLen: 512,
-		Conflict: func(string, []byte, inboxsql.Row) error { return errors.New("conflict") }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = pgx.BeginFunc(e.ctx, e.pool, func(tx pgx.Tx) error {
+	claims := (*inboxsql.Store)(e.ib)
+	err := pgx.BeginFunc(e.ctx, e.pool, func(tx pgx.Tx) error {
 		if _, err := claims.DeadLetterTx(e.ctx, tx, "billing", "order-9", []byte("fp"), 5, errors.New("charge declined (SQLSTATE 23514)")); err != nil {
 			return err
 		}

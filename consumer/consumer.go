@@ -198,7 +198,7 @@ type Consumer struct {
 	pool    *pgxpool.Pool
 	scope   string
 	store   *inbox.Store    // setup, leases, administration
-	claims  *inboxsql.Store // the claim protocol, on the same table
+	claims  *inboxsql.Store // store itself, with the claim protocol
 	handler Handler
 	batch   BatchHandler // set by NewBatched; handler then calls it with one message
 	leased  LeasedHandler
@@ -240,20 +240,24 @@ func newConsumer(pool *pgxpool.Pool, scope string, cfg Config, set func(*Consume
 	if err != nil {
 		return nil, err
 	}
-	ic := store.Config() // with its defaults
-	claims, err := inboxsql.New(pool, inboxsql.Options{Schema: ic.Schema, Table: ic.Table, MaxKeyLen: ic.MaxKeyLen,
-		Retention: ic.Retention, ConnectionCheckInterval: ic.ConnectionCheckInterval, Conflict: conflictError,
-		Partitioning: inboxsql.Partitioning(ic.Partitioning), PartitionInterval: ic.PartitionInterval, BoundaryGrace: ic.BoundaryGrace})
-	if err != nil {
-		return nil, err
-	}
-	c := &Consumer{pool: pool, scope: scope, store: store, claims: claims, cfg: cfg}
+	// The Store is the claim protocol's handle under its public name.
+	c := &Consumer{pool: pool, scope: scope, store: store, claims: (*inboxsql.Store)(store), cfg: cfg}
 	set(c)
 	return c, nil
 }
 
 // Migrate creates or upgrades the inbox tables; see [inbox.Store.Migrate].
 func (c *Consumer) Migrate(ctx context.Context) error { return c.store.Migrate(ctx) }
+
+// Maintenance returns the service that keeps the consumer's inbox in
+// shape: its [inbox.Store.Chores] (GC, partitions, dead-letter
+// classes), logged through Config.Logger. Start it with idemq.Start beside
+// the consumer, in every process that runs one: each chore runs in one
+// process at a time. A partitioned inbox needs it, or GC on a schedule of
+// its own, at least once per PartitionInterval.
+func (c *Consumer) Maintenance() (*idemq.Maintenance, error) {
+	return idemq.NewMaintenance(c.cfg.Logger, c.store.Chores()...)
+}
 
 // Scope returns the consumer's dedupe scope.
 func (c *Consumer) Scope() string { return c.scope }
@@ -267,12 +271,6 @@ func (c *Consumer) Store() *inbox.Store { return c.store }
 // without NUL), so a transport can fall back to another id before the
 // message reaches [Consumer.Process].
 func (c *Consumer) ValidKey(key string) error { return c.claims.Validate(key, nil) }
-
-// conflictError is the error of a claim whose key has a record with
-// another fingerprint.
-func conflictError(key string, fingerprint []byte, stored inboxsql.Row) error {
-	return &inbox.ConflictError{Key: key, Fingerprint: fingerprint, Stored: inbox.Record(stored)}
-}
 
 // maxScope bounds a scope name, as the inbox's scopes table does.
 const maxScope = 200

@@ -189,12 +189,7 @@ func crashSetup(t *testing.T) *crashBundle {
 // lock makes the parent hold an uncommitted claim of crashKey.
 func (b *crashBundle) lock(t *testing.T) {
 	t.Helper()
-	ic := b.parent.Store().Config()
-	claims, err := inboxsql.New(b.pool, inboxsql.Options{Schema: ic.Schema, Table: ic.Table, MaxKeyLen: ic.MaxKeyLen,
-		Retention: ic.Retention, ConnectionCheckInterval: ic.ConnectionCheckInterval})
-	if err != nil {
-		t.Fatal(err)
-	}
+	claims := (*inboxsql.Store)(b.parent.Store())
 	tx, claim, err := claims.BeginClaim(context.Background(), "billing", crashKey, fingerprint("p"))
 	if err != nil || !claim.New {
 		t.Fatalf("parent claim: %+v, %v", claim, err)

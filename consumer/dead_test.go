@@ -98,10 +98,10 @@ func TestConflictsAreRecordedReleasedAndPurged(t *testing.T) {
 			}
 
 			// The operator accepts order-1's new payload and drops order-2's.
-			if n, err := c.Store().ReleaseConflicts(ctx, inbox.DeadFilter{Key: "order-1"}); err != nil || n != 1 {
+			if n, err := c.Store().Release(ctx, inbox.DeadFilter{Conflicts: true, Key: "order-1"}); err != nil || n != 1 {
 				t.Fatalf("release: %d, %v", n, err)
 			}
-			if n, err := c.Store().PurgeConflicts(ctx, inbox.DeadFilter{Key: "order-2"}); err != nil || n != 1 {
+			if n, err := c.Store().Purge(ctx, inbox.DeadFilter{Conflicts: true, Key: "order-2"}); err != nil || n != 1 {
 				t.Fatalf("purge: %d, %v", n, err)
 			}
 			if r := process(msg("order-1", "pay 99")); r.Outcome != consumer.Applied {
@@ -121,7 +121,7 @@ func TestConflictsAreRecordedReleasedAndPurged(t *testing.T) {
 			if r := process(msg("order-1", "pay 7")); r.Outcome != consumer.Conflict {
 				t.Fatalf("a third payload: %+v, want Conflict", r)
 			}
-			if n, err := c.Store().ReleaseConflicts(ctx, inbox.DeadFilter{Key: "order-1"}); err != nil || n != 1 {
+			if n, err := c.Store().Release(ctx, inbox.DeadFilter{Conflicts: true, Key: "order-1"}); err != nil || n != 1 {
 				t.Fatalf("second release: %d, %v", n, err)
 			}
 			for _, p := range []string{"pay 7", "pay 7", "pay 99", "pay 10"} {

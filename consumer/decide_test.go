@@ -32,7 +32,7 @@ func decideCases() []decideCase {
 	fresh := func(failures int) inboxsql.BatchClaim {
 		return inboxsql.BatchClaim{ClaimResult: inboxsql.ClaimResult{New: true, Failures: failures}}
 	}
-	stored := func(rec inboxsql.Row) inboxsql.BatchClaim {
+	stored := func(rec inboxsql.Record) inboxsql.BatchClaim {
 		return inboxsql.BatchClaim{ClaimResult: inboxsql.ClaimResult{Existing: &rec}}
 	}
 	conflict := &inbox.ConflictError{Key: "k", Fingerprint: []byte{2}, Stored: inbox.Record{Status: inbox.Succeeded, Fingerprint: []byte{1}}}
@@ -47,10 +47,10 @@ func decideCases() []decideCase {
 	tooMany := idemq.Permanent(fmt.Errorf("%w: 31 deliveries", ErrTooManyDeliveries))
 
 	return []decideCase{
-		{name: "stored success is a duplicate", claim: stored(inboxsql.Row{Status: inbox.Succeeded}), outcome: Duplicate},
-		{name: "stored dead letter stays dead", claim: stored(inboxsql.Row{Status: inbox.FailedFinal, LastError: "poison", Attempts: 3}),
+		{name: "stored success is a duplicate", claim: stored(inboxsql.Record{Status: inbox.Succeeded}), outcome: Duplicate},
+		{name: "stored dead letter stays dead", claim: stored(inboxsql.Record{Status: inbox.FailedFinal, LastError: "poison", Attempts: 3}),
 			outcome: DeadLettered, attempts: 3, errIs: ErrDeadLetter},
-		{name: "key leased elsewhere is in progress", claim: stored(inboxsql.Row{Status: inbox.InProgress, LeaseUntil: time.Now().Add(time.Hour)}),
+		{name: "key leased elsewhere is in progress", claim: stored(inboxsql.Record{Status: inbox.InProgress, LeaseUntil: time.Now().Add(time.Hour)}),
 			outcome: Retry, errIs: ErrInProgress},
 		{name: "recorded conflict", claim: inboxsql.BatchClaim{Err: conflict}, outcome: Conflict, errIs: conflict},
 		{name: "conflict whose recording failed is retried", claim: inboxsql.BatchClaim{Err: conflict}, err: hookDown, outcome: Retry, errIs: hookDown},
@@ -120,7 +120,7 @@ func TestDecideEachDisposition(t *testing.T) {
 func TestDecideInProgressWaitsForTheLease(t *testing.T) {
 	t.Parallel()
 	until := time.Now().Add(time.Hour)
-	claim := inboxsql.BatchClaim{ClaimResult: inboxsql.ClaimResult{Existing: &inboxsql.Row{Status: inbox.InProgress, LeaseUntil: until}}}
+	claim := inboxsql.BatchClaim{ClaimResult: inboxsql.ClaimResult{Existing: &inboxsql.Record{Status: inbox.InProgress, LeaseUntil: until}}}
 	r := decide([]pending{{key: "k", claim: claim}})[0].result
 	if r.RetryAfter <= 0 || r.RetryAfter > time.Hour {
 		t.Fatalf("retry after %v; want the lease's remaining time, at most an hour", r.RetryAfter)

@@ -234,7 +234,7 @@ func (c *Consumer) tryLeased(ctx context.Context, msg *Message, key string, fing
 		return unavailable(key, err), nil
 	}
 	if !claim.New {
-		return existingResult(key, (*inboxsql.Row)(claim.Existing)), nil
+		return existingResult(key, (*inboxsql.Record)(claim.Existing)), nil
 	}
 	lease := claim.Lease
 	handlerErr := c.overDelivered(msg)
@@ -322,7 +322,7 @@ func (c *Consumer) recordConflict(ctx context.Context, tx pgx.Tx, msg *Message, 
 // deadLetter records msg as FAILED_FINAL with its cause and the number of
 // failed attempts, and calls the dead-letter hook, in one transaction.
 func (c *Consumer) deadLetter(ctx context.Context, msg *Message, key string, fingerprint []byte, attempts int, cause error) Result {
-	var found *inboxsql.Row
+	var found *inboxsql.Record
 	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
 		claim, err := c.claims.DeadLetterTx(ctx, tx, c.scope, key, fingerprint, attempts, cause)
 		if err != nil {
@@ -359,7 +359,7 @@ func (c *Consumer) invalid(ctx context.Context, msg *Message, key string, cause 
 }
 
 // existingResult maps a stored record found by a claim to an outcome.
-func existingResult(key string, rec *inboxsql.Row) Result {
+func existingResult(key string, rec *inboxsql.Record) Result {
 	switch rec.Status {
 	case inbox.Succeeded:
 		return Result{Outcome: Duplicate, Key: key}

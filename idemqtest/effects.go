@@ -2,6 +2,7 @@ package idemqtest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -11,6 +12,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/internal/nilcheck"
 )
 
 // EffectsTable is the table [NewEffects] creates: one row per recorded
@@ -41,28 +45,62 @@ type Effects struct {
 
 // NewEffects creates [EffectsTable] on db (if it does not exist yet) and
 // returns the recorder. A child process of a crash test calls it on the
-// same database to record into the table its parent created.
+// same database to record into the table its parent created. A nil db,
+// or a table of that name that is not the kit's, fails tb saying what to
+// do.
 func NewEffects(tb testing.TB, db DB) *Effects {
 	tb.Helper()
-	if _, err := db.Exec(context.Background(), `CREATE TABLE IF NOT EXISTS `+EffectsTable+` (
+	if nilcheck.IsNil(db) {
+		tb.Fatalf("idemqtest: NewEffects: db is nil; pass the test's database (a *pgxpool.Pool from testenv.Postgres)")
+		return nil
+	}
+	ctx := context.Background()
+	if _, err := db.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+EffectsTable+` (
 		seq bigserial PRIMARY KEY,
 		key text NOT NULL)`); err != nil {
 		tb.Fatalf("idemqtest: create %s: %v", EffectsTable, err)
+		return nil
+	}
+	// A table of that name made by something else has other columns.
+	if _, err := db.Exec(ctx, `SELECT seq, key FROM `+EffectsTable+` LIMIT 0`); err != nil {
+		tb.Fatalf("%v", missing(err))
+		return nil
 	}
 	return &Effects{db: db}
 }
 
-// Record writes one effect of key through tx, the handler's transaction.
-func (e *Effects) Record(ctx context.Context, tx Execer, key string) error {
-	_, err := tx.Exec(ctx, `INSERT INTO `+EffectsTable+` (key) VALUES ($1)`, key)
+// missing explains an undefined table (42P01) or column (42703) of
+// EffectsTable: what is missing and what creates it.
+func missing(err error) error {
+	var pg *pgconn.PgError
+	if errors.As(err, &pg) && (pg.Code == "42P01" || pg.Code == "42703") {
+		return fmt.Errorf("idemqtest: table %s lacks what the kit needs (%s): NewEffects creates it as (seq bigserial, key text); a table of that name made by something else must be dropped, or give the test a database of its own (testenv.Postgres): %w",
+			EffectsTable, pg.Message, err)
+	}
 	return err
 }
 
+// errNilTx is the error of Record and RecordAll given no transaction.
+var errNilTx = idemq.NewConfigError("idemqtest", "tx", "is nil: pass the handler's transaction, so that the effect commits with its work")
+
+// Record writes one effect of key through tx, the handler's transaction.
+// A nil tx is an idemq.ErrConfig.
+func (e *Effects) Record(ctx context.Context, tx Execer, key string) error {
+	if nilcheck.IsNil(tx) {
+		return errNilTx
+	}
+	_, err := tx.Exec(ctx, `INSERT INTO `+EffectsTable+` (key) VALUES ($1)`, key)
+	return missing(err)
+}
+
 // RecordAll writes one effect of each key through tx in one statement, for
-// a batch handler.
+// a batch handler. A nil tx is an idemq.ErrConfig.
 func (e *Effects) RecordAll(ctx context.Context, tx Execer, keys ...string) error {
+	if nilcheck.IsNil(tx) {
+		return errNilTx
+	}
 	_, err := tx.Exec(ctx, `INSERT INTO `+EffectsTable+` (key) SELECT unnest($1::text[])`, keys)
-	return err
+	return missing(err)
 }
 
 // Load reads every committed effect, in the order they were written, into
@@ -71,7 +109,7 @@ func (e *Effects) Load(tb testing.TB) *Recorder {
 	tb.Helper()
 	rows, err := e.db.Query(context.Background(), `SELECT key FROM `+EffectsTable+` ORDER BY seq`)
 	if err != nil {
-		tb.Fatalf("idemqtest: read %s: %v", EffectsTable, err)
+		tb.Fatalf("idemqtest: read %s: %v", EffectsTable, missing(err))
 	}
 	keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {

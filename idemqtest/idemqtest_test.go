@@ -9,7 +9,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/idemqtest"
+	"github.com/idemq/idemq/testenv"
 )
 
 // The Example's test, run.
@@ -132,4 +136,44 @@ func ExampleRecorder() {
 	// total: 3
 	// doubles: map[mail-1:2]
 	// order: [mail-1 mail-2 mail-1]
+}
+
+// TestEffectsAnswerBadInputLikeTheLibrary: a nil database fails the test
+// saying what to pass, a nil transaction is an ErrConfig, and a table of
+// the kit's name made by something else is named as such with what
+// creates the right one, never a panic or a bare SQLSTATE.
+func TestEffectsAnswerBadInputLikeTheLibrary(t *testing.T) {
+	t.Parallel()
+	for name, db := range map[string]idemqtest.DB{"nil": nil, "nil pool": (*pgxpool.Pool)(nil)} {
+		f := &fakeTB{TB: t}
+		if e := idemqtest.NewEffects(f, db); e != nil || !strings.Contains(f.messages(), "db is nil") {
+			t.Errorf("NewEffects(%s): %v, %q; want a failure saying the db is nil", name, e, f.messages())
+		}
+	}
+
+	pool := testenv.Postgres(t)
+	ctx := context.Background()
+	e := idemqtest.NewEffects(t, pool)
+	for name, tx := range map[string]idemqtest.Execer{"nil": nil, "nil tx": (*pgxpool.Tx)(nil)} {
+		if err := e.Record(ctx, tx, "k"); !errors.Is(err, idemq.ErrConfig) {
+			t.Errorf("Record with a %s tx: %v, want an ErrConfig", name, err)
+		}
+		if err := e.RecordAll(ctx, tx, "k"); !errors.Is(err, idemq.ErrConfig) {
+			t.Errorf("RecordAll with a %s tx: %v, want an ErrConfig", name, err)
+		}
+	}
+
+	foreign := testenv.Postgres(t)
+	if _, err := foreign.Exec(ctx, `CREATE TABLE `+idemqtest.EffectsTable+` (id int)`); err != nil {
+		t.Fatal(err)
+	}
+	f := &fakeTB{TB: t}
+	idemqtest.NewEffects(f, foreign)
+	if got := f.messages(); !strings.Contains(got, "lacks what the kit needs") || !strings.Contains(got, "NewEffects creates it") {
+		t.Errorf("NewEffects on a foreign table: %q, want what is missing and what creates it", got)
+	}
+	// A child that records into a table its parent never created.
+	if err := e.Record(ctx, foreign, "k"); err == nil || !strings.Contains(err.Error(), "NewEffects creates it") {
+		t.Errorf("Record into a foreign table: %v, want what is missing and what creates it", err)
+	}
 }

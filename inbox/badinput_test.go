@@ -62,7 +62,7 @@ func TestBadInputNotMigrated(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	claims := claimsOf(t, pool, store)
+	claims := claimsOf(store)
 	ctx := context.Background()
 	calls := map[string]func() error{
 		"Get":         func() error { _, err := store.Get(ctx, "s", "k"); return err },

@@ -3,28 +3,35 @@ package inbox
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemq/idemq"
+
 	"github.com/idemq/idemq/internal/inboxsql"
 	"github.com/idemq/idemq/internal/pgtx"
 )
 
-// DeadFilter selects inbox dead letters (FAILED_FINAL records) or
-// conflicts, as outbox.DeadFilter selects the outbox's dead letters. Zero
-// fields match everything; set fields must all match. For conflicts the
-// times are when a conflict was last seen.
+// DeadFilter selects inbox dead letters (FAILED_FINAL records) or, with
+// Conflicts, recorded conflicts, as outbox.DeadFilter selects the
+// outbox's dead letters. Zero fields match everything; set fields must
+// all match. For conflicts the times are when a conflict was last seen.
 type DeadFilter struct {
+	// Conflicts makes Release and Purge act on the recorded conflicts
+	// instead of the dead letters (see [Store.Release]); ErrorClass must
+	// then be empty, since conflicts have no class.
+	Conflicts bool
 	// Scope matches the consumer's scope exactly.
 	Scope string
 	// Key matches the idempotency key exactly.
 	Key string
 	// ErrorClass matches dead letters of this class exactly (a
 	// [DeadGroup]'s Class); [Unclassified] matches those stored without
-	// one. Conflicts have no class: the calls on conflicts ignore it.
+	// one.
 	ErrorClass string
 	// FailedBefore matches dead letters older than this time (filter by
 	// age: time.Now().Add(-age)).
@@ -35,11 +42,29 @@ type DeadFilter struct {
 	// oldest first. For DeadLetters it defaults to 100; for Release and
 	// Purge zero means no limit.
 	Limit int
+	// All lets Release and Purge act on every dead letter (or conflict):
+	// without it they refuse a filter that sets none of Scope, Key,
+	// ErrorClass, FailedBefore and FailedAfter (idemq.ErrConfig), so that
+	// a value left empty by mistake (a blank form field, an unset flag)
+	// never selects everything. Listing needs no All.
+	All bool
+}
+
+// checkChange refuses a Release or Purge of everything that does not say
+// All.
+func (f DeadFilter) checkChange() error {
+	if !f.All && f.Scope == "" && f.Key == "" && f.ErrorClass == "" && f.FailedBefore.IsZero() && f.FailedAfter.IsZero() {
+		return idemq.NewConfigError("inbox", "DeadFilter", "selects every dead letter or conflict: set Scope, Key, ErrorClass or a time (an empty value is no filter), or All to mean everything")
+	}
+	return nil
 }
 
 func (f DeadFilter) args(defaultLimit int) ([]any, error) {
 	if f.Limit < 0 {
 		return nil, fmt.Errorf("inbox: negative limit %d", f.Limit)
+	}
+	if f.Conflicts && f.ErrorClass != "" {
+		return nil, fmt.Errorf("inbox: a filter of conflicts has no ErrorClass (got %q): conflicts have no class", f.ErrorClass)
 	}
 	var scope, key, before, after, limit any
 	if f.Scope != "" {
@@ -62,8 +87,11 @@ func (f DeadFilter) args(defaultLimit int) ([]any, error) {
 }
 
 // deadArgs are args and the error class ($6), for the statements on dead
-// letters.
+// letters; what lists dead letters refuses a filter of conflicts.
 func (f DeadFilter) deadArgs(defaultLimit int) ([]any, error) {
+	if f.Conflicts {
+		return nil, errors.New("inbox: DeadFilter.Conflicts selects conflicts: list them with Store.Conflicts")
+	}
 	args, err := f.args(defaultLimit)
 	if err != nil {
 		return nil, err
@@ -82,7 +110,7 @@ func (s *Store) DeadLetters(ctx context.Context, f DeadFilter) ([]Record, error)
 	if err != nil {
 		return nil, err
 	}
-	rows, err := s.db.Query(ctx, s.sql.listDead, args...)
+	rows, err := s.core().DB().Query(ctx, s.core().Admin().ListDead, args...)
 	if err != nil {
 		return nil, fmt.Errorf("inbox: list dead letters: %w", inboxsql.NotMigrated(err))
 	}
@@ -99,7 +127,7 @@ func (s *Store) DeadLetters(ctx context.Context, f DeadFilter) ([]Record, error)
 		if text != nil {
 			key = *text
 		}
-		r := Record(rec.Row(scope, key))
+		r := rec.Record(scope, key)
 		r.ErrorClass = class
 		return r, nil
 	})
@@ -112,46 +140,85 @@ func (s *Store) DeadLetters(ctx context.Context, f DeadFilter) ([]Record, error)
 // Release turns the dead letters that match f back into failed attempts
 // with no failure counted (FAILED_RETRYABLE): the next delivery of each
 // message is applied, and its retries start afresh. It returns the number
-// released.
+// released. A filter that selects everything must say f.All.
+//
+// With f.Conflicts it releases the conflicts that match f instead: the
+// operator says the conflicting payload (the latest, if a key has
+// several) is a message of its own that reused the key, to be applied
+// once. Each key's record then stands for that payload, as a failed
+// attempt with no failure counted, so its next delivery is applied and
+// later ones are duplicates. The payload the key was applied with before
+// stays applied: its redeliveries are duplicates, never applied again and
+// never a new conflict (Record.Superseded keeps its fingerprint). A
+// payload the key held without applying it (a dead letter, a failed
+// attempt) is let go: its deliveries now conflict. A third payload
+// conflicts as before. A key held by a leased worker is left alone.
 func (s *Store) Release(ctx context.Context, f DeadFilter) (int64, error) {
-	return s.changeDead(ctx, s.db, f, s.sql.releaseDead, "release dead letters", true)
+	return s.change(ctx, s.core().DB(), f, false)
 }
 
-// ReleaseTx is [Store.Release] in the caller's tx: the dead letters are
-// released if and only if tx commits.
+// ReleaseTx is [Store.Release] in the caller's tx: the dead letters (or
+// conflicts) are released if and only if tx commits.
 func (s *Store) ReleaseTx(ctx context.Context, tx pgx.Tx, f DeadFilter) (int64, error) {
 	if pgtx.IsNil(tx) {
 		return 0, inboxsql.ErrNilTx
 	}
-	return s.changeDead(ctx, tx, f, s.sql.releaseDead, "release dead letters", true)
+	return s.change(ctx, tx, f, false)
 }
 
 // Purge deletes the dead letters that match f and returns how many it
 // deleted. A purged key is forgotten: a later delivery of its message is
-// applied as a new one.
+// applied as a new one. A filter that selects everything must say f.All.
+// With f.Conflicts it deletes the conflicts that
+// match f instead, leaving the keys' records as they are.
 func (s *Store) Purge(ctx context.Context, f DeadFilter) (int64, error) {
-	return s.changeDead(ctx, s.db, f, s.sql.purgeDead, "purge dead letters", true)
+	return s.change(ctx, s.core().DB(), f, true)
 }
 
-// PurgeTx is [Store.Purge] in the caller's tx: the dead letters are gone if
-// and only if tx commits.
+// PurgeTx is [Store.Purge] in the caller's tx: the dead letters (or
+// conflicts) are gone if and only if tx commits.
 func (s *Store) PurgeTx(ctx context.Context, tx pgx.Tx, f DeadFilter) (int64, error) {
 	if pgtx.IsNil(tx) {
 		return 0, inboxsql.ErrNilTx
 	}
-	return s.changeDead(ctx, tx, f, s.sql.purgeDead, "purge dead letters", true)
+	return s.change(ctx, tx, f, true)
 }
 
-// changeDead runs sql on what f selects: dead letters (with the error
-// class parameter) or conflicts.
-func (s *Store) changeDead(ctx context.Context, db DB, f DeadFilter, sql, what string, dead bool) (int64, error) {
-	args, err := f.args(0)
-	if dead {
-		args, err = f.deadArgs(0)
+// change releases or purges what f selects on db: dead letters (with the
+// error class parameter) or conflicts.
+func (s *Store) change(ctx context.Context, db DB, f DeadFilter, purge bool) (int64, error) {
+	if err := f.checkChange(); err != nil {
+		return 0, err
 	}
+	admin := s.core().Admin()
+	if f.Conflicts {
+		args, err := f.args(0)
+		if err != nil {
+			return 0, err
+		}
+		if purge {
+			return exec(ctx, db, "purge conflicts", admin.PurgeConflicts, args)
+		}
+		// Its statement counts the released conflicts, not the records it
+		// rewrites.
+		var n int64
+		if err := db.QueryRow(ctx, admin.ReleaseConflicts, args...).Scan(&n); err != nil {
+			return 0, fmt.Errorf("inbox: release conflicts: %w", inboxsql.NotMigrated(err))
+		}
+		return n, nil
+	}
+	args, err := f.deadArgs(0)
 	if err != nil {
 		return 0, err
 	}
+	if purge {
+		return exec(ctx, db, "purge dead letters", admin.PurgeDead, args)
+	}
+	return exec(ctx, db, "release dead letters", admin.ReleaseDead, args)
+}
+
+// exec runs sql on db and returns the rows it changed.
+func exec(ctx context.Context, db DB, what, sql string, args []any) (int64, error) {
 	tag, err := db.Exec(ctx, sql, args...)
 	if err != nil {
 		return 0, fmt.Errorf("inbox: %s: %w", what, inboxsql.NotMigrated(err))
@@ -180,7 +247,7 @@ type Stats struct {
 // Stats counts the records by status and the conflicts. It scans the
 // tables, so call it every few seconds at most, not per message.
 func (s *Store) Stats(ctx context.Context) (Stats, error) {
-	rows, err := s.db.Query(ctx, s.sql.stats)
+	rows, err := s.core().DB().Query(ctx, s.core().Admin().Stats)
 	if err != nil {
 		return Stats{}, fmt.Errorf("inbox: stats: %w", inboxsql.NotMigrated(err))
 	}
@@ -225,13 +292,15 @@ type Conflict struct {
 	UpdatedAt time.Time
 }
 
-// Conflicts lists the conflicts that match f, least recently seen first.
+// Conflicts lists the conflicts that match f, least recently seen first;
+// f.Conflicts need not be set. Release and Purge with f.Conflicts release
+// and purge them.
 func (s *Store) Conflicts(ctx context.Context, f DeadFilter) ([]Conflict, error) {
 	args, err := f.args(100)
 	if err != nil {
 		return nil, err
 	}
-	rows, err := s.db.Query(ctx, s.sql.listConflicts, args...)
+	rows, err := s.core().DB().Query(ctx, s.core().Admin().ListConflicts, args...)
 	if err != nil {
 		return nil, fmt.Errorf("inbox: list conflicts: %w", inboxsql.NotMigrated(err))
 	}
@@ -252,55 +321,4 @@ func (s *Store) Conflicts(ctx context.Context, f DeadFilter) ([]Conflict, error)
 		return nil, fmt.Errorf("inbox: list conflicts: %w", inboxsql.NotMigrated(err))
 	}
 	return out, nil
-}
-
-// ReleaseConflicts accepts the conflicting messages that match f: the
-// operator says the conflicting payload (the latest, if a key has several)
-// is a message of its own that reused the key, to be applied once. Each
-// key's record then stands for that payload, as a failed attempt with no
-// failure counted, so its next delivery is applied and later ones are
-// duplicates. The payload the key was applied with before stays applied:
-// its redeliveries are duplicates, never applied again and never a new
-// conflict (Record.Superseded keeps its fingerprint). A payload the key
-// held without applying it (a dead letter, a failed attempt) is let go:
-// its deliveries now conflict. A third payload conflicts as before. A key
-// held by a leased worker is left alone. It returns the number released.
-func (s *Store) ReleaseConflicts(ctx context.Context, f DeadFilter) (int64, error) {
-	return s.releaseConflicts(ctx, s.db, f)
-}
-
-// ReleaseConflictsTx is [Store.ReleaseConflicts] in the caller's tx: the
-// conflicts are released if and only if tx commits.
-func (s *Store) ReleaseConflictsTx(ctx context.Context, tx pgx.Tx, f DeadFilter) (int64, error) {
-	if pgtx.IsNil(tx) {
-		return 0, inboxsql.ErrNilTx
-	}
-	return s.releaseConflicts(ctx, tx, f)
-}
-
-func (s *Store) releaseConflicts(ctx context.Context, db DB, f DeadFilter) (int64, error) {
-	args, err := f.args(0)
-	if err != nil {
-		return 0, err
-	}
-	var n int64
-	if err := db.QueryRow(ctx, s.sql.releaseConflicts, args...).Scan(&n); err != nil {
-		return 0, fmt.Errorf("inbox: release conflicts: %w", inboxsql.NotMigrated(err))
-	}
-	return n, nil
-}
-
-// PurgeConflicts deletes the conflicts that match f, leaving the keys'
-// records as they are, and returns how many it deleted.
-func (s *Store) PurgeConflicts(ctx context.Context, f DeadFilter) (int64, error) {
-	return s.changeDead(ctx, s.db, f, s.sql.purgeConflicts, "purge conflicts", false)
-}
-
-// PurgeConflictsTx is [Store.PurgeConflicts] in the caller's tx: the
-// conflicts are gone if and only if tx commits.
-func (s *Store) PurgeConflictsTx(ctx context.Context, tx pgx.Tx, f DeadFilter) (int64, error) {
-	if pgtx.IsNil(tx) {
-		return 0, inboxsql.ErrNilTx
-	}
-	return s.changeDead(ctx, tx, f, s.sql.purgeConflicts, "purge conflicts", false)
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/inbox"
 )
 
@@ -99,5 +100,46 @@ func TestDeadLettersAreListedReleasedAndPurgedByFilter(t *testing.T) {
 	}
 	if _, err := b.store.DeadLetters(ctx, inbox.DeadFilter{Limit: -1}); err == nil {
 		t.Fatal("a negative limit was accepted")
+	}
+}
+
+// TestReleaseAndPurgeOfEverythingMustSayAll: a filter with no field set
+// (as an empty scope, key or class leaves it) releases or purges nothing
+// and is an ErrConfig, for dead letters and conflicts alike; All says
+// everything is meant.
+func TestReleaseAndPurgeOfEverythingMustSayAll(t *testing.T) {
+	t.Parallel()
+	b := setup(t, inbox.Config{})
+	ctx := context.Background()
+	deadLetter(t, b, "billing", "b-1")
+	deadLetter(t, b, "shipping", "s-1")
+	err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		return b.claims.RecordConflictTx(ctx, tx, "billing", "b-1", fp("other"))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, conflicts := range []bool{false, true} {
+		for name, f := range map[string]inbox.DeadFilter{
+			"zero":          {Conflicts: conflicts},
+			"empty fields":  {Conflicts: conflicts, Scope: "", Key: "", ErrorClass: ""},
+			"a limit alone": {Conflicts: conflicts, Limit: 10},
+		} {
+			if n, err := b.store.Purge(ctx, f); !errors.Is(err, idemq.ErrConfig) || n != 0 {
+				t.Errorf("Purge %s (conflicts %v): %d, %v; want an ErrConfig and nothing purged", name, conflicts, n, err)
+			}
+			if n, err := b.store.Release(ctx, f); !errors.Is(err, idemq.ErrConfig) || n != 0 {
+				t.Errorf("Release %s (conflicts %v): %d, %v; want an ErrConfig and nothing released", name, conflicts, n, err)
+			}
+		}
+	}
+	if st, err := b.store.Stats(ctx); err != nil || st.Dead != 2 || st.Conflicts != 1 {
+		t.Fatalf("after refused calls: %+v, %v; want 2 dead letters and 1 conflict kept", st, err)
+	}
+	if n, err := b.store.Purge(ctx, inbox.DeadFilter{Conflicts: true, All: true}); err != nil || n != 1 {
+		t.Fatalf("purge of every conflict with All: %d, %v", n, err)
+	}
+	if n, err := b.store.Purge(ctx, inbox.DeadFilter{All: true}); err != nil || n != 2 {
+		t.Fatalf("purge of every dead letter with All: %d, %v", n, err)
 	}
 }

@@ -32,12 +32,12 @@
 //
 // Dead letters (FAILED_FINAL records) and conflicts are managed as the
 // outbox's dead letters are: [Store.DeadLetters] and [Store.Conflicts] list
-// them by [DeadFilter] (scope, key, age); [Store.Release] and
-// [Store.ReleaseConflicts] let the next delivery apply the message (a
-// released conflict's payload is applied once, and the payload applied
-// before it stays a duplicate);
-// [Store.Purge] and [Store.PurgeConflicts] forget them; [Store.Stats]
-// counts records by status, and conflicts.
+// them by [DeadFilter] (scope, key, class, age); [Store.Release] lets the
+// next delivery apply the message, [Store.Purge] forgets it, each on dead
+// letters or, with DeadFilter.Conflicts, on conflicts (a released
+// conflict's payload is applied once, and the payload applied before it
+// stays a duplicate); [Store.Stats] counts records by status, and
+// conflicts.
 //
 // Crashed consumers: a process killed while one of its statements runs
 // (waiting on a lock, say) leaves a backend that holds its uncommitted
@@ -79,7 +79,7 @@
 // ATTACH: SHARE UPDATE EXCLUSIVE on the inbox, no scan); no extension is
 // needed. Run GC at least once per [Config.PartitionInterval].
 //
-// Moving a live inbox: the partitioned Config's migration (version 6)
+// Moving a live inbox: the partitioned Config's migration (version 8)
 // turns the existing table into the new parent's first partition,
 // bucket 0, so every record stays and claims keep finding its keys; GC
 // drops it once nothing in it is unexpired. On a big table, first run
@@ -89,6 +89,7 @@
 // a check validated under SHARE UPDATE EXCLUSIVE, so the migration itself
 // only renames and attaches. Stop the consumers of the old Config, migrate,
 // start them with the partitioned Config: a Store with the plain Config
-// fails on the partitioned table rather than writing past it. Down to
-// version 5 copies the partitions back into one plain table.
+// refuses the partitioned table (idemq.ErrConfig, from Migrate and from
+// its first claim) rather than writing past it. Down to version 7 copies
+// the partitions back into one plain table.
 package inbox

@@ -57,7 +57,7 @@ func (s *Store) DeadGroups(ctx context.Context, f DeadFilter) ([]DeadGroup, erro
 	if err != nil {
 		return nil, err
 	}
-	rows, err := s.db.Query(ctx, s.sql.deadGroups, args...)
+	rows, err := s.core().DB().Query(ctx, s.core().Admin().DeadGroups, args...)
 	if err != nil {
 		return nil, fmt.Errorf("inbox: group dead letters: %w", inboxsql.NotMigrated(err))
 	}
@@ -95,7 +95,7 @@ func (s *Store) ClassifyDead(ctx context.Context, batch int) (int64, error) {
 	if batch <= 0 {
 		batch = 1000
 	}
-	rows, err := s.db.Query(ctx, s.sql.unclassified, batch)
+	rows, err := s.core().DB().Query(ctx, s.core().Admin().Unclassified, batch)
 	if err != nil {
 		return 0, fmt.Errorf("inbox: classify dead letters: %w", inboxsql.NotMigrated(err))
 	}
@@ -114,7 +114,7 @@ func (s *Store) ClassifyDead(ctx context.Context, batch int) (int64, error) {
 	if len(ids) == 0 {
 		return 0, nil
 	}
-	tag, err := s.db.Exec(ctx, s.sql.classify, scopes, ids, errclass.All(texts))
+	tag, err := s.core().DB().Exec(ctx, s.core().Admin().Classify, scopes, ids, errclass.All(texts))
 	if err != nil {
 		return 0, fmt.Errorf("inbox: classify dead letters: %w", err)
 	}

@@ -37,7 +37,7 @@ func (s *Store) ExpiredLeases(ctx context.Context, limit int) ([]ExpiredLeases, 
 	if limit <= 0 {
 		limit = 1000
 	}
-	rows, err := s.db.Query(ctx, s.sql.expiredLeases, limit+1)
+	rows, err := s.core().DB().Query(ctx, s.core().Admin().ExpiredLeases, limit+1)
 	if err != nil {
 		return nil, fmt.Errorf("inbox: expired leases: %w", inboxsql.NotMigrated(err))
 	}

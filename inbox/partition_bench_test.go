@@ -63,7 +63,7 @@ func BenchmarkPartitionedClaim(b *testing.B) {
 		if _, err := s.GC(ctx, 0); err != nil {
 			b.Fatal(err)
 		}
-		stores[i] = claimsOf(b, pool, s)
+		stores[i] = claimsOf(s)
 	}
 	apply := func(s *inboxsql.Store, key string) error {
 		tx, c, err := s.BeginClaim(ctx, "orders", key, fp(key))

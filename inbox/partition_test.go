@@ -190,7 +190,7 @@ func raceBoundary(t *testing.T, grace time.Duration) (before, applied int) {
 	if err := ib.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	store := claimsOf(t, pool, ib)
+	store := claimsOf(ib)
 	// The next boundary at least a second away.
 	now := time.Now()
 	boundary := now.Truncate(interval).Add(interval)
@@ -250,15 +250,14 @@ func raceBoundary(t *testing.T, grace time.Duration) (before, applied int) {
 }
 
 // TestPartitionedGCDropsPartitions: GC drops whole expired partitions and
-// keeps the live ones; a key older than Retention is still claimed, in the
-// oldest partition.
+// keeps the live ones; a key older than Retention is refused.
 func TestPartitionedGCDropsPartitions(t *testing.T) {
 	t.Parallel()
 	b := setup(t, inbox.Config{Partitioning: inbox.PartitionByKey, Retention: time.Hour, PartitionInterval: time.Hour})
 	ctx := context.Background()
 	old := v7At(t, time.Now().Add(-3*time.Hour))
-	if c, err := claimIn(t, b, old, "a", true); err != nil || !c.New {
-		t.Fatalf("a key older than Retention: %+v, %v", c, err)
+	if c, err := claimIn(t, b, old, "a", true); !errors.Is(err, inbox.ErrInvalidKey) {
+		t.Fatalf("a key older than Retention: %+v, %v; want ErrInvalidKey", c, err)
 	}
 	fresh := v7At(t, time.Now())
 	if c, err := claimIn(t, b, fresh, "a", true); err != nil || !c.New {
@@ -288,8 +287,8 @@ func TestPartitionedGCDropsPartitions(t *testing.T) {
 	if len(after) != len(before)-2 || slices.Contains(after, fmt.Sprintf("idemq_inbox_p%d", bucket)) || slices.Contains(after, "idemq_inbox_p0") {
 		t.Fatalf("partitions before GC %v, after %v: want the expired one and bucket 0 dropped", before, after)
 	}
-	if rows(t, b.pool, expired) != 0 || rows(t, b.pool, fresh) != 1 || rows(t, b.pool, old) != 1 {
-		t.Fatalf("after GC: expired key %d records, fresh %d, old %d; want 0, 1, 1", rows(t, b.pool, expired), rows(t, b.pool, fresh), rows(t, b.pool, old))
+	if rows(t, b.pool, expired) != 0 || rows(t, b.pool, fresh) != 1 || rows(t, b.pool, old) != 0 {
+		t.Fatalf("after GC: expired key %d records, fresh %d, old %d; want 0, 1, 0", rows(t, b.pool, expired), rows(t, b.pool, fresh), rows(t, b.pool, old))
 	}
 }
 
@@ -309,7 +308,7 @@ func TestMigrateLiveInboxToPartitioned(t *testing.T) {
 	if err := plain.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	b := bundle{pool: pool, store: plain, claims: claimsOf(t, pool, plain)}
+	b := bundle{pool: pool, store: plain, claims: claimsOf(plain)}
 	var claimed []string
 	for i := range 200 {
 		key := fmt.Sprintf("kafka/orders/0/%d", i)
@@ -364,7 +363,7 @@ func TestMigrateLiveInboxToPartitioned(t *testing.T) {
 		t.Fatal("a claim through the plain Config succeeded on the partitioned table")
 	}
 
-	pb := bundle{pool: pool, store: part, claims: claimsOf(t, pool, part)}
+	pb := bundle{pool: pool, store: part, claims: claimsOf(part)}
 	for _, key := range claimed {
 		if c, err := claimIn(t, pb, key, "a", true); err != nil || c.New {
 			t.Fatalf("key %s claimed before the migration: %+v, %v; want a duplicate", key, c, err)
@@ -430,7 +429,7 @@ func TestMigrateInboxToPartitionedByKey(t *testing.T) {
 	if err := part.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	pb := bundle{pool: b.pool, store: part, claims: claimsOf(t, b.pool, part)}
+	pb := bundle{pool: b.pool, store: part, claims: claimsOf(part)}
 	for _, key := range keys {
 		if c, err := claimIn(t, pb, key, "a", true); err != nil || c.New {
 			t.Fatalf("key %s claimed before the migration: %+v, %v; want a duplicate", key, c, err)
@@ -457,18 +456,19 @@ func TestPartitioningSettings(t *testing.T) {
 		{inbox.Config{Partitioning: inbox.PartitionByKey, PartitionInterval: 1500 * time.Millisecond}, "PartitionInterval"},
 		{inbox.Config{Partitioning: inbox.PartitionByArrival, Retention: 48 * time.Hour, PartitionInterval: 24 * time.Hour}, "PartitionInterval"},
 		{inbox.Config{Partitioning: inbox.PartitionByArrival, PartitionInterval: 7 * 24 * time.Hour, BoundaryGrace: 4 * 24 * time.Hour}, "BoundaryGrace"},
+		// Settings of a layout on an unpartitioned inbox would be ignored.
+		{inbox.Config{PartitionInterval: time.Hour}, "PartitionInterval"},
+		{inbox.Config{Partitioning: inbox.Unpartitioned, BoundaryGrace: time.Second}, "BoundaryGrace"},
 	} {
 		var ce *idemq.ConfigError
 		if _, err := inbox.New(pool, c.cfg); !errors.As(err, &ce) || ce.Field != c.field {
 			t.Errorf("%+v: %v, want a ConfigError on %s", c.cfg, err, c.field)
 		}
 	}
-	// The interval defaults to the retention by arrival, 24 hours by key;
-	// an unpartitioned inbox ignores it.
+	// The interval defaults to the retention by arrival, 24 hours by key.
 	for _, cfg := range []inbox.Config{
 		{Partitioning: inbox.PartitionByArrival, Retention: time.Hour},
 		{Partitioning: inbox.PartitionByKey},
-		{PartitionInterval: time.Millisecond},
 	} {
 		if _, err := inbox.New(pool, cfg); err != nil {
 			t.Errorf("%+v: %v", cfg, err)

@@ -1,10 +1,7 @@
 package inbox
 
 import (
-	"cmp"
 	"context"
-	"embed"
-	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -12,13 +9,8 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/internal/inboxsql"
-	"github.com/idemq/idemq/internal/pgtx"
-	"github.com/idemq/idemq/internal/pgutil"
 	"github.com/idemq/idemq/migrate"
 )
-
-//go:embed migrations/*.sql
-var migrations embed.FS
 
 // DB is the database handle a Store runs its own statements on (scope
 // registration, leases, GC, dead letters): a *pgxpool.Pool, a *pgx.Conn or
@@ -31,221 +23,263 @@ type DB interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
+// Config configures a Store: the table (Schema, Table), keys (MaxKeyLen),
+// Retention, ConnectionCheckInterval, AsyncAcquire and the layout
+// (Partitioning, PartitionInterval, BoundaryGrace). The zero value is
+// valid; each field's documentation gives its default. It is the one
+// configuration of the inbox table: a consumer's Config.Inbox is the same
+// type, and the Store it opens is the one its claims run on.
+type Config = inboxsql.Config
+
 // The defaults of [Config].
 const (
-	SchemaDefault    = "public"
-	TableDefault     = "idemq_inbox"
-	MaxKeyLenDefault = 1024
-	RetentionDefault = 7 * 24 * time.Hour
-
-	ConnectionCheckIntervalDefault = 2 * time.Second
+	SchemaDefault                  = inboxsql.SchemaDefault
+	TableDefault                   = inboxsql.TableDefault
+	MaxKeyLenDefault               = inboxsql.MaxKeyLenDefault
+	RetentionDefault               = inboxsql.RetentionDefault
+	ConnectionCheckIntervalDefault = inboxsql.ConnectionCheckIntervalDefault
+	// PartitionIntervalByKeyDefault is Config.PartitionInterval under
+	// PartitionByKey; under PartitionByArrival it defaults to Retention.
+	PartitionIntervalByKeyDefault = inboxsql.PartitionIntervalByKeyDefault
+	BoundaryGraceDefault          = inboxsql.BoundaryGraceDefault
+	// PartitionsAhead is how many buckets past the current one GC and
+	// EnsurePartitions create; a PartitionByKey key may be at most that
+	// far ahead of the clock.
+	PartitionsAhead = inboxsql.PartitionsAhead
 )
 
 // ConnectionCheckDisabled as Config.ConnectionCheckInterval leaves the
 // server's client_connection_check_interval alone (Postgres before 14 has
 // none).
-const ConnectionCheckDisabled time.Duration = -1
+const ConnectionCheckDisabled = inboxsql.ConnectionCheckDisabled
 
-// Config configures a Store. The zero value is valid.
-type Config struct {
-	// Schema holds the inbox tables. Defaults to "public".
-	Schema string
-	// Table names the inbox table; its scopes table is Table + "_scopes".
-	// Defaults to "idemq_inbox".
-	Table string
-	// MaxKeyLen bounds keys, in bytes. Defaults to 1024.
-	MaxKeyLen int
-	// Retention is how long a record is kept after its last change;
-	// redeliveries later than that are applied again. Defaults to 7 days.
-	Retention time.Duration
-	// ConnectionCheckInterval is set as client_connection_check_interval
-	// (SET LOCAL) in the transactions a consumer begins to claim keys
-	// begin, unless the handle's connection config sets it already. Then a
-	// consumer killed while its statement waits (on a lock, say) loses its
-	// backend, and so its uncommitted claims, within about this interval
-	// instead of whenever that statement ends: the next owner of the key
-	// is not held up. It needs Postgres 14 or later on Linux; set
-	// ConnectionCheckDisabled for older servers. Defaults to 2 seconds.
-	ConnectionCheckInterval time.Duration
-	// AsyncAcquire commits the claims of Acquire with synchronous_commit
-	// off: the claim's transaction does not wait for its WAL to reach
-	// disk, so a claim costs no flush of its own. Nothing else changes:
-	// the claim is visible at once, and the transaction that completes
-	// the lease (Complete, or CompleteTx with the caller's writes) commits
-	// durably, which flushes the claim's earlier WAL with it. Only a
-	// Postgres crash within about three wal_writer_delay of a claim can
-	// forget it; the key then looks unclaimed, as after its lease ran out,
-	// and the holder's finalize is fenced out. A Store on a pgx.Tx
-	// ignores it, since the setting would last until that transaction
-	// ends. Defaults to false.
-	AsyncAcquire bool
-	// Partitioning lays the table out in partitions whose expiry is a
-	// DROP instead of DELETE and VACUUM (see [Partitioning]); Migrate
-	// moves an existing table into the layout, and Down to version 5 out
-	// of it. GC then drops expired partitions and creates the next ones.
-	// Defaults to Unpartitioned.
-	Partitioning Partitioning
-	// PartitionInterval is the width of a partition's bucket, a whole
-	// number of seconds; keep it the same for the life of the table.
-	// Defaults to Retention under PartitionByArrival (where it may not be
-	// less) and to 24 hours under PartitionByKey.
-	PartitionInterval time.Duration
-	// BoundaryGrace is how close to a bucket boundary a claim under
-	// PartitionByArrival takes the advisory lock of its key first; a claim
-	// transaction must commit within it. Defaults to 1 minute.
-	BoundaryGrace time.Duration
-}
+// Partitioning is the layout of the inbox table (Config.Partitioning);
+// its constants document each layout.
+type Partitioning = inboxsql.Partitioning
 
-func (c Config) withDefaults() Config {
-	c.Schema = cmp.Or(c.Schema, SchemaDefault)
-	c.Table = cmp.Or(c.Table, TableDefault)
-	c.MaxKeyLen = cmp.Or(c.MaxKeyLen, MaxKeyLenDefault)
-	c.Retention = cmp.Or(c.Retention, RetentionDefault)
-	c.ConnectionCheckInterval = cmp.Or(c.ConnectionCheckInterval, ConnectionCheckIntervalDefault)
-	return c.partitionDefaults()
-}
+// The layouts.
+const (
+	// Unpartitioned is one plain table, its records deleted by GC in
+	// batches. The default.
+	Unpartitioned = inboxsql.Unpartitioned
+	// PartitionByArrival partitions records by arrival time, for keys of
+	// any form.
+	PartitionByArrival = inboxsql.PartitionByArrival
+	// PartitionByKey partitions records by the time in their UUIDv7 key.
+	PartitionByKey = inboxsql.PartitionByKey
+)
 
-func (c Config) validate() error {
-	switch {
-	case c.MaxKeyLen < 0:
-		return idemq.NewConfigError("inbox", "MaxKeyLen", "%d is negative", c.MaxKeyLen)
-	case c.Retention < 0:
-		return idemq.NewConfigError("inbox", "Retention", "%v is negative", c.Retention)
-	case c.Retention < time.Microsecond:
-		return idemq.NewConfigError("inbox", "Retention", "%v is below Postgres's interval unit of 1µs", c.Retention)
-	case c.ConnectionCheckInterval < 0 && c.ConnectionCheckInterval != ConnectionCheckDisabled:
-		return idemq.NewConfigError("inbox", "ConnectionCheckInterval", "%v is negative; use ConnectionCheckDisabled to turn it off", c.ConnectionCheckInterval)
-	case c.ConnectionCheckInterval > 0 && c.ConnectionCheckInterval < time.Millisecond:
-		return idemq.NewConfigError("inbox", "ConnectionCheckInterval", "%v is below the server's unit of 1ms", c.ConnectionCheckInterval)
-	}
-	return c.validatePartitioning()
-}
+// Status is where a record stands in the state machine
+// IN_PROGRESS -> SUCCEEDED | FAILED_RETRYABLE | FAILED_FINAL. Its String
+// method gives those names.
+type Status = inboxsql.Status
+
+const (
+	// InProgress: a leased worker owns the key until its lease runs out.
+	InProgress = inboxsql.InProgress
+	// Succeeded: the message was applied; redeliveries are duplicates.
+	Succeeded = inboxsql.Succeeded
+	// FailedRetryable: an attempt failed; the next claim or Acquire takes
+	// over.
+	FailedRetryable = inboxsql.FailedRetryable
+	// FailedFinal: the message is a dead letter, kept with its last error.
+	FailedFinal = inboxsql.FailedFinal
+)
+
+// Record is the stored state of one (scope, key): Scope, Key,
+// Fingerprint, Status, the lease (Owner, LeaseUntil, Token), Attempts and
+// Failures, the stored Result, LastError and its ErrorClass, the
+// Superseded fingerprints of a released conflict, and CreatedAt,
+// UpdatedAt, ExpiresAt.
+type Record = inboxsql.Record
+
+// ConflictError reports a key seen before with a different payload
+// fingerprint (Key, Fingerprint, and the Stored record). The message is
+// not applied: a reused key with another payload is a producer bug that
+// must surface, never be skipped. It matches idemq.ErrConflict, as
+// request.ConflictError does.
+type ConflictError = inboxsql.ConflictError
+
+// AcquireResult is the outcome of [Store.Acquire]: New with the caller's
+// Lease and the Failures before it, or the Existing record.
+type AcquireResult = inboxsql.AcquireResult
+
+var (
+	// ErrInvalidKey reports an empty key, a key over the limit, one that
+	// is not valid UTF-8 or contains NUL, or one the layout cannot place
+	// (PartitionByKey: not a UUIDv7, or its time outside the partitions'
+	// span).
+	ErrInvalidKey = inboxsql.ErrInvalidKey
+	// ErrNotFound reports that no inbox record exists for the key; it is
+	// idemq.ErrNotFound, as request.ErrNotFound is.
+	ErrNotFound = inboxsql.ErrNotFound
+	// ErrNotMigrated is matched by the error of a Store call on a database
+	// whose inbox tables are missing or older than this version expects.
+	ErrNotMigrated = inboxsql.ErrNotMigrated
+	// ErrNoPartition is matched by the error of a claim on a partitioned
+	// inbox whose bucket has no partition: GC (or the maintenance service)
+	// has not run for longer than the partitions made ahead last. It is
+	// retryable.
+	ErrNoPartition = inboxsql.ErrNoPartition
+)
+
+// MinLeaseTTL is the shortest lease Acquire and Extend take: a shorter
+// one runs out before its holder can use it, and under Postgres's 1 µs
+// interval unit it would be stored as none at all.
+const MinLeaseTTL = inboxsql.MinLeaseTTL
 
 // Store is the inbox of one database: its setup, administration and
-// leases. Consumers claim keys through package consumer. It is safe for
-// concurrent use.
-type Store struct {
-	db    DB
-	cfg   Config
-	core  *inboxsql.Store
-	table pgutil.Table
-	sql   queries
-}
+// leases. Consumers claim keys through package consumer, on the Store
+// their Config opens. It is safe for concurrent use.
+type Store inboxsql.Store
 
 // New returns a Store on db; call [Store.Migrate] once before use.
+// Invalid settings in cfg are an *idemq.ConfigError (idemq.ErrConfig),
+// among them PartitionInterval or BoundaryGrace set on an Unpartitioned
+// inbox.
 func New(db DB, cfg Config) (*Store, error) {
-	if pgtx.IsNil(db) {
-		return nil, idemq.NewConfigError("inbox", "db", "is nil; pass a *pgxpool.Pool")
-	}
-	cfg = cfg.withDefaults()
-	if err := cfg.validate(); err != nil {
-		return nil, err
-	}
-	table, err := pgutil.ConfigTable("inbox", cfg.Schema, cfg.Table)
+	core, err := inboxsql.New(db, cfg, "inbox")
 	if err != nil {
 		return nil, err
 	}
-	core, err := inboxsql.New(db, inboxsql.Options{Schema: cfg.Schema, Table: cfg.Table, MaxKeyLen: cfg.MaxKeyLen,
-		Retention: cfg.Retention, ConnectionCheckInterval: cfg.ConnectionCheckInterval, Conflict: conflictError,
-		Partitioning: inboxsql.Partitioning(cfg.Partitioning), PartitionInterval: cfg.PartitionInterval, BoundaryGrace: cfg.BoundaryGrace})
-	if err != nil {
-		return nil, err
-	}
-	sql := newQueries(table)
-	if _, inTx := db.(pgx.Tx); cfg.AsyncAcquire && !inTx {
-		// On a transaction the setting would outlast the claim and make
-		// the caller's commit asynchronous too.
-		sql.acquire = sql.acquireAsync
-	}
-	if cfg.Partitioning != Unpartitioned {
-		partitionQueries(&sql, table.String(), cfg)
-	}
-	return &Store{db: db, cfg: cfg, core: core, table: table, sql: sql}, nil
+	return (*Store)(core), nil
 }
 
-// conflictError is the error of a claim whose key has a record with
-// another fingerprint.
-func conflictError(key string, fingerprint []byte, stored inboxsql.Row) error {
-	return &ConflictError{Key: key, Fingerprint: fingerprint, Stored: Record(stored)}
-}
+func (s *Store) core() *inboxsql.Store { return (*inboxsql.Store)(s) }
 
-// Migrate creates or upgrades the inbox tables on the Store's handle:
-// [migrate.New] of this Store alone. It is idempotent and safe to run from
-// several processes at once.
-func (s *Store) Migrate(ctx context.Context) error {
-	if _, err := migrate.New(s.db, s).Migrate(ctx); err != nil {
-		return err
-	}
-	return s.EnsurePartitions(ctx)
-}
+// Migrate creates or upgrades the inbox tables on the Store's handle
+// ([migrate.New] of this Store alone), creates the partitions due, and
+// refuses (idemq.ErrConfig) a table whose layout is not the Config's:
+// a plain Config on a partitioned table or the reverse. It is idempotent
+// and safe to run from several processes at once.
+func (s *Store) Migrate(ctx context.Context) error { return s.core().Migrate(ctx) }
 
 // PendingMigrations returns the migrations Migrate would apply, in order;
 // none once the tables are up to date.
 func (s *Store) PendingMigrations(ctx context.Context) ([]migrate.Migration, error) {
-	return migrate.New(s.db, s).Pending(ctx)
+	return s.core().PendingMigrations(ctx)
 }
 
 // MigrationSource implements [migrate.Store]: the inbox tables' migrations.
-func (s *Store) MigrationSource() migrate.Source {
-	return migrate.Source{Component: "inbox", Schema: s.cfg.Schema, Table: s.cfg.Table, Files: s.migrationFiles(), Dir: "migrations"}
-}
+func (s *Store) MigrationSource() migrate.Source { return s.core().MigrationSource() }
 
 // Config returns the configuration with its defaults filled in.
-func (s *Store) Config() Config { return s.cfg }
-
-// ErrNotMigrated is matched by the error of a Store call on a database
-// whose inbox tables are missing or older than this version expects.
-var ErrNotMigrated = inboxsql.ErrNotMigrated
-
-// stored reads the record of k on the Store's handle.
-func (s *Store) stored(ctx context.Context, k inboxsql.Key) (Record, bool, error) {
-	row, found, err := s.core.Stored(ctx, s.db, k)
-	return Record(row), found, err
-}
-
-// against returns rec as a claim of key with fingerprint sees it (see
-// inboxsql.Store.Against): a different fingerprint is a *ConflictError.
-func (s *Store) against(rec Record, key string, fingerprint []byte) (Record, error) {
-	row, err := s.core.Against(inboxsql.Row(rec), key, fingerprint)
-	return Record(row), err
-}
+func (s *Store) Config() Config { return s.core().Config() }
 
 // Get returns the record of (scope, key), or ErrNotFound.
 func (s *Store) Get(ctx context.Context, scope, key string) (Record, error) {
-	k, err := s.core.Resolve(ctx, scope, key, nil)
-	if err != nil {
-		return Record{}, err
-	}
-	rec, found, err := s.stored(ctx, k)
-	if err == nil && !found {
-		err = ErrNotFound
-	}
-	return rec, err
+	return s.core().Get(ctx, scope, key)
+}
+
+// Lookup returns the records of key in every scope, most recently updated
+// first: what happened to a message of that key, whichever consumer
+// applied it. It probes the primary key once per scope. None is an empty
+// slice, not an error.
+func (s *Store) Lookup(ctx context.Context, key string) ([]Record, error) {
+	return s.core().Lookup(ctx, key)
 }
 
 // GC deletes records and recorded conflicts whose retention ran out,
 // batchSize at a time (each batch its own short statement, through an
-// expires_at index), until none is left, and returns how many it deleted. Records under a live lease are
-// kept. batchSize <= 0 means 1000.
+// expires_at index), until none is left, and returns how many it deleted.
+// Records under a live lease are kept. On a partitioned inbox it drops
+// expired partitions and creates those due instead. batchSize <= 0 means
+// 1000.
 func (s *Store) GC(ctx context.Context, batchSize int) (int64, error) {
-	if batchSize <= 0 {
-		batchSize = 1000
-	}
-	if err := s.gcPartitions(ctx); err != nil {
-		return 0, err
-	}
-	var total int64
-	for _, sql := range []string{s.sql.gc, s.sql.gcConflicts} {
-		for {
-			tag, err := s.db.Exec(ctx, sql, batchSize)
-			if err != nil {
-				return total, fmt.Errorf("inbox: gc: %w", inboxsql.NotMigrated(err))
-			}
-			total += tag.RowsAffected()
-			if tag.RowsAffected() < int64(batchSize) {
-				break
-			}
-		}
-	}
-	return total, nil
+	return s.core().GC(ctx, batchSize)
+}
+
+// EnsurePartitions creates the partitions of a partitioned inbox that are
+// due: under PartitionByArrival the current bucket and PartitionsAhead
+// more, under PartitionByKey every bucket from Retention ago to
+// PartitionsAhead ahead. Each is created as a plain table with a CHECK
+// constraint and attached, which takes only SHARE UPDATE EXCLUSIVE on the
+// inbox (claims go on) and skips the validation scan. Migrate and GC call
+// it; it does nothing on an unpartitioned inbox.
+func (s *Store) EnsurePartitions(ctx context.Context) error { return s.core().EnsurePartitions(ctx) }
+
+// PrepareLivePartitioning readies a live, unpartitioned inbox table for
+// the migration to a partitioned mode, without blocking its writers: it
+// adds the bucket column (a constant default: no rewrite), builds the
+// index that becomes the old table's primary key with CREATE UNIQUE INDEX
+// CONCURRENTLY, and proves with a NOT VALID check validated afterwards
+// (SHARE UPDATE EXCLUSIVE) that every row is bucket 0. The migration then
+// only renames and attaches, so its locks are short whatever the table's
+// size. It must run outside a transaction (db a pool or a connection) and
+// is idempotent; on a table already partitioned it does nothing.
+func (s *Store) PrepareLivePartitioning(ctx context.Context) error {
+	return s.core().PrepareLivePartitioning(ctx)
+}
+
+// Acquire claims key for owner for the duration ttl, for side effects
+// outside Postgres. It takes the key when it is new, when the last attempt
+// failed retryably, or when the holder's lease ran out (a takeover); each
+// claim hands out a larger fencing token in the result's Lease, and
+// Failures says how many earlier attempts failed (a takeover of an expired
+// lease is not a failure).
+//
+// Otherwise Existing is the stored record: Succeeded (a duplicate,
+// with its stored result), InProgress under a live lease (someone else is
+// working on it until Existing.LeaseUntil), or FailedFinal (a dead letter).
+// A different fingerprint is a *ConflictError.
+func (s *Store) Acquire(ctx context.Context, scope, key string, fingerprint []byte, owner string, ttl time.Duration) (AcquireResult, error) {
+	return s.core().Acquire(ctx, scope, key, fingerprint, owner, ttl)
+}
+
+// Complete finalizes a lease as SUCCEEDED with an optional result to
+// replay to later duplicates. It fails with idemq.ErrLeaseLost when the
+// lease was taken over or already finalized; the successor's outcome then
+// stands.
+func (s *Store) Complete(ctx context.Context, lease idemq.Lease, result []byte) error {
+	return s.core().Complete(ctx, lease, result)
+}
+
+// CompleteTx is [Store.Complete] inside the caller's transaction, so that
+// the finalize commits with the caller's own writes; if tx rolls back, the
+// lease stays as it was and runs out.
+func (s *Store) CompleteTx(ctx context.Context, tx pgx.Tx, lease idemq.Lease, result []byte) error {
+	return s.core().CompleteTx(ctx, tx, lease, result)
+}
+
+// Fail finalizes a lease after a failed attempt as FAILED_RETRYABLE: the
+// key goes to the next Acquire at once, with one more failure counted and
+// cause kept as the record's last error. It fails with idemq.ErrLeaseLost
+// like [Store.Complete].
+func (s *Store) Fail(ctx context.Context, lease idemq.Lease, cause error) error {
+	return s.core().Fail(ctx, lease, cause)
+}
+
+// FailTx is [Store.Fail] inside the caller's transaction; if tx rolls
+// back, the lease stays as it was and runs out.
+func (s *Store) FailTx(ctx context.Context, tx pgx.Tx, lease idemq.Lease, cause error) error {
+	return s.core().FailTx(ctx, tx, lease, cause)
+}
+
+// FailFinal finalizes a lease after a failed attempt as FAILED_FINAL: the
+// message is a dead letter, kept with cause. It fails with
+// idemq.ErrLeaseLost like [Store.Complete].
+func (s *Store) FailFinal(ctx context.Context, lease idemq.Lease, cause error) error {
+	return s.core().FailFinal(ctx, lease, cause)
+}
+
+// FailFinalTx is [Store.FailFinal] inside the caller's transaction; if tx
+// rolls back, the lease stays as it was and runs out.
+func (s *Store) FailFinalTx(ctx context.Context, tx pgx.Tx, lease idemq.Lease, cause error) error {
+	return s.core().FailFinalTx(ctx, tx, lease, cause)
+}
+
+// Abandon gives the key back before its lease runs out, for a holder that
+// stops without an outcome (its context was cancelled, it shuts down): no
+// failure is counted and the next Acquire takes over at once instead of
+// waiting for the deadline. It fails with idemq.ErrLeaseLost like
+// [Store.Complete].
+func (s *Store) Abandon(ctx context.Context, lease idemq.Lease) error {
+	return s.core().Abandon(ctx, lease)
+}
+
+// Extend moves the lease's deadline to ttl from now, for work that runs
+// longer than planned, and returns the extended lease. It fails with
+// idemq.ErrLeaseLost when the lease was taken over or finalized.
+func (s *Store) Extend(ctx context.Context, lease idemq.Lease, ttl time.Duration) (idemq.Lease, error) {
+	return s.core().Extend(ctx, lease, ttl)
 }

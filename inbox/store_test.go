@@ -54,25 +54,11 @@ func setup(t testing.TB, cfg inbox.Config) bundle {
 	if err := store.Migrate(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	return bundle{pool: pool, store: store, claims: claimsOf(t, pool, store)}
+	return bundle{pool: pool, store: store, claims: claimsOf(store)}
 }
 
-// claimsOf opens the claim protocol on store's table, as package consumer
-// does.
-func claimsOf(t testing.TB, db inbox.DB, store *inbox.Store) *inboxsql.Store {
-	t.Helper()
-	ic := store.Config()
-	claims, err := inboxsql.New(db, inboxsql.Options{Schema: ic.Schema, Table: ic.Table, MaxKeyLen: ic.MaxKeyLen,
-		Retention: ic.Retention, ConnectionCheckInterval: ic.ConnectionCheckInterval,
-		Partitioning: inboxsql.Partitioning(ic.Partitioning), PartitionInterval: ic.PartitionInterval, BoundaryGrace: ic.BoundaryGrace,
-		Conflict: func(key string, fingerprint []byte, stored inboxsql.Row) error {
-			return &inbox.ConflictError{Key: key, Fingerprint: fingerprint, Stored: inbox.Record(stored)}
-		}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return claims
-}
+// claimsOf is store's claim protocol, as package consumer runs it.
+func claimsOf(store *inbox.Store) *inboxsql.Store { return (*inboxsql.Store)(store) }
 
 func fp(s string) []byte {
 	sum := sha256.Sum256([]byte(s))
@@ -117,7 +103,7 @@ func TestMigrateIsIdempotentAndConcurrent(t *testing.T) {
 		`SELECT count(*) FROM idemq.idemq_migrations WHERE owner = 'inbox:idemq.events_inbox'`).Scan(&versions); err != nil {
 		t.Fatal(err)
 	}
-	files, err := filepath.Glob("migrations/*.up.sql")
+	files, err := filepath.Glob("../internal/inboxsql/migrations/*.up.sql")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -495,7 +481,7 @@ func TestClaimTransactionsSetTheConnectionCheck(t *testing.T) {
 	b := setup(t, inbox.Config{})
 	ctx := context.Background()
 	show := func(db inbox.DB, store *inbox.Store) (single, batch string) {
-		claims := claimsOf(t, db, store)
+		claims := claimsOf(store)
 		tx, _, err := claims.BeginClaim(ctx, "orders", uuid.NewString(), nil)
 		if err != nil {
 			t.Fatal(err)
@@ -566,10 +552,13 @@ func TestNilTxIsAnError(t *testing.T) {
 		"FailFinalTx":      func() error { return b.store.FailFinalTx(ctx, tx, lease, errors.New("x")) },
 		"RecordConflictTx": func() error { return b.claims.RecordConflictTx(ctx, tx, "orders", "k", nil) },
 		"PurgeTx":          func() error { _, err := b.store.PurgeTx(ctx, tx, inbox.DeadFilter{}); return err },
-		"PurgeConflictsTx": func() error { _, err := b.store.PurgeConflictsTx(ctx, tx, inbox.DeadFilter{}); return err },
-		"UnclaimTx":        func() error { return b.claims.UnclaimTx(ctx, tx, "orders", "k") },
-		"ReleaseConflictsTx": func() error {
-			_, err := b.store.ReleaseConflictsTx(ctx, tx, inbox.DeadFilter{})
+		"PurgeTx conflicts": func() error {
+			_, err := b.store.PurgeTx(ctx, tx, inbox.DeadFilter{Conflicts: true})
+			return err
+		},
+		"UnclaimTx": func() error { return b.claims.UnclaimTx(ctx, tx, "orders", "k") },
+		"ReleaseTx conflicts": func() error {
+			_, err := b.store.ReleaseTx(ctx, tx, inbox.DeadFilter{Conflicts: true})
 			return err
 		},
 	}

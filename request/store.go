@@ -123,8 +123,9 @@ type Claim struct {
 }
 
 var (
-	// ErrNotFound reports that no record exists for the key.
-	ErrNotFound = errors.New("request: record not found")
+	// ErrNotFound reports that no record exists for the key: it is
+	// idemq.ErrNotFound, as inbox.ErrNotFound is.
+	ErrNotFound = idemq.ErrNotFound
 	// ErrInvalidKey reports a key that breaks the format rules: empty, too
 	// long, not printable ASCII, or not of the required form. The client
 	// sent it: front ends answer 400 / INVALID_ARGUMENT.
@@ -146,6 +147,10 @@ type ConflictError struct {
 	// Stored is the record the key already has.
 	Stored Record
 }
+
+// Is makes every ConflictError match idemq.ErrConflict, as
+// inbox.ConflictError does.
+func (e *ConflictError) Is(target error) bool { return target == idemq.ErrConflict }
 
 func (e *ConflictError) Error() string {
 	return fmt.Sprintf("request: key %q of scope %q is %s for another request (fingerprint %x, this one %x)",

@@ -116,16 +116,14 @@ func (s *deadSet) move(ctx context.Context, tx pgx.Tx, purge bool) (int64, error
 		return s.ob.ReplayTx(ctx, tx, s.of)
 	}
 	move := s.ib.ReleaseTx
-	switch conflicts := s.cmd.Bool("conflicts"); {
-	case purge && conflicts:
-		move = s.ib.PurgeConflictsTx
-	case purge:
+	if purge {
 		move = s.ib.PurgeTx
-	case conflicts:
-		move = s.ib.ReleaseConflictsTx
 	}
 	var total int64
 	for _, f := range s.inboxFilters() {
+		// The command shows the selection and asks first; its flags refuse
+		// empty values, so a filter with none set means everything.
+		f.Conflicts, f.All = s.cmd.Bool("conflicts"), true
 		n, err := move(ctx, tx, f)
 		if err != nil {
 			return total, err

@@ -25,7 +25,7 @@ type ClaimResult struct {
 	// New reports that the caller now owns the key and must apply the
 	// message. Otherwise Existing holds the stored record.
 	New      bool
-	Existing *Row
+	Existing *Record
 	// Failures counts the failed attempts before this claim (New only).
 	Failures int
 }
@@ -33,7 +33,7 @@ type ClaimResult struct {
 // BatchClaim is the outcome of one item of [Store.ClaimBatchTx].
 type BatchClaim struct {
 	ClaimResult
-	// Err is the item's own error: a conflict (Options.Conflict) or an
+	// Err is the item's own error: a conflict (a *ConflictError) or an
 	// ErrInvalidKey.
 	Err error
 }
@@ -46,7 +46,7 @@ type BatchClaim struct {
 // unclaimed, or its earlier attempts failed (Failures counts them).
 // Otherwise Existing is the stored record (a duplicate, a dead letter or a
 // leased key) and, when its fingerprint differs, the error is the
-// Options.Conflict error. If another transaction holds an uncommitted claim of the
+// *ConflictError. If another transaction holds an uncommitted claim of the
 // key, ClaimTx waits for it: then it sees a duplicate if that transaction
 // commits and claims the key if it rolls back.
 func (s *Store) ClaimTx(ctx context.Context, tx pgx.Tx, scope, key string, fingerprint []byte) (ClaimResult, error) {
@@ -70,18 +70,12 @@ func (s *Store) BeginClaim(ctx context.Context, scope, key string, fingerprint [
 	if err != nil {
 		return nil, ClaimResult{}, err
 	}
-	var inserted bool
-	b := &pgx.Batch{}
-	s.queueBoundaryLock(b, k.ScopeID, k.ID)
-	b.Queue(s.sql.claim, k.Args(s.opts.Retention)...).Exec(func(tag pgconn.CommandTag) error {
-		inserted = tag.RowsAffected() == 1
-		return nil
-	})
+	b, inserted := s.claimBatch(k)
 	tx, err := s.begin(ctx, b)
 	if err != nil {
-		return nil, ClaimResult{}, fmt.Errorf("inbox: claim %q: %w", key, err)
+		return nil, ClaimResult{}, fmt.Errorf("inbox: claim %q: %w", key, noPartition(err))
 	}
-	if inserted {
+	if *inserted {
 		return tx, ClaimResult{New: true}, nil
 	}
 	c, err := s.claimExisting(ctx, tx, k)
@@ -91,16 +85,28 @@ func (s *Store) BeginClaim(ctx context.Context, scope, key string, fingerprint [
 	return tx, c, err
 }
 
+// claimBatch is the pipeline of k's claim: the boundary lock where the
+// layout takes one, then the insert, which sets *inserted when it took
+// the key.
+func (s *Store) claimBatch(k Key) (b *pgx.Batch, inserted *bool) {
+	b, inserted = &pgx.Batch{}, new(bool)
+	if s.sql.boundaryLock != "" {
+		b.Queue(s.sql.boundaryLock, k.ScopeID, lockKeys(k.ID))
+	}
+	b.Queue(s.sql.claim, k.Args(s.cfg.Retention)...).Exec(func(tag pgconn.CommandTag) error {
+		*inserted = tag.RowsAffected() == 1
+		return nil
+	})
+	return b, inserted
+}
+
 // claim inserts the record of a new key, or takes over a failed one.
 func (s *Store) claim(ctx context.Context, tx pgx.Tx, k Key) (ClaimResult, error) {
-	if err := s.boundaryLock(ctx, tx, k.ScopeID, k.ID); err != nil {
-		return ClaimResult{}, err
+	b, inserted := s.claimBatch(k)
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return ClaimResult{}, fmt.Errorf("inbox: claim %q: %w", k.Key, noPartition(err))
 	}
-	tag, err := tx.Exec(ctx, s.sql.claim, k.Args(s.opts.Retention)...)
-	if err != nil {
-		return ClaimResult{}, fmt.Errorf("inbox: claim %q: %w", k.Key, err)
-	}
-	if tag.RowsAffected() == 1 {
+	if *inserted {
 		return ClaimResult{New: true}, nil
 	}
 	return s.claimExisting(ctx, tx, k)
@@ -116,9 +122,9 @@ func (s *Store) claimExisting(ctx context.Context, tx pgx.Tx, k Key) (ClaimResul
 		case err != nil:
 			return ClaimResult{}, err
 		case !found:
-			tag, err := tx.Exec(ctx, s.sql.claim, k.Args(s.opts.Retention)...)
+			tag, err := tx.Exec(ctx, s.sql.claim, k.Args(s.cfg.Retention)...)
 			if err != nil {
-				return ClaimResult{}, fmt.Errorf("inbox: claim %q: %w", k.Key, err)
+				return ClaimResult{}, fmt.Errorf("inbox: claim %q: %w", k.Key, noPartition(err))
 			}
 			if tag.RowsAffected() == 1 {
 				return ClaimResult{New: true}, nil
@@ -129,7 +135,7 @@ func (s *Store) claimExisting(ctx context.Context, tx pgx.Tx, k Key) (ClaimResul
 			return ClaimResult{Existing: &rec}, err
 		}
 		var failures int32
-		err = tx.QueryRow(ctx, s.sql.takeOver, k.ScopeID, k.ID, k.Fingerprint, s.opts.Retention).Scan(&failures)
+		err = tx.QueryRow(ctx, s.sql.takeOver, k.ScopeID, k.ID, k.Fingerprint, s.cfg.Retention).Scan(&failures)
 		if err == nil {
 			return ClaimResult{New: true, Failures: int(failures)}, nil
 		}
@@ -147,33 +153,33 @@ func (s *Store) claimExisting(ctx context.Context, tx pgx.Tx, k Key) (ClaimResul
 // failure, so the count survives crashes and redeliveries. It returns the
 // record as it stands: a record that another attempt completed or
 // dead-lettered meanwhile is returned unchanged, and a different
-// fingerprint is a conflict (Options.Conflict).
+// fingerprint is a conflict (a *ConflictError).
 //
 // Call it only for real failures of the message's handler: a crash, a
 // lost connection or a cancelled context is not a failure.
-func (s *Store) RecordFailure(ctx context.Context, scope, key string, fingerprint []byte, cause error) (Row, error) {
+func (s *Store) RecordFailure(ctx context.Context, scope, key string, fingerprint []byte, cause error) (Record, error) {
 	k, err := s.Resolve(ctx, scope, key, fingerprint)
 	if err != nil {
-		return Row{}, err
+		return Record{}, err
 	}
 	for range 3 {
 		var rec Scan
-		err := s.db.QueryRow(ctx, s.sql.recordFailure, append(k.Args(s.opts.Retention), ErrText(cause))...).Scan(rec.Dest()...)
+		err := s.db.QueryRow(ctx, s.sql.recordFailure, append(k.Args(s.cfg.Retention), ErrText(cause))...).Scan(rec.Dest()...)
 		if err == nil {
-			return rec.Row(scope, key), nil
+			return rec.Record(scope, key), nil
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
-			return Row{}, fmt.Errorf("inbox: record failure of %q: %w", key, err)
+			return Record{}, fmt.Errorf("inbox: record failure of %q: %w", key, noPartition(err))
 		}
 		found, ok, err := s.Stored(ctx, s.db, k)
 		if err != nil {
-			return Row{}, err
+			return Record{}, err
 		}
 		if ok {
 			return s.Against(found, key, k.Fingerprint)
 		}
 	}
-	return Row{}, fmt.Errorf("inbox: record failure of %q: the record kept changing", key)
+	return Record{}, fmt.Errorf("inbox: record failure of %q: the record kept changing", key)
 }
 
 // FailClaimTx counts a failed attempt at a key that tx claimed (New from
@@ -181,23 +187,23 @@ func (s *Store) RecordFailure(ctx context.Context, scope, key string, fingerprin
 // without the message's effects, as a batch does after rewinding the
 // handler to its savepoint: the record becomes FAILED_RETRYABLE with cause
 // and one more failure. If tx rolls back, so does the count and the claim.
-func (s *Store) FailClaimTx(ctx context.Context, tx pgx.Tx, scope, key string, cause error) (Row, error) {
+func (s *Store) FailClaimTx(ctx context.Context, tx pgx.Tx, scope, key string, cause error) (Record, error) {
 	if pgtx.IsNil(tx) {
-		return Row{}, ErrNilTx
+		return Record{}, ErrNilTx
 	}
 	k, err := s.Resolve(ctx, scope, key, nil)
 	if err != nil {
-		return Row{}, err
+		return Record{}, err
 	}
 	var rec Scan
 	err = tx.QueryRow(ctx, s.sql.failClaim, k.ScopeID, k.ID, ErrText(cause)).Scan(rec.Dest()...)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return Row{}, fmt.Errorf("inbox: fail claim %q: the key is not claimed in this transaction", key)
+		return Record{}, fmt.Errorf("inbox: fail claim %q: the key is not claimed in this transaction", key)
 	}
 	if err != nil {
-		return Row{}, fmt.Errorf("inbox: fail claim %q: %w", key, err)
+		return Record{}, fmt.Errorf("inbox: fail claim %q: %w", key, err)
 	}
-	return rec.Row(scope, key), nil
+	return rec.Record(scope, key), nil
 }
 
 // UnclaimTx undoes the claim of key that tx made (New from [Store.ClaimTx]
@@ -241,9 +247,9 @@ func (s *Store) DeadLetterTx(ctx context.Context, tx pgx.Tx, scope, key string, 
 		text = "dead letter"
 	}
 	for range 2 {
-		tag, err := tx.Exec(ctx, s.sql.deadLetter, append(k.Args(s.opts.Retention), failures, text, errclass.Of(text))...)
+		tag, err := tx.Exec(ctx, s.sql.deadLetter, append(k.Args(s.cfg.Retention), failures, text, errclass.Of(text))...)
 		if err != nil {
-			return ClaimResult{}, fmt.Errorf("inbox: dead-letter %q: %w", key, err)
+			return ClaimResult{}, fmt.Errorf("inbox: dead-letter %q: %w", key, noPartition(err))
 		}
 		if tag.RowsAffected() == 1 {
 			return ClaimResult{New: true}, nil
@@ -284,10 +290,6 @@ func (s *Store) ClaimBatchTx(ctx context.Context, tx pgx.Tx, scope string, items
 			continue
 		}
 		id, text := KeyID(it.Key)
-		if err := s.checkPartitionKey(id, text); err != nil {
-			claims[i].Err = err
-			continue
-		}
 		if _, dup := index[id]; dup {
 			return nil, fmt.Errorf("inbox: key %q appears twice in the batch", it.Key)
 		}
@@ -300,8 +302,10 @@ func (s *Store) ClaimBatchTx(ctx context.Context, tx pgx.Tx, scope string, items
 		return claims, nil
 	}
 
-	if err := s.boundaryLock(ctx, tx, scopeID, ids...); err != nil {
-		return nil, err
+	if s.sql.boundaryLock != "" {
+		if _, err := tx.Exec(ctx, s.sql.boundaryLock, scopeID, lockKeys(ids...)); err != nil {
+			return nil, fmt.Errorf("inbox: boundary lock: %w", err)
+		}
 	}
 	// The duplicate path, read only for keys the insert skipped; failed
 	// keys are taken over, and a key GC deleted in between is claimed
@@ -346,13 +350,13 @@ func (s *Store) BeginClaimBatch(ctx context.Context, scope string, items []Item)
 // claimMissing inserts the keys and marks the claimed ones New; it returns
 // the ids it skipped because they have a record.
 func (s *Store) claimMissing(ctx context.Context, tx pgx.Tx, scopeID int32, ids []uuid.UUID, fingerprints [][]byte, texts []*string, index map[uuid.UUID]int, claims []BatchClaim) ([]uuid.UUID, error) {
-	rows, err := tx.Query(ctx, s.sql.claimBatch, scopeID, ids, fingerprints, texts, s.opts.Retention)
+	rows, err := tx.Query(ctx, s.sql.claimBatch, scopeID, ids, fingerprints, texts, s.cfg.Retention)
 	if err != nil {
-		return nil, fmt.Errorf("inbox: claim batch: %w", err)
+		return nil, fmt.Errorf("inbox: claim batch: %w", noPartition(err))
 	}
 	claimed, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
 	if err != nil {
-		return nil, fmt.Errorf("inbox: claim batch: %w", err)
+		return nil, fmt.Errorf("inbox: claim batch: %w", noPartition(err))
 	}
 	for _, id := range claimed {
 		claims[index[id]].New = true
@@ -379,7 +383,7 @@ func (s *Store) readBatch(ctx context.Context, tx pgx.Tx, scope string, scopeID 
 	var rec Scan
 	_, err = pgx.ForEachRow(rows, append([]any{&id}, rec.Dest()...), func() error {
 		i := index[id]
-		r, err := s.Against(rec.Row(scope, items[i].Key), items[i].Key, nonNil(items[i].Fingerprint))
+		r, err := s.Against(rec.Record(scope, items[i].Key), items[i].Key, nonNil(items[i].Fingerprint))
 		claims[i] = BatchClaim{ClaimResult: ClaimResult{Existing: &r}, Err: err}
 		return nil
 	})
@@ -403,7 +407,7 @@ func (s *Store) takeOverBatch(ctx context.Context, tx pgx.Tx, scopeID int32, ski
 	if len(ids) == 0 {
 		return nil
 	}
-	rows, err := tx.Query(ctx, s.sql.takeOverBatch, scopeID, ids, fingerprints, s.opts.Retention)
+	rows, err := tx.Query(ctx, s.sql.takeOverBatch, scopeID, ids, fingerprints, s.cfg.Retention)
 	if err != nil {
 		return fmt.Errorf("inbox: claim batch: %w", err)
 	}
@@ -449,7 +453,7 @@ func (s *Store) RecordConflictTx(ctx context.Context, tx pgx.Tx, scope, key stri
 	if err != nil {
 		return err
 	}
-	if _, err := tx.Exec(ctx, s.sql.recordConflict, k.Args(s.opts.Retention)...); err != nil {
+	if _, err := tx.Exec(ctx, s.sql.recordConflict, k.Args(s.cfg.Retention)...); err != nil {
 		return fmt.Errorf("inbox: record conflict %q: %w", key, err)
 	}
 	return nil

@@ -1,13 +1,11 @@
-// Package inboxsql is the inbox's claim protocol and the statements,
-// record columns and key rules it shares with package inbox, for the two
-// packages that use them: inbox (setup, administration, leases) and
-// consumer (claims), as internal/outboxsql serves outbox and relay. A
-// column, a status or a key rule changes here, once. The statements are
-// built once per table from validated, quoted identifiers; nothing is
-// assembled from user input at run time.
-//
-// A [Store] is opened by each of the two packages on the same handle and
-// table; each keeps its own cache of scope ids, which are never reused.
+// Package inboxsql owns the inbox table: its configuration, record,
+// statuses, conflict error, every statement and the state machine they
+// make, behind one [Store] opened from the table's [Config]. Package inbox
+// is its public façade (setup, administration, leases; inbox.Store is
+// this Store under another name), package consumer claims keys through
+// the inbox.Store it opens, and request/pgstore stands on the lease half.
+// The statements are built once per table from validated, quoted
+// identifiers; nothing is assembled from user input at run time.
 package inboxsql
 
 import (
@@ -24,103 +22,16 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq"
-	"github.com/idemq/idemq/internal/errtext"
 	"github.com/idemq/idemq/internal/pgtx"
 	"github.com/idemq/idemq/internal/pgutil"
 )
 
-// DB is the handle a Store runs on; inbox.DB has the same method set.
+// DB is the handle a Store runs on: a *pgxpool.Pool, a *pgx.Conn or a
+// pgx.Tx.
 type DB = pgutil.DB
-
-// Status is where a record stands; package inbox documents it as
-// inbox.Status.
-type Status int16
-
-// The statuses, as stored.
-const (
-	InProgress      Status = 1
-	Succeeded       Status = 2
-	FailedRetryable Status = 3
-	FailedFinal     Status = 4
-)
-
-func (s Status) String() string {
-	switch s {
-	case InProgress:
-		return "IN_PROGRESS"
-	case Succeeded:
-		return "SUCCEEDED"
-	case FailedRetryable:
-		return "FAILED_RETRYABLE"
-	case FailedFinal:
-		return "FAILED_FINAL"
-	}
-	return fmt.Sprintf("Status(%d)", int16(s))
-}
-
-// Row is the stored state of one (scope, key). Its fields are inbox.Record's,
-// in the same order, so that inbox.Record(row) converts it.
-type Row struct {
-	Scope       string
-	Key         string
-	Fingerprint []byte
-	Status      Status
-	Owner       string
-	LeaseUntil  time.Time
-	Attempts    int
-	Token       int64
-	Failures    int
-	Result      []byte
-	LastError   string
-	ErrorClass  string
-	Superseded  [][]byte
-	CreatedAt   time.Time
-	UpdatedAt   time.Time
-	ExpiresAt   time.Time
-}
-
-// Columns are the stored columns a Row is read from, in the order of
-// [Scan.Dest], for the table aliased r.
-const Columns = `r.created_at, r.updated_at, r.expires_at, r.attempts, r.failures, r.status,
-	r.fingerprint, r.owner, r.lease_until, r.result, r.last_error, r.superseded, r.token`
-
-// Scan scans the [Columns] of a record; its nullable columns go through
-// pointers.
-type Scan struct {
-	row              Row
-	attempts         int32
-	failures         int32
-	token            *int64
-	owner, lastError *string
-	leaseUntil       *time.Time
-}
-
-// Dest lists scan targets in the order of Columns.
-func (r *Scan) Dest() []any {
-	return []any{&r.row.CreatedAt, &r.row.UpdatedAt, &r.row.ExpiresAt, &r.attempts, &r.failures, &r.row.Status,
-		&r.row.Fingerprint, &r.owner, &r.leaseUntil, &r.row.Result, &r.lastError, &r.row.Superseded, &r.token}
-}
-
-// Row returns the scanned record of (scope, key).
-func (r *Scan) Row(scope, key string) Row {
-	row := r.row
-	row.Scope, row.Key, row.Attempts, row.Failures = scope, key, int(r.attempts), int(r.failures)
-	row.Owner, row.LeaseUntil, row.LastError = deref(r.owner), deref(r.leaseUntil), deref(r.lastError)
-	row.Token = deref(r.token)
-	return row
-}
-
-func deref[T any](p *T) T {
-	var zero T
-	if p == nil {
-		return zero
-	}
-	return *p
-}
 
 // Render fills the placeholders of an inbox statement for table t:
 // {{table}}, {{scopes}}, {{conflicts}}, {{columns}}, the statuses and
@@ -138,27 +49,6 @@ func Render(t pgutil.Table) func(string) string {
 		"{{now_us}}", "(extract(epoch FROM now()) * 1000000)::bigint",
 	).Replace
 }
-
-var (
-	// ErrInvalidKey is inbox.ErrInvalidKey.
-	ErrInvalidKey = errors.New("inbox: invalid key")
-	// ErrNotMigrated is inbox.ErrNotMigrated.
-	ErrNotMigrated = errors.New("inbox: the inbox tables are missing or out of date: run `idemq migrate` or Store.Migrate (consumer.Consumer.Migrate) first")
-	// ErrNilTx reports a nil transaction passed to a Tx method.
-	ErrNilTx error = idemq.NewConfigError("inbox", "tx", "is nil: pass the caller's transaction, or use the call without Tx")
-)
-
-// NotMigrated marks err with ErrNotMigrated when Postgres reports an
-// undefined table (42P01) or column (42703).
-func NotMigrated(err error) error {
-	if pg := (*pgconn.PgError)(nil); errors.As(err, &pg) && (pg.Code == "42P01" || pg.Code == "42703") {
-		return fmt.Errorf("%w: %w", ErrNotMigrated, err)
-	}
-	return err
-}
-
-// ErrText is the stored text of a failure's cause.
-func ErrText(cause error) string { return errtext.Of(cause) }
 
 // maxFingerprint bounds a fingerprint: it is a digest, not a payload.
 const maxFingerprint = 64
@@ -181,49 +71,56 @@ func KeyID(key string) (id uuid.UUID, text *string) {
 	return id, &key
 }
 
-// Options configures a Store: inbox.Config with its defaults filled in,
-// and the error a conflict becomes.
-type Options struct {
-	Schema, Table           string
-	MaxKeyLen               int
-	Retention               time.Duration
-	ConnectionCheckInterval time.Duration // negative: disabled
-	// Conflict returns the error of a key seen before with another
-	// fingerprint (an *inbox.ConflictError).
-	Conflict func(key string, fingerprint []byte, stored Row) error
-	// Partitioning, PartitionInterval and BoundaryGrace are the inbox's
-	// partitioned layout (see partition.go and inbox.Config).
-	Partitioning      Partitioning
-	PartitionInterval time.Duration
-	BoundaryGrace     time.Duration
-}
-
-// Store runs the claim protocol and the shared record reads on one inbox
-// table. It is safe for concurrent use.
+// Store is one inbox table: the claim protocol, the leases, the
+// administration's statements and the partitions. It is safe for
+// concurrent use.
 type Store struct {
-	db   DB
-	opts Options
-	sql  queries
+	db    DB
+	cfg   Config
+	table pgutil.Table
+	sql   queries
 	// connCheck is the client_connection_check_interval to set in the
 	// transactions the Store begins, "" for none.
 	connCheck string
 
 	mu     sync.RWMutex
 	scopes map[string]int32
+	// layoutOK is set once the table's layout was found to match cfg.
+	layoutOK bool
 }
 
-// New returns a Store on db; the caller has validated opts.
-func New(db DB, opts Options) (*Store, error) {
-	table, err := pgutil.ConfigTable("inbox", opts.Schema, opts.Table)
+// New opens the Store of the inbox table cfg names on db, with cfg's
+// defaults filled in; component names the caller's package in
+// configuration errors. It runs no statement.
+func New(db DB, cfg Config, component string) (*Store, error) {
+	if pgtx.IsNil(db) {
+		return nil, idemq.NewConfigError(component, "db", "is nil; pass a *pgxpool.Pool")
+	}
+	cfg, err := cfg.Resolved(component)
+	if err != nil {
+		return nil, err
+	}
+	table, err := pgutil.ConfigTable(component, cfg.Schema, cfg.Table)
 	if err != nil {
 		return nil, err
 	}
 	sql := newQueries(table)
-	if opts.Partitioning != Unpartitioned {
-		partitionQueries(&sql, table.String(), opts)
+	if _, inTx := db.(pgx.Tx); cfg.AsyncAcquire && !inTx {
+		// On a transaction the setting would outlast the claim and make
+		// the caller's commit asynchronous too.
+		sql.acquire = sql.acquireAsync
 	}
-	return &Store{db: db, opts: opts, sql: sql, connCheck: connCheck(db, opts.ConnectionCheckInterval), scopes: map[string]int32{}}, nil
+	if cfg.Partitioning != Unpartitioned {
+		partitionQueries(&sql, table.String(), cfg)
+	}
+	return &Store{db: db, cfg: cfg, table: table, sql: sql, connCheck: connCheck(db, cfg.ConnectionCheckInterval), scopes: map[string]int32{}}, nil
 }
+
+// Config returns the configuration with its defaults filled in.
+func (s *Store) Config() Config { return s.cfg }
+
+// DB returns the handle the Store runs its own statements on.
+func (s *Store) DB() DB { return s.db }
 
 // connCheck returns the client_connection_check_interval a Store sets, in
 // milliseconds, or "" when it is disabled or db's connections set their
@@ -281,6 +178,9 @@ func (s *Store) ScopeID(ctx context.Context, scope string) (int32, error) {
 	if scope == "" || len(scope) > 200 {
 		return 0, fmt.Errorf("inbox: scope must be 1 to 200 bytes, got %d", len(scope))
 	}
+	if err := s.checkLayout(ctx); err != nil {
+		return 0, err
+	}
 	// The insert skips a concurrent registration without seeing it; the
 	// next statement's snapshot does.
 	for range 2 {
@@ -301,20 +201,23 @@ func (s *Store) ScopeID(ctx context.Context, scope string) (int32, error) {
 
 // Validate reports whether key and fingerprint are acceptable:
 // ErrInvalidKey for an empty key, one over MaxKeyLen bytes, or one that is
-// not valid UTF-8 or contains NUL; an error for a fingerprint over 64
-// bytes.
+// not valid UTF-8 or contains NUL, or one PartitionByKey cannot place
+// (see checkPartitionKey); an error for a fingerprint over 64 bytes.
 func (s *Store) Validate(key string, fingerprint []byte) error {
 	switch {
 	case key == "":
 		return fmt.Errorf("%w: empty", ErrInvalidKey)
-	case len(key) > s.opts.MaxKeyLen:
-		return fmt.Errorf("%w: %d bytes, over the limit of %d", ErrInvalidKey, len(key), s.opts.MaxKeyLen)
+	case len(key) > s.cfg.MaxKeyLen:
+		return fmt.Errorf("%w: %d bytes, over the limit of %d", ErrInvalidKey, len(key), s.cfg.MaxKeyLen)
 	case !utf8.ValidString(key):
 		return fmt.Errorf("%w: not valid UTF-8 text", ErrInvalidKey)
 	case strings.IndexByte(key, 0) >= 0:
 		return fmt.Errorf("%w: contains NUL at byte %d, which Postgres text cannot hold", ErrInvalidKey, strings.IndexByte(key, 0))
 	case len(fingerprint) > maxFingerprint:
 		return fmt.Errorf("inbox: fingerprint of %d bytes, want a digest of at most %d", len(fingerprint), maxFingerprint)
+	}
+	if s.cfg.Partitioning == PartitionByKey {
+		return s.checkPartitionKey(KeyID(key))
 	}
 	return nil
 }
@@ -338,9 +241,6 @@ func (s *Store) Resolve(ctx context.Context, scope, key string, fingerprint []by
 		return Key{}, err
 	}
 	id, text := KeyID(key)
-	if err := s.checkPartitionKey(id, text); err != nil {
-		return Key{}, err
-	}
 	return Key{Scope: scope, Key: key, ScopeID: scopeID, ID: id, Text: text, Fingerprint: nonNil(fingerprint)}, nil
 }
 
@@ -353,24 +253,23 @@ func (k Key) Args(retention time.Duration) []any {
 // Stored reads the record of k on db. In a READ COMMITTED transaction
 // this new statement sees the record even if it committed concurrently,
 // after an insert's snapshot (the insert waited for it, then skipped).
-func (s *Store) Stored(ctx context.Context, db DB, k Key) (Row, bool, error) {
+func (s *Store) Stored(ctx context.Context, db DB, k Key) (Record, bool, error) {
 	var rec Scan
 	err := db.QueryRow(ctx, s.sql.get, k.ScopeID, k.ID).Scan(rec.Dest()...)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return Row{}, false, nil
+		return Record{}, false, nil
 	}
 	if err != nil {
-		return Row{}, false, fmt.Errorf("inbox: read record %q: %w", k.Key, err)
+		return Record{}, false, fmt.Errorf("inbox: read record %q: %w", k.Key, err)
 	}
-	return rec.Row(k.Scope, k.Key), true, nil
+	return rec.Record(k.Scope, k.Key), true, nil
 }
 
 // Against returns rec as a claim of key with fingerprint sees it: rec
 // itself when the fingerprints match; a duplicate (Succeeded, with that
 // fingerprint and no stored result) when the key was applied with it
-// before a released conflict; otherwise rec and the Options' conflict
-// error.
-func (s *Store) Against(rec Row, key string, fingerprint []byte) (Row, error) {
+// before a released conflict; otherwise rec and a *ConflictError.
+func (s *Store) Against(rec Record, key string, fingerprint []byte) (Record, error) {
 	same := func(f []byte) bool { return string(f) == string(fingerprint) }
 	switch {
 	case same(rec.Fingerprint):
@@ -379,7 +278,7 @@ func (s *Store) Against(rec Row, key string, fingerprint []byte) (Row, error) {
 		rec.Status, rec.Fingerprint, rec.Result, rec.Owner, rec.LeaseUntil = Succeeded, fingerprint, nil, "", time.Time{}
 		return rec, nil
 	}
-	return rec, s.opts.Conflict(key, fingerprint, rec)
+	return rec, &ConflictError{Key: key, Fingerprint: fingerprint, Stored: rec}
 }
 
 func nonNil(b []byte) []byte {

@@ -1,6 +1,6 @@
 // Package pgstore keeps request records in Postgres, the durable default
-// of package request: the leased mode of the inbox (package inbox) in a
-// table of its own.
+// of package request: the leased mode of the inbox table (its lease half,
+// shared with package inbox) in a table of its own.
 //
 // A claim is one INSERT … ON CONFLICT DO UPDATE that takes a new, released
 // or expired key and sets its fencing token to the larger of the previous
@@ -24,13 +24,14 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemq/idemq"
-	"github.com/idemq/idemq/inbox"
+	"github.com/idemq/idemq/internal/inboxsql"
 	"github.com/idemq/idemq/internal/pgtx"
 	"github.com/idemq/idemq/migrate"
 	"github.com/idemq/idemq/request"
@@ -57,8 +58,8 @@ type Config struct {
 	// Defaults to request.RecordTTLDefault (24 hours).
 	RecordTTL time.Duration
 	// SynchronousClaims makes a claim wait until its WAL is on disk. By
-	// default claims commit with synchronous_commit off (see
-	// inbox.Config.AsyncAcquire): a claim then costs no flush of its own,
+	// default claims commit with synchronous_commit off (as
+	// inbox.Config.AsyncAcquire does): a claim then costs no flush of its own,
 	// and the durable commit that completes the request (Complete, or
 	// CompleteTx in the handler's transaction) flushes it too. What the
 	// default gives up: a Postgres crash within a fraction of a second
@@ -91,7 +92,7 @@ func (c Config) validate() error {
 
 // Store is a [request.Store] on Postgres. It is safe for concurrent use.
 type Store struct {
-	in    *inbox.Store
+	in    *inboxsql.Store
 	ttl   time.Duration
 	owner string
 }
@@ -108,11 +109,8 @@ func New(db DB, cfg Config) (*Store, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	in, err := inbox.New(db, inbox.Config{Schema: cfg.Schema, Table: cfg.Table, Retention: cfg.RecordTTL, MaxKeyLen: 1024, AsyncAcquire: !cfg.SynchronousClaims})
-	if ce, ok := errors.AsType[*idemq.ConfigError](err); ok {
-		// Blame this Store's setting, not the inbox underneath.
-		return nil, idemq.NewConfigError(component, ce.Field, "%s", ce.Reason)
-	} else if err != nil {
+	in, err := inboxsql.New(db, inboxsql.Config{Schema: cfg.Schema, Table: cfg.Table, Retention: cfg.RecordTTL, MaxKeyLen: 1024, AsyncAcquire: !cfg.SynchronousClaims}, component)
+	if err != nil {
 		return nil, err
 	}
 	var owner [6]byte
@@ -137,18 +135,22 @@ func (s *Store) MigrationSource() migrate.Source { return s.in.MigrationSource()
 // RecordTTL returns Config.RecordTTL.
 func (s *Store) RecordTTL() time.Duration { return s.ttl }
 
-// scope maps a request scope to an inbox scope, which must not be empty.
-func scope(id request.ID) string { return "r:" + id.Scope }
+// scopePrefix starts the inbox scope of every request scope, which may
+// be empty where an inbox scope may not.
+const scopePrefix = "r:"
+
+// scope maps a request scope to an inbox scope.
+func scope(id request.ID) string { return scopePrefix + id.Scope }
 
 // Claim implements [request.Store.Claim].
 func (s *Store) Claim(ctx context.Context, id request.ID, fingerprint []byte, lease time.Duration) (request.Claim, error) {
 	c, err := s.in.Acquire(ctx, scope(id), id.Key, fingerprint, s.owner, lease)
-	var conflict *inbox.ConflictError
+	var conflict *inboxsql.ConflictError
 	switch {
 	case errors.As(err, &conflict):
 		stored, _ := record(id, conflict.Stored)
 		return request.Claim{}, &request.ConflictError{ID: id, Fingerprint: fingerprint, Stored: stored}
-	case errors.Is(err, inbox.ErrInvalidKey):
+	case errors.Is(err, inboxsql.ErrInvalidKey):
 		return request.Claim{}, fmt.Errorf("%w: %w", request.ErrInvalidKey, err)
 	case err != nil:
 		return request.Claim{}, err
@@ -205,7 +207,7 @@ func (s *Store) Extend(ctx context.Context, lease idemq.Lease, d time.Duration) 
 // Get implements [request.Store.Get].
 func (s *Store) Get(ctx context.Context, id request.ID) (request.Record, error) {
 	r, err := s.in.Get(ctx, scope(id), id.Key)
-	if errors.Is(err, inbox.ErrNotFound) {
+	if errors.Is(err, inboxsql.ErrNotFound) {
 		return request.Record{}, request.ErrNotFound
 	}
 	if err != nil {
@@ -228,14 +230,14 @@ func inboxLease(l idemq.Lease) idemq.Lease {
 
 // record translates an inbox record; the request states are the inbox's
 // leased states under other names.
-func record(id request.ID, r inbox.Record) (request.Record, error) {
+func record(id request.ID, r inboxsql.Record) (request.Record, error) {
 	rec := request.Record{ID: id, Fingerprint: r.Fingerprint, Token: r.Token, ExpiresAt: r.ExpiresAt}
 	switch r.Status {
-	case inbox.InProgress:
+	case inboxsql.InProgress:
 		rec.State, rec.LeaseUntil = request.InProgress, r.LeaseUntil
-	case inbox.FailedRetryable:
+	case inboxsql.FailedRetryable:
 		rec.State = request.Released
-	case inbox.Succeeded:
+	case inboxsql.Succeeded:
 		rec.State, rec.Response = request.Completed, &request.Response{}
 		if err := rec.Response.UnmarshalBinary(r.Result); err != nil {
 			return rec, fmt.Errorf("pgstore: record %q: %w", id.Key, err)
@@ -247,9 +249,25 @@ func record(id request.ID, r inbox.Record) (request.Record, error) {
 }
 
 // Lookup returns the records of request key in every scope (tenant or
-// principal), most recently updated first, as the inbox stores them: the
-// scope is the request scope with the store's "r:" prefix. The operator
-// console's lookup page uses it.
-func (s *Store) Lookup(ctx context.Context, key string) ([]inbox.Record, error) {
-	return s.in.Lookup(ctx, key)
+// principal), most recently updated first. The operator console's lookup
+// page uses it.
+func (s *Store) Lookup(ctx context.Context, key string) ([]request.Record, error) {
+	recs, err := s.in.Lookup(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]request.Record, 0, len(recs))
+	for _, r := range recs {
+		rec, err := record(request.ID{Scope: strings.TrimPrefix(r.Scope, scopePrefix), Key: key}, r)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, rec)
+	}
+	return out, nil
 }
+
+// Chores returns the store's maintenance, for an [idemq.Maintenance]: GC
+// of expired records every minute, in one process at a time however many
+// run it.
+func (s *Store) Chores() []idemq.Chore { return []idemq.Chore{s.in.GCChore("requests")} }

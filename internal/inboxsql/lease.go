@@ -1,4 +1,4 @@
-package inbox
+package inboxsql
 
 import (
 	"context"
@@ -10,9 +10,21 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemq/idemq"
-	"github.com/idemq/idemq/internal/inboxsql"
 	"github.com/idemq/idemq/internal/pgtx"
+	"github.com/idemq/idemq/internal/pgutil"
 )
+
+// AcquireResult is the outcome of [Store.Acquire].
+type AcquireResult struct {
+	// New reports that the caller now holds Lease on the key and must do
+	// the work. Otherwise Existing holds the stored record.
+	New      bool
+	Existing *Record
+	// Failures counts the failed attempts before this claim (New only).
+	Failures int
+	// Lease is the caller's hold on the key when New.
+	Lease idemq.Lease
+}
 
 // Acquire claims key for owner for the duration ttl, for side effects
 // outside Postgres. It takes the key when it is new, when the last attempt
@@ -29,7 +41,7 @@ func (s *Store) Acquire(ctx context.Context, scope, key string, fingerprint []by
 	if err := checkTTL(ttl); err != nil {
 		return AcquireResult{}, err
 	}
-	k, err := s.core.Resolve(ctx, scope, key, fingerprint)
+	k, err := s.Resolve(ctx, scope, key, fingerprint)
 	if err != nil {
 		return AcquireResult{}, err
 	}
@@ -42,14 +54,14 @@ func (s *Store) Acquire(ctx context.Context, scope, key string, fingerprint []by
 			return AcquireResult{New: true, Failures: int(failures), Lease: lease}, nil
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
-			return AcquireResult{}, fmt.Errorf("inbox: acquire %q: %w", key, err)
+			return AcquireResult{}, fmt.Errorf("inbox: acquire %q: %w", key, noPartition(err))
 		}
-		rec, found, err := s.stored(ctx, k)
+		rec, found, err := s.Stored(ctx, s.db, k)
 		if err != nil {
 			return AcquireResult{}, err
 		}
 		if found {
-			rec, err := s.against(rec, key, k.Fingerprint)
+			rec, err := s.Against(rec, key, k.Fingerprint)
 			return AcquireResult{Existing: &rec}, err
 		}
 		// Deleted by GC in between: claim it afresh.
@@ -81,7 +93,7 @@ func (s *Store) Complete(ctx context.Context, lease idemq.Lease, result []byte) 
 // lease stays as it was and runs out.
 func (s *Store) CompleteTx(ctx context.Context, tx pgx.Tx, lease idemq.Lease, result []byte) error {
 	if pgtx.IsNil(tx) {
-		return inboxsql.ErrNilTx
+		return ErrNilTx
 	}
 	return s.finalize(ctx, tx, lease, s.sql.complete, result, s.cfg.Retention)
 }
@@ -91,32 +103,32 @@ func (s *Store) CompleteTx(ctx context.Context, tx pgx.Tx, lease idemq.Lease, re
 // cause kept as the record's last error. It fails with idemq.ErrLeaseLost like
 // [Store.Complete].
 func (s *Store) Fail(ctx context.Context, lease idemq.Lease, cause error) error {
-	return s.finalize(ctx, s.db, lease, s.sql.fail, FailedRetryable, inboxsql.ErrText(cause), s.cfg.Retention)
+	return s.finalize(ctx, s.db, lease, s.sql.fail, FailedRetryable, ErrText(cause), s.cfg.Retention)
 }
 
 // FailTx is [Store.Fail] inside the caller's transaction; if tx rolls
 // back, the lease stays as it was and runs out.
 func (s *Store) FailTx(ctx context.Context, tx pgx.Tx, lease idemq.Lease, cause error) error {
 	if pgtx.IsNil(tx) {
-		return inboxsql.ErrNilTx
+		return ErrNilTx
 	}
-	return s.finalize(ctx, tx, lease, s.sql.fail, FailedRetryable, inboxsql.ErrText(cause), s.cfg.Retention)
+	return s.finalize(ctx, tx, lease, s.sql.fail, FailedRetryable, ErrText(cause), s.cfg.Retention)
 }
 
 // FailFinal finalizes a lease after a failed attempt as FAILED_FINAL: the
 // message is a dead letter, kept with cause. It fails with idemq.ErrLeaseLost
 // like [Store.Complete].
 func (s *Store) FailFinal(ctx context.Context, lease idemq.Lease, cause error) error {
-	return s.finalize(ctx, s.db, lease, s.sql.fail, FailedFinal, inboxsql.ErrText(cause), s.cfg.Retention)
+	return s.finalize(ctx, s.db, lease, s.sql.fail, FailedFinal, ErrText(cause), s.cfg.Retention)
 }
 
 // FailFinalTx is [Store.FailFinal] inside the caller's transaction; if tx
 // rolls back, the lease stays as it was and runs out.
 func (s *Store) FailFinalTx(ctx context.Context, tx pgx.Tx, lease idemq.Lease, cause error) error {
 	if pgtx.IsNil(tx) {
-		return inboxsql.ErrNilTx
+		return ErrNilTx
 	}
-	return s.finalize(ctx, tx, lease, s.sql.fail, FailedFinal, inboxsql.ErrText(cause), s.cfg.Retention)
+	return s.finalize(ctx, tx, lease, s.sql.fail, FailedFinal, ErrText(cause), s.cfg.Retention)
 }
 
 // Abandon gives the key back before its lease runs out, for a holder that
@@ -135,11 +147,11 @@ func (s *Store) Extend(ctx context.Context, lease idemq.Lease, ttl time.Duration
 	if err := checkTTL(ttl); err != nil {
 		return lease, err
 	}
-	scopeID, err := s.core.ScopeID(ctx, lease.Scope)
+	scopeID, err := s.ScopeID(ctx, lease.Scope)
 	if err != nil {
 		return lease, err
 	}
-	id, _ := inboxsql.KeyID(lease.Key)
+	id, _ := KeyID(lease.Key)
 	err = s.db.QueryRow(ctx, s.sql.extend, scopeID, id, lease.Token, ttl).Scan(&lease.Until)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return lease, idemq.ErrLeaseLost
@@ -151,11 +163,11 @@ func (s *Store) Extend(ctx context.Context, lease idemq.Lease, ttl time.Duration
 }
 
 func (s *Store) finalize(ctx context.Context, db DB, lease idemq.Lease, sql string, args ...any) error {
-	scopeID, err := s.core.ScopeID(ctx, lease.Scope)
+	scopeID, err := s.ScopeID(ctx, lease.Scope)
 	if err != nil {
 		return err
 	}
-	id, _ := inboxsql.KeyID(lease.Key)
+	id, _ := KeyID(lease.Key)
 	var tag pgconn.CommandTag
 	tag, err = db.Exec(ctx, sql, append([]any{scopeID, id, lease.Token}, args...)...)
 	if err != nil {
@@ -165,4 +177,91 @@ func (s *Store) finalize(ctx context.Context, db DB, lease idemq.Lease, sql stri
 		return idemq.ErrLeaseLost
 	}
 	return nil
+}
+
+// Get returns the record of (scope, key), or ErrNotFound.
+func (s *Store) Get(ctx context.Context, scope, key string) (Record, error) {
+	k, err := s.Resolve(ctx, scope, key, nil)
+	if err != nil {
+		return Record{}, err
+	}
+	rec, found, err := s.Stored(ctx, s.db, k)
+	if err == nil && !found {
+		err = ErrNotFound
+	}
+	return rec, err
+}
+
+// Lookup returns the records of key in every scope, most recently
+// updated first, each with its ErrorClass. It probes the primary key once
+// per scope. None is an empty slice, not an error.
+func (s *Store) Lookup(ctx context.Context, key string) ([]Record, error) {
+	if key == "" {
+		return nil, fmt.Errorf("inbox: lookup: empty key")
+	}
+	id, _ := KeyID(key)
+	rows, err := s.db.Query(ctx, s.sql.lookup, id)
+	if err != nil {
+		return nil, fmt.Errorf("inbox: lookup %q: %w", key, NotMigrated(err))
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Record, error) {
+		var scope, class string
+		var rec Scan
+		if err := row.Scan(append([]any{&scope, &class}, rec.Dest()...)...); err != nil {
+			return Record{}, err
+		}
+		r := rec.Record(scope, key)
+		r.ErrorClass = class
+		return r, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("inbox: lookup %q: %w", key, NotMigrated(err))
+	}
+	return out, nil
+}
+
+// GC deletes records and recorded conflicts whose retention ran out,
+// batchSize at a time (each batch its own short statement, through an
+// expires_at index), until none is left, and returns how many it deleted;
+// records under a live lease are kept. On a partitioned table it drops
+// expired partitions and creates those due instead of deleting records.
+// batchSize <= 0 means 1000.
+func (s *Store) GC(ctx context.Context, batchSize int) (int64, error) {
+	if batchSize <= 0 {
+		batchSize = 1000
+	}
+	if err := s.gcPartitions(ctx); err != nil {
+		return 0, err
+	}
+	var total int64
+	for _, sql := range []string{s.sql.gc, s.sql.gcConflicts} {
+		for {
+			tag, err := s.db.Exec(ctx, sql, batchSize)
+			if err != nil {
+				return total, fmt.Errorf("inbox: gc: %w", NotMigrated(err))
+			}
+			total += tag.RowsAffected()
+			if tag.RowsAffected() < int64(batchSize) {
+				break
+			}
+		}
+	}
+	return total, nil
+}
+
+// Table returns the Store's validated table name.
+func (s *Store) Table() pgutil.Table { return s.table }
+
+// GCChore is the maintenance chore that runs GC on the Store's table,
+// named what (the table's role: "inbox", "requests") and the table. It
+// runs every minute and, on a partitioned table, at least four times per
+// PartitionInterval, so the partitions made ahead never run out.
+func (s *Store) GCChore(what string) idemq.Chore {
+	every := time.Minute
+	if s.cfg.Partitioning != Unpartitioned {
+		every = min(every, s.cfg.PartitionInterval/4)
+	}
+	return pgutil.Chore(s.db, what+" gc "+s.table.String(), every, func(ctx context.Context) (int64, error) {
+		return s.GC(ctx, 0)
+	})
 }
