@@ -364,7 +364,7 @@ func New(pool *pgxpool.Pool, ob *outbox.Outbox, sink Sink, cfg Config) (*Relay, 
 		ob:     ob,
 		sink:   sink,
 		cfg:    cfg,
-		log:    cfg.Logger.With("component", "idemq.relay", "outbox", sql.Table),
+		log:    cfg.Logger.With("component", "idemq.relay", "outbox", ob.Config().Schema+"."+ob.Config().Table),
 		sql:    sql,
 		vacuum: make(chan struct{}, 1),
 	}
@@ -562,7 +562,13 @@ func (r *Relay) workerLoop(ctx, work context.Context, wake <-chan struct{}, id u
 				return
 			}
 			d := back.NextBackOff()
-			r.mon.dbFailed(err, d)
+			if errors.Is(err, errFenced) {
+				// Not an outage: the heartbeat lapsed, or the claim's
+				// answer came too late, and the batch let go of its rows.
+				r.log.Warn("relay: a batch let its claimed rows go unpublished: the worker may have lost its partitions' leases; it takes them again if still theirs", "err", err, "retry_in", d)
+			} else {
+				r.mon.dbFailed(err, d)
+			}
 			_ = lifecycle.Sleep(ctx, d)
 			continue
 		}
