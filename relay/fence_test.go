@@ -258,8 +258,7 @@ func handWorker(t *testing.T, r *Relay) *worker {
 	if err := r.preflight(ctx); err != nil {
 		t.Fatal(err)
 	}
-	w := &worker{r: r, id: uuid.New()}
-	w.restart()
+	w := &worker{r: r, id: uuid.New(), win: newWindow(time.Time{})}
 	beats, err := r.joinAll(ctx, []uuid.UUID{w.id})
 	if err != nil {
 		t.Fatal(err)

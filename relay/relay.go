@@ -533,8 +533,7 @@ func (r *Relay) fatal(err error) error {
 var errRetry = idemq.Retry{BaseDelay: 100 * time.Millisecond, MaxDelay: 30 * time.Second}
 
 func (r *Relay) workerLoop(ctx, work context.Context, wake <-chan struct{}, id uuid.UUID, fatal func(error)) {
-	w := &worker{r: r, id: id, lastFull: time.Now()}
-	w.restart()
+	w := &worker{r: r, id: id, win: newWindow(time.Now())}
 	defer w.leave(ctx)
 	// The worker's loop runs on after a success, so it takes the delays of
 	// a BackOff rather than running under backoff.RetryNotify.
@@ -582,8 +581,8 @@ func (r *Relay) workerLoop(ctx, work context.Context, wake <-chan struct{}, id u
 		if hotPoll > 0 && time.Now().Before(hotUntil) {
 			wait = min(wait, hotPoll)
 		}
-		if !w.back.at.IsZero() {
-			wait = min(wait, time.Until(w.back.at))
+		if at := w.win.back.at; !at.IsZero() {
+			wait = min(wait, time.Until(at))
 		}
 		wait = max(wait, 0)
 		poll.Reset(wait)
