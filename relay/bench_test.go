@@ -17,7 +17,7 @@ import (
 	"github.com/idemq/idemq/relay"
 )
 
-var noop = relay.SinkFunc(func(context.Context, []relay.Message) error { return nil })
+var noop = relay.SinkFunc(func(context.Context, relay.BatchID, []relay.Message) error { return nil })
 
 // fill enqueues n messages of 100 bytes, keys round robin over keys (0: no
 // key), in transactions of 10,000 (COPY), then vacuums.
@@ -218,7 +218,7 @@ func BenchmarkWakeLatency(b *testing.B) {
 	bd := setup(b)
 	measure := func(cfg relay.Config, samples int) (p50, p99 time.Duration) {
 		calls := make(chan time.Time, 1)
-		sink := relay.SinkFunc(func(context.Context, []relay.Message) error {
+		sink := relay.SinkFunc(func(context.Context, relay.BatchID, []relay.Message) error {
 			calls <- time.Now()
 			return nil
 		})
@@ -324,7 +324,7 @@ func BenchmarkEnqueueNotifyCost(b *testing.B) {
 func BenchmarkRelayWorkers(b *testing.B) {
 	const n = 20_000
 	bd := setup(b)
-	slow := relay.SinkFunc(func(context.Context, []relay.Message) error {
+	slow := relay.SinkFunc(func(context.Context, relay.BatchID, []relay.Message) error {
 		time.Sleep(2 * time.Millisecond)
 		return nil
 	})

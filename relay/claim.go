@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -161,8 +162,7 @@ func (w *worker) round(ctx, work context.Context) (int, bool, error) {
 		if err != nil {
 			return 0, false, err
 		}
-		pctx = withBatch(pctx)
-		failed, took = r.publish(pctx, rows, behind)
+		failed, took = r.publish(pctx, BatchID(batches.Add(1)), rows, behind)
 		w.unmark(rows, failed)
 		if err := fenced(); err != nil {
 			return 0, false, err
@@ -363,12 +363,17 @@ func (w *worker) claim(ctx context.Context, tx *claimTx, picked []scanned) ([]ro
 	return rows, behind, nil
 }
 
-// publish hands copies of the rows to the Sink, in ctx (see fence), except
+// batches numbers the relay batches of the process: a Sink shared by two
+// relays tells their batches apart.
+var batches atomic.Uint64
+
+// publish hands copies of the rows to the Sink as batch id, in ctx (see
+// fence), except
 // those failed beforehand (behind, by index) and their key's followers,
 // and returns the failed indexes and the duration of the call. A row whose
 // stored headers do not decode fails permanently on its own, and its key's
 // followers with it.
-func (r *Relay) publish(ctx context.Context, rows []row, behind map[int]error) (map[int]error, time.Duration) {
+func (r *Relay) publish(ctx context.Context, id BatchID, rows []row, behind map[int]error) (map[int]error, time.Duration) {
 	msgs := make([]Message, len(rows))
 	f := NewFailures(msgs)
 	send := make([]int, 0, len(rows))
@@ -400,7 +405,7 @@ func (r *Relay) publish(ctx context.Context, rows []row, behind map[int]error) (
 		}
 	}
 	start := time.Now()
-	f.Merge(send, publish(ctx, r.sink, batch))
+	f.Merge(send, publish(ctx, r.sink, id, batch))
 	return f.failed, time.Since(start)
 }
 

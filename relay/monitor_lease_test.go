@@ -145,7 +145,7 @@ func TestRelayLogsFencedBatchAsSuch(t *testing.T) {
 	b, proxy, acfg := proxied(t)
 	var log jsonLog
 	inFlight := make(chan struct{}, 1)
-	sink := relay.SinkFunc(func(ctx context.Context, _ []relay.Message) error {
+	sink := relay.SinkFunc(func(ctx context.Context, _ relay.BatchID, _ []relay.Message) error {
 		select {
 		case inFlight <- struct{}{}:
 		default:

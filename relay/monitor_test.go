@@ -69,7 +69,7 @@ func TestRelayLogsStateChanges(t *testing.T) {
 	down.Store(true)
 	var failed atomic.Int64
 	router := relay.NewRouter()
-	if err := router.Route("d", relay.SinkFunc(func(ctx context.Context, batch []relay.Message) error {
+	if err := router.Route("d", relay.SinkFunc(func(ctx context.Context, _ relay.BatchID, batch []relay.Message) error {
 		if down.Load() {
 			return errors.New("broker unreachable")
 		}
@@ -79,7 +79,7 @@ func TestRelayLogsStateChanges(t *testing.T) {
 	}
 	// A destination that refuses its messages (permanent errors: dead
 	// letters) is not a broker outage.
-	if err := router.Route("refusing", relay.SinkFunc(func(ctx context.Context, batch []relay.Message) error {
+	if err := router.Route("refusing", relay.SinkFunc(func(ctx context.Context, _ relay.BatchID, batch []relay.Message) error {
 		return idemq.Permanent(errors.New("refused"))
 	})); err != nil {
 		t.Fatal(err)

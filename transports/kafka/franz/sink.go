@@ -157,7 +157,7 @@ func (s *Sink) Close() { s.cl.Close() }
 // returns nil when every message was acknowledged, a *[relay.PublishError]
 // naming the failed indexes otherwise, and ctx's error if ctx ended first
 // with nothing delivered.
-func (s *Sink) Publish(ctx context.Context, batch []relay.Message) error {
+func (s *Sink) Publish(ctx context.Context, _ relay.BatchID, batch []relay.Message) error {
 	if len(batch) == 0 {
 		return nil
 	}

@@ -46,16 +46,26 @@ type TxConfig struct {
 	// SinkConfig maps destinations to topics and names the id header, as
 	// for a [Sink].
 	SinkConfig
+	// Outbox names the outbox whose rows the TxSink publishes, as
+	// relay.OutboxName gives it. Every watermark record carries it, and a
+	// watermark of another outbox under this TxSink's transactional ids
+	// is refused (an error from [TxSink.Watermark]), never applied: its
+	// seqs are another outbox's, and the relay would delete this
+	// outbox's rows of the same seqs unpublished. Required.
+	Outbox string
 	// TransactionalIDPrefix prefixes the transactional.id of each outbox
 	// key partition: partition 7's is TransactionalIDPrefix + "7". It
 	// must be unique to one outbox (every relay of that outbox uses the
-	// same prefix, and no other producer). Required.
+	// same prefix, and no other producer). Defaults to the prefix
+	// [TxNames] derives from Outbox.
 	TransactionalIDPrefix string
 	// WatermarkTopic receives each transaction's watermark record (key:
-	// the transactional id; value: the outbox partition, the highest seq,
-	// the lease token and the seqs delivered). It should be compacted;
-	// the TxSink creates it (compacted, [WatermarkPartitionsDefault]
-	// partitions) when it does not exist. Required.
+	// the transactional id; value: the outbox, its partition, the highest
+	// seq, the lease token and the seqs delivered). It should be
+	// compacted; the TxSink creates it (compacted,
+	// [WatermarkPartitionsDefault] partitions) when it does not exist.
+	// A topic name Kafka accepts. Defaults to the topic [TxNames] derives
+	// from Outbox.
 	WatermarkTopic string
 	// TransactionTimeout is the broker's bound on an open transaction
 	// (transaction.timeout.ms, at most the broker's
@@ -134,10 +144,10 @@ type txPartition struct {
 	token int64 // the highest lease token seen
 	last  relay.Watermark
 	known bool // last is the partition's last committed watermark
-	// batch is the relay batch (relay.Batch) of the last transaction:
-	// the next transaction of the same batch names the rows of both in
-	// its watermark.
-	batch uint64
+	// batch is the relay batch of the last transaction: the next
+	// transaction of the same batch names the rows of both in its
+	// watermark.
+	batch relay.BatchID
 }
 
 // NewTxSink returns a TxSink whose clients are made of opts (at least
@@ -146,15 +156,19 @@ type txPartition struct {
 // contact the brokers.
 func NewTxSink(cfg TxConfig, opts ...kgo.Opt) (*TxSink, error) {
 	const c = "franz.TxSink"
+	if cfg.Outbox == "" {
+		return nil, idemq.NewConfigError(c, "Outbox", "is empty: name the outbox (relay.OutboxName), so that its watermarks are told from another outbox's")
+	}
+	prefix, topic := TxNames(cfg.Outbox)
+	cfg.TransactionalIDPrefix = cmp.Or(cfg.TransactionalIDPrefix, prefix)
+	cfg.WatermarkTopic = cmp.Or(cfg.WatermarkTopic, topic)
 	cfg.SinkConfig = cfg.SinkConfig.withDefaults()
 	cfg.TransactionTimeout = cmp.Or(cfg.TransactionTimeout, TransactionTimeoutDefault)
-	switch {
-	case cfg.TransactionalIDPrefix == "":
-		return nil, idemq.NewConfigError(c, "TransactionalIDPrefix", "is empty")
-	case cfg.WatermarkTopic == "":
-		return nil, idemq.NewConfigError(c, "WatermarkTopic", "is empty")
-	case cfg.TransactionTimeout < time.Second:
+	if cfg.TransactionTimeout < time.Second {
 		return nil, idemq.NewConfigError(c, "TransactionTimeout", "%v is below a second", cfg.TransactionTimeout)
+	}
+	if err := checkTopic(c, "WatermarkTopic", cfg.WatermarkTopic); err != nil {
+		return nil, err
 	}
 	if err := cfg.SinkConfig.validate(c); err != nil {
 		return nil, err
@@ -272,7 +286,7 @@ func (s *TxSink) ensure(ctx context.Context, tp *txPartition, p int, token int64
 // plain idempotent producer. Messages that the partition's last committed
 // watermark names were delivered already: they are reported delivered
 // and not sent again.
-func (s *TxSink) Publish(ctx context.Context, batch []relay.Message) error {
+func (s *TxSink) Publish(ctx context.Context, id relay.BatchID, batch []relay.Message) error {
 	if len(batch) == 0 {
 		return nil
 	}
@@ -294,7 +308,7 @@ func (s *TxSink) Publish(ctx context.Context, batch []relay.Message) error {
 	var wg sync.WaitGroup
 	for p, idx := range byPart {
 		wg.Go(func() {
-			failed := s.transact(ctx, batch, recs, p, idx)
+			failed := s.transact(ctx, id, batch, recs, p, idx)
 			mu.Lock()
 			for i, err := range failed {
 				f.Fail(i, err)
@@ -310,8 +324,11 @@ func (s *TxSink) Publish(ctx context.Context, batch []relay.Message) error {
 	return f.Err(ctx)
 }
 
-// wmRecord is the value of a watermark record.
+// wmRecord is the value of a watermark record. Outbox is empty in the
+// records of versions before it was written: those are taken as this
+// TxSink's, so that an upgrade keeps the watermarks.
 type wmRecord struct {
+	Outbox    string  `json:"outbox,omitempty"`
 	Partition int     `json:"partition"`
 	Seq       int64   `json:"seq"`
 	Token     int64   `json:"token"`
@@ -319,8 +336,8 @@ type wmRecord struct {
 }
 
 // transact publishes batch[i] for i in idx, all of outbox partition p, in
-// one transaction, and returns the failed indexes.
-func (s *TxSink) transact(ctx context.Context, batch []relay.Message, recs []*kgo.Record, p int, idx []int) map[int]error {
+// one transaction of relay batch id, and returns the failed indexes.
+func (s *TxSink) transact(ctx context.Context, id relay.BatchID, batch []relay.Message, recs []*kgo.Record, p int, idx []int) map[int]error {
 	failAll := func(err error) map[int]error {
 		out := make(map[int]error, len(idx))
 		for _, i := range idx {
@@ -346,7 +363,7 @@ func (s *TxSink) transact(ctx context.Context, batch []relay.Message, recs []*kg
 	for _, seq := range tp.last.Seqs {
 		delivered[seq] = true
 	}
-	wm := wmRecord{Partition: p, Token: token}
+	wm := wmRecord{Outbox: s.cfg.Outbox, Partition: p, Token: token}
 	var send []int
 	for _, i := range idx {
 		m := &batch[i]
@@ -370,8 +387,7 @@ func (s *TxSink) transact(ctx context.Context, batch []relay.Message, recs []*kg
 	}
 	// Another destination's share of the same relay batch: its rows wait
 	// for the same delete, so the watermark names them too.
-	batchNo, inBatch := relay.Batch(ctx)
-	if inBatch && batchNo == tp.batch && tp.last.Token == token {
+	if id != 0 && id == tp.batch && tp.last.Token == token {
 		wm.Seq = max(wm.Seq, tp.last.Seq)
 		wm.Seqs = append(slices.Clip(tp.last.Seqs), wm.Seqs...)
 	}
@@ -439,7 +455,7 @@ func (s *TxSink) transact(ctx context.Context, batch []relay.Message, recs []*kg
 	err = cl.EndTransaction(endCtx, kgo.TryCommit)
 	if err == nil {
 		tp.last = relay.Watermark{Partition: p, Token: token, Seq: wm.Seq, Seqs: wm.Seqs}
-		tp.batch = batchNo
+		tp.batch = id
 		return failed
 	}
 	// The commit was not attempted (the producer id had failed): abort.
@@ -531,23 +547,29 @@ func (s *TxSink) readWatermark(ctx context.Context, cl *kgo.Client, p int) (rela
 	key := s.TransactionalID(p)
 	for back := int64(8); ; back *= 16 {
 		start := max(end-back, 0)
-		wm, found, err := s.scanWatermark(ctx, wp, start, end, key)
-		if err != nil || found || start == 0 {
-			if wm.Partition != p && found {
-				return relay.Watermark{}, fmt.Errorf("idemq/franz: the watermark of %s names partition %d", key, wm.Partition)
-			}
-			if !found {
-				wm.Partition = p
-			}
-			return wm, err
+		v, found, err := s.scanWatermark(ctx, wp, start, end, key)
+		switch {
+		case err != nil:
+			return relay.Watermark{}, err
+		case !found && start > 0:
+			continue
+		case !found:
+			return relay.Watermark{Partition: p}, nil
+		case v.Outbox != "" && v.Outbox != s.cfg.Outbox:
+			return relay.Watermark{}, fmt.Errorf("idemq/franz: the watermark of %s on %s belongs to another outbox (%s; this TxSink's is %s): "+
+				"give each outbox its own TransactionalIDPrefix and WatermarkTopic, or leave them empty for names derived from the outbox",
+				key, s.cfg.WatermarkTopic, v.Outbox, s.cfg.Outbox)
+		case v.Partition != p:
+			return relay.Watermark{}, fmt.Errorf("idemq/franz: the watermark of %s names partition %d", key, v.Partition)
 		}
+		return relay.Watermark{Partition: p, Token: v.Token, Seq: v.Seq, Seqs: v.Seqs}, nil
 	}
 }
 
 // scanWatermark reads partition wp of WatermarkTopic from start to end
 // (read_committed, control records kept so the end is seen) and returns
-// the last watermark with key.
-func (s *TxSink) scanWatermark(ctx context.Context, wp int32, start, end int64, key string) (relay.Watermark, bool, error) {
+// the last watermark record with key.
+func (s *TxSink) scanWatermark(ctx context.Context, wp int32, start, end int64, key string) (wmRecord, bool, error) {
 	rd, err := kgo.NewClient(append(append([]kgo.Opt{}, s.opts...),
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{s.cfg.WatermarkTopic: {wp: kgo.NewOffset().At(start)}}),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
@@ -555,10 +577,10 @@ func (s *TxSink) scanWatermark(ctx context.Context, wp int32, start, end int64, 
 		kgo.FetchMaxWait(100*time.Millisecond),
 	)...)
 	if err != nil {
-		return relay.Watermark{}, false, err
+		return wmRecord{}, false, err
 	}
 	defer rd.Close()
-	var wm relay.Watermark
+	var wm wmRecord
 	found := false
 	for {
 		fs := rd.PollFetches(ctx)
@@ -580,8 +602,7 @@ func (s *TxSink) scanWatermark(ctx context.Context, wp int32, start, end int64, 
 			}
 			var v wmRecord
 			if json.Unmarshal(r.Value, &v) == nil {
-				wm = relay.Watermark{Partition: v.Partition, Token: v.Token, Seq: v.Seq, Seqs: v.Seqs}
-				found = true
+				wm, found = v, true
 			}
 		})
 		if done {
