@@ -61,6 +61,7 @@ type monitor struct {
 	mu    sync.Mutex
 	dests map[string]*destState // destinations that are not ok
 	db    outage                // the database, as the workers find it
+	wm    outage                // the Sink's watermarks (Watermarker), as the workers find them
 	// the backlog as last read
 	pending, stalled bool
 }
@@ -163,28 +164,37 @@ func holdLevel(reason string) slog.Level {
 	return slog.LevelDebug
 }
 
-// dbFailed notes a failed round of a worker; retry is its wait.
-func (m *monitor) dbFailed(err error, retry time.Duration) {
+// roundFailed notes a failed round of a worker; retry is its wait. A
+// round fails on the database, or on the Sink's watermark (errWatermark),
+// which are different outages for the operator.
+func (m *monitor) roundFailed(err error, retry time.Duration) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.db.failures++
-	if !m.db.since.IsZero() {
+	o, began := &m.db, "relay: database unavailable; retrying"
+	if errors.Is(err, errWatermark) {
+		o, began = &m.wm, "relay: the Sink cannot give a partition's watermark; the partition's rows wait for it; retrying"
+	}
+	o.failures++
+	if !o.since.IsZero() {
 		m.log.Debug("relay: round failed again", "err", err, "retry_in", retry)
 		return
 	}
-	m.db.since = time.Now()
-	m.log.Warn("relay: database unavailable; retrying", "err", err, "retry_in", retry)
+	o.since = time.Now()
+	m.log.Warn(began, "err", err, "retry_in", retry)
 }
 
-// dbOK notes a round that went through.
-func (m *monitor) dbOK() {
+// roundOK notes a round that went through.
+func (m *monitor) roundOK() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.db.since.IsZero() {
-		return
+	if !m.db.since.IsZero() {
+		m.log.Info("relay: database available again", "lasted", time.Since(m.db.since), "failed_rounds", m.db.failures)
+		m.db = outage{}
 	}
-	m.log.Info("relay: database available again", "lasted", time.Since(m.db.since), "failed_rounds", m.db.failures)
-	m.db = outage{}
+	if !m.wm.since.IsZero() {
+		m.log.Info("relay: the Sink's watermarks readable again", "lasted", time.Since(m.wm.since), "failed_rounds", m.wm.failures)
+		m.wm = outage{}
+	}
 }
 
 // acquired logs the partitions worker took; from holds each one's

@@ -566,13 +566,13 @@ func (r *Relay) workerLoop(ctx, work context.Context, wake <-chan struct{}, id u
 				// answer came too late, and the batch let go of its rows.
 				r.log.Warn("relay: a batch let its claimed rows go unpublished: the worker may have lost its partitions' leases; it takes them again if still theirs", "err", err, "retry_in", d)
 			} else {
-				r.mon.dbFailed(err, d)
+				r.mon.roundFailed(err, d)
 			}
 			_ = lifecycle.Sleep(ctx, d)
 			continue
 		}
 		back.Reset()
-		r.mon.dbOK()
+		r.mon.roundOK()
 		if claimed > 0 || more {
 			hotUntil = time.Now().Add(hotFor)
 			continue

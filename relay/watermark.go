@@ -87,6 +87,10 @@ func (r *Router) Watermark(ctx context.Context, partition int, token int64) (Wat
 
 var _ Watermarker = (*Router)(nil)
 
+// errWatermark is matched by the error of a round whose Sink could not
+// give a partition's watermark.
+var errWatermark = errors.New("relay: the Sink's watermark")
+
 // watermarks applies the Sink's watermark of every partition the worker
 // owns under a token it has not applied yet: it deletes the rows the
 // Sink's last committed transaction delivered. Deleting a delivered row is
@@ -105,7 +109,7 @@ func (w *worker) watermarks(ctx context.Context) error {
 		}
 		m, err := wm.Watermark(ctx, int(l.part), l.token)
 		if err != nil {
-			return fmt.Errorf("relay: watermark of partition %d: %w", l.part, err)
+			return fmt.Errorf("%w of partition %d: %w", errWatermark, l.part, err)
 		}
 		if len(m.Seqs) > 0 {
 			tag, err := w.r.pool.Exec(ctx, w.r.sql.Delivered, l.part, m.Seqs)

@@ -45,7 +45,7 @@ func (l *syncLog) contains(s string) bool {
 // seqs that outbox A's rows also carry. A's relay must not take B's
 // watermark for its own: every row of A ends up published or still in
 // its outbox, none deleted unpublished; A's relay refuses the foreign
-// watermark and says why.
+// watermark and says why, as the Sink's failure, not the database's.
 func TestTxSinkTwoOutboxesOnOneClusterDeleteNothingUnpublished(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -145,5 +145,9 @@ func TestTxSinkTwoOutboxesOnOneClusterDeleteNothingUnpublished(t *testing.T) {
 	}
 	if !log.contains(refused) {
 		t.Errorf("outbox A's relay did not say that B's watermark belongs to another outbox")
+	}
+	// The Sink's refusal is not a database outage.
+	if !log.contains("the Sink cannot give a partition's watermark") || log.contains("database unavailable") {
+		t.Errorf("outbox A's relay logged the refused watermark as a database outage, or not as the Sink's")
 	}
 }
