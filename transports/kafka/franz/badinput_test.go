@@ -6,11 +6,15 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/outbox"
+	"github.com/idemq/idemq/relay"
 	"github.com/idemq/idemq/testenv"
 	"github.com/idemq/idemq/transports/kafka/franz"
 )
@@ -96,5 +100,29 @@ func TestBadInputSubscriberTopics(t *testing.T) {
 	}
 	if _, err := franz.NewSubscriber(c, franz.SubscriberConfig{GroupID: "g", Topics: []string{"orders.v1_eu-west"}, DeadLetterTopic: "orders.dead"}); err != nil {
 		t.Errorf("NewSubscriber(legal names) = %v", err)
+	}
+}
+
+// TestBadInputDestinationsToBadTopics: a message whose destination maps to
+// a topic Kafka would refuse, or to a TxSink's own watermark topic (which
+// would corrupt the watermarks), fails permanently, with the reason,
+// instead of being retried or written.
+func TestBadInputDestinationsToBadTopics(t *testing.T) {
+	k := testenv.Kafka(t, 1, "orders")
+	tx := newTxSink(t, k, franz.TxConfig{})
+	for name, c := range map[string]struct {
+		sink relay.Sink
+		dest string
+	}{
+		"a TxSink's watermark topic": {tx, tx.WatermarkTopic()},
+		"a blank and '!'":            {newSink(t, k), "bad topic!"},
+		"250 bytes":                  {tx, strings.Repeat("t", 250)},
+	} {
+		m := relay.Message{Message: outbox.Message{ID: uuid.Must(uuid.NewV7()), Destination: c.dest, Key: "k", Payload: []byte("{}")}, Partition: 3, LeaseToken: 1}
+		err := c.sink.Publish(context.Background(), 0, []relay.Message{m})
+		pe, ok := errors.AsType[*relay.PublishError](err)
+		if !ok || !idemq.IsPermanent(pe.Failed[0]) || !errors.Is(pe.Failed[0], kerr.InvalidTopicException) {
+			t.Errorf("a destination mapped to %s: %v, want a permanent InvalidTopicException", name, err)
+		}
 	}
 }

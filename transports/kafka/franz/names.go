@@ -3,6 +3,7 @@ package franz
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"strings"
 
 	"github.com/idemq/idemq"
@@ -11,22 +12,30 @@ import (
 // maxTopicLen is the longest topic name Kafka accepts.
 const maxTopicLen = 249
 
-// checkTopic refuses a topic name Kafka would refuse (its Topic.validate):
-// empty, "." or "..", longer than 249 bytes, or with a byte outside
-// [a-zA-Z0-9._-]. field names the setting in the error.
-func checkTopic(component, field, name string) error {
+// topicProblem says why Kafka would refuse the topic name (its
+// Topic.validate): empty, "." or "..", longer than 249 bytes, or with a
+// byte outside [a-zA-Z0-9._-]; "" for a name it accepts.
+func topicProblem(name string) string {
 	switch {
 	case name == "":
-		return idemq.NewConfigError(component, field, "is empty")
+		return "is empty"
 	case name == "." || name == "..":
-		return idemq.NewConfigError(component, field, "%q is not a topic name Kafka accepts", name)
+		return fmt.Sprintf("%q is not a topic name Kafka accepts", name)
 	case len(name) > maxTopicLen:
-		return idemq.NewConfigError(component, field, "is %d bytes long, Kafka accepts at most %d", len(name), maxTopicLen)
+		return fmt.Sprintf("is %d bytes long, Kafka accepts at most %d", len(name), maxTopicLen)
 	}
 	if i := strings.IndexFunc(name, func(r rune) bool {
 		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-')
 	}); i >= 0 {
-		return idemq.NewConfigError(component, field, "%q has %q at byte %d: Kafka accepts ASCII letters, digits, '.', '_' and '-'", name, name[i], i)
+		return fmt.Sprintf("%q has %q at byte %d: Kafka accepts ASCII letters, digits, '.', '_' and '-'", name, name[i], i)
+	}
+	return ""
+}
+
+// checkTopic is topicProblem as the ConfigError of field.
+func checkTopic(component, field, name string) error {
+	if p := topicProblem(name); p != "" {
+		return idemq.NewConfigError(component, field, "%s", p)
 	}
 	return nil
 }

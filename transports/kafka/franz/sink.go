@@ -244,9 +244,17 @@ func buildRecords(cfg SinkConfig, batch []relay.Message, f *relay.Failures) []*k
 // record builds the record of m.
 func record(cfg SinkConfig, m *relay.Message) (*kgo.Record, error) {
 	topic := cfg.Topic(m.Destination)
-	if topic == "" {
+	switch {
+	case topic == "":
 		return nil, idemq.Permanent(fmt.Errorf("idemq/franz: message %s: destination %q maps to no topic: %w",
 			m.ID, m.Destination, kerr.InvalidTopicException))
+	case topic == cfg.manualTopic:
+		return nil, idemq.Permanent(fmt.Errorf("idemq/franz: message %s: destination %q maps to the watermark topic %s: %w",
+			m.ID, m.Destination, topic, kerr.InvalidTopicException))
+	}
+	if p := topicProblem(topic); p != "" {
+		return nil, idemq.Permanent(fmt.Errorf("idemq/franz: message %s: destination %q maps to topic %s: %w",
+			m.ID, m.Destination, p, kerr.InvalidTopicException))
 	}
 	r := &kgo.Record{Topic: topic, Value: m.Payload}
 	if m.Key != "" {

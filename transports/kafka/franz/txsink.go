@@ -174,9 +174,8 @@ func NewTxSink(cfg TxConfig, opts ...kgo.Opt) (*TxSink, error) {
 	if err := cfg.SinkConfig.validate(c); err != nil {
 		return nil, err
 	}
-	pc := cfg.SinkConfig
-	pc.manualTopic = cfg.WatermarkTopic
-	all := append(append([]kgo.Opt{}, opts...), producerOpts(pc)...)
+	cfg.SinkConfig.manualTopic = cfg.WatermarkTopic
+	all := append(append([]kgo.Opt{}, opts...), producerOpts(cfg.SinkConfig)...)
 	plain, err := kgo.NewClient(all...)
 	if err != nil {
 		return nil, idemq.NewConfigError(c, "opts", "kgo refuses them: %v", err)
