@@ -54,7 +54,8 @@ import (
 //     round reads the partitions again). A keyed row another session holds
 //     does not come back: it blocks its key like a row that is not due,
 //     and the rows of its key after it go back unpublished.
-//  5. publish the claimed rows through the Sink, as copies.
+//  5. publish the claimed rows through the Sink, as copies, under the
+//     batch's BatchID.
 //  6. decide, without the database, what becomes of each row: delivered,
 //     put back (same seq, so the same place in its key's order, and its
 //     key blocked until it is due) or buried in the dead letters.

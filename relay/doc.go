@@ -101,7 +101,10 @@
 // partition, and after a failed round or publish of it, the relay deletes
 // without publishing the rows the partition's last committed watermark
 // names, so a crash between the broker's commit and the relay's delete
-// publishes nothing twice.
+// publishes nothing twice. Each call carries its batch's [BatchID], which
+// a [Router] passes on to every destination's call and a wrapping Sink
+// passes on too: such a Sink names the rows of all the calls of a batch in
+// one watermark.
 //
 // # Waking up
 //
