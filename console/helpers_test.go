@@ -83,7 +83,7 @@ type sink struct {
 	published []string
 }
 
-func (s *sink) Publish(_ context.Context, batch []relay.Message) error {
+func (s *sink) Publish(_ context.Context, _ relay.BatchID, batch []relay.Message) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, m := range batch {
@@ -108,7 +108,7 @@ func (s *sink) heal(dest string) {
 func (e *env) runRelay(t *testing.T, s *sink) (dead *atomic.Int64, stop func()) {
 	t.Helper()
 	dead = new(atomic.Int64)
-	r, err := relay.New(e.pool, e.ob, relay.SinkFunc(s.Publish), relay.Config{
+	r, err := relay.New(e.pool, e.ob, s, relay.Config{
 		BatchSize: 1, Hooks: relay.Hooks{OnDeadLettered: func(relay.DeadLetteredEvent) { dead.Add(1) }}})
 	if err != nil {
 		t.Fatal(err)

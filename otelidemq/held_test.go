@@ -25,7 +25,7 @@ func TestRelayHeldAndSkippedCounters(t *testing.T) {
 	ob := newOutbox(t, pool)
 	var flaky atomic.Int32
 	router := relay.NewRouter()
-	if err := router.Route("flaky", relay.SinkFunc(func(ctx context.Context, batch []relay.Message) error {
+	if err := router.Route("flaky", relay.SinkFunc(func(ctx context.Context, _ relay.BatchID, batch []relay.Message) error {
 		f := relay.NewFailures(batch)
 		for i := range batch {
 			if f.Skip(i) {

@@ -195,7 +195,7 @@ func TestRelayMetrics(t *testing.T) {
 	pool := testenv.Postgres(t)
 	ob := newOutbox(t, pool)
 	var flaky atomic.Int32
-	sink := relay.SinkFunc(func(ctx context.Context, batch []relay.Message) error {
+	sink := relay.SinkFunc(func(ctx context.Context, _ relay.BatchID, batch []relay.Message) error {
 		failed := map[int]error{}
 		for i, m := range batch {
 			switch {
@@ -446,7 +446,7 @@ func TestWebhookMetricsAndTraceHeaders(t *testing.T) {
 			Headers: headers, // shared, as the relay's copies may share it
 		}})
 	}
-	err = tel.Sink("webhook", sink).Publish(ctx, batch)
+	err = tel.Sink("webhook", sink).Publish(ctx, 0, batch)
 	var pe *relay.PublishError
 	if !errors.As(err, &pe) || len(pe.Failed) != 1 || pe.Failed[1] == nil {
 		t.Fatalf("Publish: %v, want the busy endpoint failed", err)

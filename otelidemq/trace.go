@@ -26,7 +26,7 @@ import (
 // messaging.system attribute ("kafka", "nats", "webhook"). When s is a
 // relay.Watermarker (a transactional Kafka sink), so is the wrapper.
 func (t *Telemetry) Sink(system string, s relay.Sink) relay.Sink {
-	send := relay.SinkFunc(func(ctx context.Context, batch []relay.Message) error {
+	send := relay.SinkFunc(func(ctx context.Context, id relay.BatchID, batch []relay.Message) error {
 		spans := make([]trace.Span, len(batch))
 		for i := range batch {
 			m := &batch[i]
@@ -52,7 +52,7 @@ func (t *Telemetry) Sink(system string, s relay.Sink) relay.Sink {
 			t.propagator.Inject(parent, propagation.MapCarrier(h))
 			m.Headers = h
 		}
-		err := s.Publish(ctx, batch)
+		err := s.Publish(ctx, id, batch)
 		var pe *relay.PublishError
 		partial := errors.As(err, &pe)
 		for i, span := range spans {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/outbox"
+	"github.com/idemq/idemq/testenv"
 )
 
 // The bad-input suite of the outbox (issue 23): each careless call gets an
@@ -51,5 +52,22 @@ func TestBadInputTypedNilDBIsRefused(t *testing.T) {
 		if ce, ok := errors.AsType[*idemq.ConfigError](err); !ok || ce.Field != "db" || !errors.Is(err, idemq.ErrConfig) || ob != nil {
 			t.Errorf("New(%s) = %v, %v; want an idemq.ErrConfig naming db", name, ob, err)
 		}
+	}
+}
+
+// TestBadInputMaxPayloadAboveTheMaximumIsRefused: a MaxPayload above what
+// Postgres stores in a value or a relay can hand a broker is refused,
+// naming the field; the maximum itself is accepted.
+func TestBadInputMaxPayloadAboveTheMaximumIsRefused(t *testing.T) {
+	t.Parallel()
+	pool := testenv.Postgres(t)
+	for _, n := range []int{outbox.MaxPayloadMax + 1, 1 << 31} {
+		_, err := outbox.New(pool, outbox.Config{MaxPayload: n})
+		if ce, ok := errors.AsType[*idemq.ConfigError](err); !ok || ce.Field != "MaxPayload" {
+			t.Errorf("New(MaxPayload: %d) = %v, want a ConfigError for MaxPayload", n, err)
+		}
+	}
+	if _, err := outbox.New(pool, outbox.Config{MaxPayload: outbox.MaxPayloadMax}); err != nil {
+		t.Errorf("New(MaxPayload: MaxPayloadMax) = %v", err)
 	}
 }

@@ -113,8 +113,8 @@ type Config struct {
 	// case letters, digits and underscores, at most 48 bytes. Defaults to
 	// "idemq_outbox".
 	Table string
-	// MaxPayload is the largest payload in bytes Enqueue accepts. Defaults
-	// to 1 MiB.
+	// MaxPayload is the largest payload in bytes Enqueue accepts. At most
+	// [MaxPayloadMax]. Defaults to 1 MiB.
 	MaxPayload int
 	// Channel is the LISTEN/NOTIFY channel that wakes relays, at most 63
 	// bytes. Defaults to the table name, prefixed with "<schema>." outside
@@ -152,11 +152,19 @@ func (c Config) validate() error {
 	switch {
 	case c.MaxPayload < 0:
 		return idemq.NewConfigError("outbox", "MaxPayload", "%d is negative", c.MaxPayload)
+	case c.MaxPayload > MaxPayloadMax:
+		return idemq.NewConfigError("outbox", "MaxPayload", "%d is above the maximum of %d", c.MaxPayload, MaxPayloadMax)
 	case len(c.Channel) > maxChannelLen || strings.IndexByte(c.Channel, 0) >= 0 || !utf8.ValidString(c.Channel):
 		return idemq.NewConfigError("outbox", "Channel", "%q: want at most %d bytes of UTF-8 without NUL", c.Channel, maxChannelLen)
 	}
 	return nil
 }
+
+// MaxPayloadMax is the largest [Config.MaxPayload] accepted: 256 MiB. A
+// payload is a bytea value that the relay holds in memory, with the rest
+// of its batch, and hands to a broker; Postgres refuses a value over 1 GB
+// outright, and no broker idemq publishes to takes one near it.
+const MaxPayloadMax = 256 << 20
 
 // maxChannelLen is Postgres' identifier limit, which NOTIFY channels obey.
 const maxChannelLen = 63

@@ -5,10 +5,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -54,28 +54,15 @@ import (
 //     round reads the partitions again). A keyed row another session holds
 //     does not come back: it blocks its key like a row that is not due,
 //     and the rows of its key after it go back unpublished.
-//  5. publish the claimed rows through the Sink, as copies.
+//  5. publish the claimed rows through the Sink, as copies, under the
+//     batch's BatchID.
 //  6. decide, without the database, what becomes of each row: delivered,
 //     put back (same seq, so the same place in its key's order, and its
 //     key blocked until it is due) or buried in the dead letters.
 //  7. settle: apply the decision and commit in one round trip.
 //  8. move the cursors past the window.
 //
-// The cursors: the next scan of a partition starts after the last row this
-// one read from it, so no scan reads again through what was deleted (dead
-// index entries that a long-running transaction elsewhere keeps visible).
-// They move back to a row the worker left behind once that row is due, to
-// the start after a lease change and every RescanInterval, and to the
-// horizon when it moves past where they were. The horizon is the highest
-// seq such that every transaction that could have drawn a seq up to it has
-// ended: the sequence's last value, once every transaction that held the
-// outbox's RowExclusiveLock when it was read (taken before any seq is
-// drawn) is gone. A transaction that drew a seq may commit after later
-// seqs did: the cursors go past the horizon (so that rows that are not due
-// or blocked never stop the rows after them, however long a writer stays
-// open), and once the horizon moves the worker reads again from where the
-// first cursor passed it, finding the rows that committed late.
-// Transactions that never wrote to the outbox do not hold it back.
+// The cursors and the horizon are the window's (window.go).
 //
 // A relay that dies rolls back: its rows and lease rows are free at once,
 // its partitions are taken once its workers' rows expire.
@@ -88,58 +75,9 @@ type worker struct {
 	stuck  bool    // the last rebalance could not give up every extra partition
 
 	rebalanceAt time.Time
-	cursors     map[int32]int64 // per partition (-1: unkeyed), the seq to scan from
-	next        int32           // the partition the next scan starts with
-	lastFull    time.Time
-	blocked     map[int64]bool // order ids whose head is behind the cursor, not taken
-	back        rewind         // where the rows left behind are
-
-	horizon    int64    // every seq up to this one is settled
-	late       int64    // the horizon+1 a cursor passed; 0: none did
-	seen       int64    // the highest seq scanned
-	pendingTop int64    // a candidate horizon, once pending have ended
-	pending    []string // virtual transaction ids; nil: no candidate
-	seqs       sequenceWatch
-	marked     map[int32]int64 // partition -> lease token whose Watermarker watermark was applied
-}
-
-// rewind is the lowest seq of the rows the worker left behind the cursor
-// (not due, put back, parked, held by another session) and when the first
-// of them is due (zero: never, they are parked).
-type rewind struct {
-	seq int64 // 0: none
-	at  time.Time
-}
-
-// add notes a row left behind, due in wait microseconds (negative: parked).
-func (b *rewind) add(seq, wait int64) {
-	if b.seq == 0 || seq < b.seq {
-		b.seq = seq
-	}
-	if wait >= 0 {
-		at := time.Now().Add(time.Duration(wait) * time.Microsecond)
-		if b.at.IsZero() || at.Before(b.at) {
-			b.at = at
-		}
-	}
-}
-
-// restart makes the next scan start from the beginning, forgetting what
-// the worker knew about its keys.
-func (w *worker) restart() {
-	w.cursors = map[int32]int64{}
-	w.blocked = map[int64]bool{}
-	w.back = rewind{}
-	w.late = 0
-}
-
-// scanned is one row of a scan window.
-type scanned struct {
-	part  int32
-	seq   int64
-	ctid  pgtype.TID
-	order int64 // the order id of its key (0: unkeyed)
-	wait  int64 // microseconds until due; 0: due, -1: parked
+	win         *window
+	seqs        sequenceWatch
+	marked      map[int32]int64 // partition -> lease token whose Watermarker watermark was applied
 }
 
 // row is a claimed outbox row: the message as stored, for putting it back
@@ -177,7 +115,7 @@ func (w *worker) round(ctx, work context.Context) (int, bool, error) {
 			return 0, false, err
 		}
 	}
-	w.rewindDue()
+	w.win.rewindDue(time.Now(), r.cfg.RescanInterval)
 	if err := w.watermarks(ctx); err != nil {
 		return 0, false, err
 	}
@@ -209,7 +147,7 @@ func (w *worker) round(ctx, work context.Context) (int, bool, error) {
 	}
 
 	// 3. Pick; 4. claim.
-	picked := w.pick(win)
+	picked := w.win.pick(win, time.Now())
 	sent := time.Now() // the fence runs from here (see lease.go)
 	rows, behind, err := w.claim(ctx, tx, picked)
 	if err != nil {
@@ -225,8 +163,7 @@ func (w *worker) round(ctx, work context.Context) (int, bool, error) {
 		if err != nil {
 			return 0, false, err
 		}
-		pctx = withBatch(pctx)
-		failed, took = r.publish(pctx, rows, behind)
+		failed, took = r.publish(pctx, BatchID(batches.Add(1)), rows, behind)
 		w.unmark(rows, failed)
 		if err := fenced(); err != nil {
 			return 0, false, err
@@ -248,33 +185,17 @@ func (w *worker) round(ctx, work context.Context) (int, bool, error) {
 	if err := r.commit(work, tx, d); err != nil {
 		return 0, false, fmt.Errorf("relay: settle and commit: %w", err)
 	}
-	w.settled(d, picked)
+	w.win.settled(d.back.seqs, d.back.delays, d.parkSeqs, picked, time.Now())
 	r.claimedRows(len(rows))
 	r.report(d, took)
 
 	// 8. Move on.
-	moved := w.move(win)
+	moved := w.win.move(win, w.ownsAll(), w.partitions())
 	more := len(win) >= r.cfg.BatchSize && moved
 	if len(w.leases) > w.target() && !w.stuck && time.Now().Before(w.rebalanceAt) {
 		w.rebalanceAt = time.Time{} // give up the extra partitions now
 	}
 	return len(rows), more, nil
-}
-
-// rewindDue starts from the beginning every RescanInterval, and moves the
-// cursors back to the rows left behind once the first of them is due.
-func (w *worker) rewindDue() {
-	switch now := time.Now(); {
-	case now.Sub(w.lastFull) >= w.r.cfg.RescanInterval:
-		w.restart()
-		w.lastFull = now
-	case !w.back.at.IsZero() && !now.Before(w.back.at):
-		for p, c := range w.cursors {
-			w.cursors[p] = min(c, w.back.seq)
-		}
-		w.blocked = map[int64]bool{}
-		w.back = rewind{}
-	}
 }
 
 // scan begins the transaction, locks the worker's lease rows, moves the
@@ -297,27 +218,14 @@ func (w *worker) scan(ctx context.Context, tx *claimTx) ([]lease, []scanned, err
 	b.Queue(r.sql.Hold, w.id)
 	// The horizon needs moving only while scans reach it (or the sequence
 	// is due for a check, see sequence.go).
-	horizon := w.pending != nil || w.horizon <= w.seen || w.seqs.due()
+	horizon := w.win.needsHorizon() || w.seqs.due()
 	if horizon {
 		b.Queue(r.sql.Lock)
 		b.Queue(r.sql.Top, r.seqOID, r.sql.Table)
-		b.Queue(r.sql.Writers, r.sql.Table, w.pending)
+		b.Queue(r.sql.Writers, r.sql.Table, w.win.pending)
 	}
-	// Behind the cursors that passed the horizon, the scan looks for rows
-	// that committed since, of keys that are not blocked.
 	parts := w.partitions()
-	starts, cursors := make([]int64, len(parts)), make([]int64, len(parts))
-	for i, p := range parts {
-		cursors[i] = w.cursors[p]
-		starts[i] = cursors[i]
-		if w.late != 0 {
-			starts[i] = min(starts[i], w.late)
-		}
-	}
-	blocked := []int64{}
-	if w.late != 0 {
-		blocked = slices.AppendSeq(make([]int64, 0, len(w.blocked)), maps.Keys(w.blocked))
-	}
+	starts, cursors, blocked := w.win.from(parts)
 	if w.ownsAll() {
 		// The cursors are all the same (see move).
 		b.Queue(r.sql.ScanAll, r.cfg.BatchSize, slices.Min(starts), slices.Min(cursors), r.cfg.GlobalKeyOrder, blocked)
@@ -363,7 +271,7 @@ func (w *worker) scan(ctx context.Context, tx *claimTx) ([]lease, []scanned, err
 			if err := br.QueryRow().Scan(&writers, &ended); err != nil {
 				return err
 			}
-			w.advance(top, writers, ended)
+			w.win.advance(top, writers, ended)
 		}
 		rows, err = br.Query()
 		if err != nil {
@@ -390,96 +298,9 @@ func (w *worker) scan(ctx context.Context, tx *claimTx) ([]lease, []scanned, err
 	return held, win, err
 }
 
-// move moves the cursors of the partitions in the window past their last
-// row, and makes the next scan start after the window's last partition, so
-// that every partition gets its turn. Once the horizon has reached the
-// seq where a cursor first passed it, every cursor goes back there, to
-// find the rows of transactions that committed late; a cursor that passes
-// the horizon again marks the new place. It reports whether a cursor
-// moved forward.
-func (w *worker) move(win []scanned) bool {
-	moved := false
-	for _, s := range win {
-		if s.seq >= w.cursors[s.part] {
-			w.cursors[s.part] = s.seq + 1
-			moved = true
-		}
-		w.seen = max(w.seen, s.seq)
-	}
-	if len(win) > 0 {
-		w.next = win[len(win)-1].part + 1
-	}
-	if w.ownsAll() {
-		// The scan read every partition up to its last row.
-		c := w.cursors[-1]
-		for _, s := range win {
-			c = max(c, s.seq+1)
-		}
-		for _, p := range w.partitions() {
-			w.cursors[p] = max(w.cursors[p], c)
-		}
-	}
-	if w.late != 0 && w.horizon >= w.late {
-		for p, c := range w.cursors {
-			w.cursors[p] = min(c, w.late)
-		}
-		w.late = 0
-	}
-	if w.late == 0 {
-		for _, c := range w.cursors {
-			if c > w.horizon+1 {
-				w.late = w.horizon + 1
-				break
-			}
-		}
-	}
-	return moved
-}
-
 // ownsAll reports whether the worker owns every partition: its scans then
 // read the whole outbox in seq order (ScanAll), with one cursor.
 func (w *worker) ownsAll() bool { return len(w.leases) == outboxsql.Partitions }
-
-// advance moves the horizon: the candidate becomes it once the transactions
-// that could write to the outbox when it was read have ended; a new
-// candidate is the sequence's value top, read before the writers were.
-func (w *worker) advance(top int64, writers []string, ended bool) {
-	if w.pending != nil && ended {
-		w.horizon = max(w.horizon, w.pendingTop)
-		w.pending = nil
-	}
-	if w.pending == nil {
-		if len(writers) == 0 {
-			w.horizon = max(w.horizon, top)
-		} else {
-			w.pendingTop, w.pending = top, writers
-		}
-	}
-}
-
-// pick walks the window and returns the rows to claim.
-func (w *worker) pick(win []scanned) (picked []scanned) {
-	for _, s := range win {
-		switch {
-		case s.order == 0:
-			if s.wait != 0 {
-				w.back.add(s.seq, s.wait)
-				continue
-			}
-		case w.blocked[s.order]:
-			// It comes back with its key's head (a scan after the horizon
-			// moved may read it before the head).
-			w.back.add(s.seq, -1)
-			continue
-		case s.wait != 0:
-			w.blocked[s.order] = true
-			w.back.add(s.seq, s.wait)
-			continue
-		}
-		picked = append(picked, s)
-	}
-	return picked
-}
 
 // claim locks, deletes and returns the picked rows, in seq order, and the
 // rows among them that must not be published. A keyed row that does not
@@ -530,99 +351,30 @@ func (w *worker) claim(ctx context.Context, tx *claimTx, picked []scanned) ([]ro
 	if err != nil {
 		return nil, nil, err
 	}
-	// Both in seq order, the claimed rows are matched to what the scan
-	// read by walking them side by side.
-	bySeq := func(a, b scanned) int { return cmp.Compare(a.seq, b.seq) }
-	if !slices.IsSortedFunc(picked, bySeq) {
-		picked = slices.Clone(picked)
-		slices.SortFunc(picked, bySeq)
-	}
 	slices.SortFunc(rows, func(a, b row) int { return cmp.Compare(a.seq, b.seq) })
-	var behind map[int]error
-	order := make([]int64, len(rows)) // per claimed row, its order id
-	j := 0
+	seqs := make([]int64, len(rows))
+	for i := range rows {
+		seqs[i] = rows[i].seq
+	}
+	of, behind := w.win.claimed(picked, seqs, r.cfg.PollInterval, time.Now())
 	for i := range rows {
 		c := &rows[i]
-		for j < len(picked) && picked[j].seq < c.seq {
-			j++
-		}
-		var part int32
-		if j < len(picked) && picked[j].seq == c.seq {
-			part, order[i] = picked[j].part, picked[j].order
-			j++
-		} else {
-			// The row the scan read at this ctid was deleted since, and
-			// another took its place: it goes back as it was.
-			if behind == nil {
-				behind = map[int]error{}
-			}
-			behind[i] = fmt.Errorf("%w (claimed by mistake)", ErrSkipped)
-		}
-		c.msg.Seq, c.msg.Partition, c.msg.LeaseToken = c.seq, int(part), w.token(part)
-	}
-	if len(rows) == len(picked) && behind == nil {
-		return rows, nil, nil
-	}
-	poll := r.cfg.PollInterval
-	head := map[int64]int64{} // order id -> lowest seq missing
-	i := 0
-	for _, s := range picked {
-		for i < len(rows) && rows[i].seq < s.seq {
-			i++
-		}
-		switch {
-		case i < len(rows) && rows[i].seq == s.seq:
-			continue
-		case s.order == 0:
-			// Held by another session (only a worker that owns every
-			// partition reads unkeyed rows without locking them).
-			w.back.add(s.seq, poll.Microseconds())
-			continue
-		}
-		if h, ok := head[s.order]; !ok || s.seq < h {
-			head[s.order] = s.seq
-		}
-		w.blocked[s.order] = true
-		w.back.add(s.seq, poll.Microseconds())
-	}
-	for i, c := range rows {
-		if h, ok := head[order[i]]; ok && c.seq > h {
-			if behind == nil {
-				behind = map[int]error{}
-			}
-			behind[i] = idemq.RetryAfter(fmt.Errorf("%w (it is locked by another session)", ErrSkipped), poll)
-		}
+		c.msg.Seq, c.msg.Partition, c.msg.LeaseToken = c.seq, int(of[i]), w.token(of[i])
 	}
 	return rows, behind, nil
 }
 
-// settled blocks the keys of the rows a committed batch put back or buried
-// (behind a parked dead letter) and notes where the rows are.
-func (w *worker) settled(d decision, picked []scanned) {
-	if len(d.back.seqs) == 0 && len(d.parkKeys) == 0 {
-		return
-	}
-	order := make(map[int64]int64, len(picked))
-	for _, s := range picked {
-		order[s.seq] = s.order
-	}
-	for i, seq := range d.back.seqs {
-		if o := order[seq]; o != 0 {
-			w.blocked[o] = true
-		}
-		w.back.add(seq, max(d.back.delays[i], -1))
-	}
-	for _, seq := range d.parkSeqs {
-		w.blocked[order[seq]] = true
-	}
-}
+// batches numbers the relay batches of the process: a Sink shared by two
+// relays tells their batches apart.
+var batches atomic.Uint64
 
-// publish hands copies of the rows to the Sink, in ctx (see fence), except
+// publish hands copies of the rows to the Sink as batch id, in ctx (see
+// fence), except
 // those failed beforehand (behind, by index) and their key's followers,
 // and returns the failed indexes and the duration of the call. A row whose
 // stored headers do not decode fails permanently on its own, and its key's
 // followers with it.
-func (r *Relay) publish(ctx context.Context, rows []row, behind map[int]error) (map[int]error, time.Duration) {
+func (r *Relay) publish(ctx context.Context, id BatchID, rows []row, behind map[int]error) (map[int]error, time.Duration) {
 	msgs := make([]Message, len(rows))
 	f := NewFailures(msgs)
 	send := make([]int, 0, len(rows))
@@ -654,7 +406,7 @@ func (r *Relay) publish(ctx context.Context, rows []row, behind map[int]error) (
 		}
 	}
 	start := time.Now()
-	f.Merge(send, publish(ctx, r.sink, batch))
+	f.Merge(send, publish(ctx, r.sink, id, batch))
 	return f.failed, time.Since(start)
 }
 

@@ -101,7 +101,10 @@
 // partition, and after a failed round or publish of it, the relay deletes
 // without publishing the rows the partition's last committed watermark
 // names, so a crash between the broker's commit and the relay's delete
-// publishes nothing twice.
+// publishes nothing twice. Each call carries its batch's [BatchID], which
+// a [Router] passes on to every destination's call and a wrapping Sink
+// passes on too: such a Sink names the rows of all the calls of a batch in
+// one watermark.
 //
 // # Waking up
 //
@@ -154,6 +157,14 @@
 // [Config.PublishTimeout]; the relay sets idle_in_transaction_session_timeout
 // to PublishTimeout + LeaseTTL/3, so the server ends the transaction, and
 // releases the rows, if the relay vanishes without closing its connection.
+// So a relay that stalls in the middle of a batch (a paused process, a
+// network that holds its packets) keeps its partitions until the later of
+// PublishTimeout + LeaseTTL/3 after its claim and LeaseTTL after its last
+// heartbeat: 33.3 seconds on the defaults (30 s + 10 s/3). One that stalls
+// between batches keeps them LeaseTTL after its last heartbeat (10 s); one
+// that stops gives them up at once. Shorten PublishTimeout (the transports
+// bound one request at 10 to 15 s) to shorten the first; the relay refuses
+// values outside [PublishTimeoutMin] and [PublishTimeoutMax].
 //
 // # Scanning and dead tuples
 //
@@ -210,45 +221,4 @@
 // slow can have the relay run VACUUM itself every [Config.VacuumEvery]
 // claimed rows; that is off by default, since it needs the table owner's
 // rights.
-//
-// # Cost
-//
-// Measured on a 2-core machine shared with other work (load average about
-// 10) that also runs the server, into a no-op Sink with batches of 500,
-// against a bare DELETE ... LIMIT 500 FOR UPDATE SKIP LOCKED RETURNING
-// loop in the same run (BenchmarkRelayThroughput; each figure a median of
-// three drains), this version and the one before Relay v3 (e19f627)
-// interleaved in one session on a private Postgres 15 (fsync on,
-// autovacuum off, no other sessions): keyed rows drain at 0.65 to 1.08 of
-// the bare loop with 1,000 keys (median 0.94; before: 0.77 to 1.07, median
-// 0.89) and 0.76 to 0.89 with 100,000 keys (median 0.82; before: 0.61 to
-// 0.84, median 0.79), unkeyed rows at 0.63 to 1.01 (before: 0.62 to
-// 1.01); two relays drain 1.13 times as fast as one (before: 1.17); a
-// transaction held open elsewhere for 10 s left a 5,000,000-row keyed
-// backlog at 0.67 of its rate before (before: 0.93), one run each, whose
-// seconds before the transaction alone varied from 25,500 to 49,000. On
-// the shared server other sessions' snapshots keep the rows the bare loop
-// deleted visible, and it reads through them from the start every batch
-// (17,000 to 222,000 rows/s), while the relay's cursors do not: there the
-// ratios were 0.54 to 2.0 for both versions. On that server with the
-// machine otherwise quiet, interleaved: keyed 0.71 to 0.73 at 1,000 keys and 0.68 to
-// 0.73 at 100,000, against 0.76 to 0.81 for the version before; reading the
-// file nodes after every scan (sequence.go) made no measurable difference.
-//
-// The relay is bound by the server and its round trips, not by its own
-// CPU: a CPU profile of the keyed drain (-cpuprofile, 100,000 rows three
-// times) spends 0.9 to 1.3 µs per row in worker.round, most of it pgx
-// receiving and decoding the claimed rows and the scan's window; the
-// process used a tenth of one core. Per batch, on the server (statements
-// timed one by one): the commit, a WAL flush, about half; the claim (lock
-// and delete 500 rows, which the bare loop does too) a quarter; the scan a
-// tenth; the lease rows' FOR KEY SHARE lock and the BEGIN and set_config
-// round trips the rest. Against the bare loop's one statement per batch,
-// a batch costs three round trips (lease check and scan, lock and delete,
-// settle and commit), a row lock on each of its worker's lease rows
-// (logged), a hash of each row's key and destination, and no per-key work
-// in the database. What is left: sending the commit and the next round's
-// scan together (one round trip fewer), one fence row per worker instead
-// of a lock per lease row, and a claim that scans itself when every row of
-// the window is due.
 package relay

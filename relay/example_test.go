@@ -36,7 +36,7 @@ func ExampleRelay_Run() {
 	seen := 0
 	router := relay.NewRouter()
 	// A stand-in for a Kafka or NATS sink from the transports packages.
-	printer := relay.SinkFunc(func(ctx context.Context, batch []relay.Message) error {
+	printer := relay.SinkFunc(func(ctx context.Context, _ relay.BatchID, batch []relay.Message) error {
 		for _, m := range batch {
 			fmt.Printf("%s key=%s %s\n", m.Destination, m.Key, m.Payload)
 			if seen++; seen == 3 {

@@ -159,11 +159,11 @@ func Rounds(batch []Message, destOf func(m *Message) string) [][]int {
 var ErrSinkPanicked = errors.New("relay: sink panicked")
 
 // publish calls s.Publish, turning a panic into an error.
-func publish(ctx context.Context, s Sink, batch []Message) (err error) {
+func publish(ctx context.Context, s Sink, id BatchID, batch []Message) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			err = fmt.Errorf("%w: %v", ErrSinkPanicked, p)
 		}
 	}()
-	return s.Publish(ctx, batch)
+	return s.Publish(ctx, id, batch)
 }

@@ -49,7 +49,7 @@ func TestFencing(t *testing.T) {
 	calls := map[string]int{}
 	inFlight, release := make(chan struct{}), make(chan struct{})
 	sink := func(name string) Sink {
-		return SinkFunc(func(_ context.Context, batch []Message) error {
+		return SinkFunc(func(_ context.Context, _ BatchID, batch []Message) error {
 			mu.Lock()
 			published = append(published, batch...)
 			calls[name]++
@@ -177,7 +177,7 @@ func TestReplayDuringTheOwnersBatch(t *testing.T) {
 	var delivered []string
 	calls := 0
 	inFlight, release := make(chan struct{}), make(chan struct{})
-	sink := SinkFunc(func(_ context.Context, batch []Message) error {
+	sink := SinkFunc(func(_ context.Context, _ BatchID, batch []Message) error {
 		mu.Lock()
 		calls++
 		call := calls
@@ -258,8 +258,7 @@ func handWorker(t *testing.T, r *Relay) *worker {
 	if err := r.preflight(ctx); err != nil {
 		t.Fatal(err)
 	}
-	w := &worker{r: r, id: uuid.New()}
-	w.restart()
+	w := &worker{r: r, id: uuid.New(), win: newWindow(time.Time{})}
 	beats, err := r.joinAll(ctx, []uuid.UUID{w.id})
 	if err != nil {
 		t.Fatal(err)

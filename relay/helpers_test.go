@@ -49,7 +49,7 @@ type recorder struct {
 	fn    func(call int, batch []relay.Message) error
 }
 
-func (r *recorder) Publish(ctx context.Context, batch []relay.Message) error {
+func (r *recorder) Publish(ctx context.Context, _ relay.BatchID, batch []relay.Message) error {
 	r.mu.Lock()
 	r.calls++
 	call := r.calls

@@ -125,7 +125,7 @@ var (
 	errRejected  = errors.New("history sink: rejected while young")
 )
 
-func (s *recordingHistorySink) Publish(ctx context.Context, batch []relay.Message) error {
+func (s *recordingHistorySink) Publish(ctx context.Context, _ relay.BatchID, batch []relay.Message) error {
 	s.mu.Lock()
 	delay := time.Duration(s.rng.Int64N(int64(sinkSlow)))
 	if s.rng.IntN(sinkVerySlowOdds) == 0 {

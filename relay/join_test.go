@@ -3,8 +3,6 @@ package relay_test
 import (
 	"context"
 	"fmt"
-	"os"
-	"os/exec"
 	"testing"
 	"time"
 
@@ -12,11 +10,8 @@ import (
 
 	"github.com/idemq/idemq/idemqtest"
 	"github.com/idemq/idemq/relay"
+	"github.com/idemq/idemq/relay/relaytest"
 )
-
-// joinChildEnv carries the database URL and the child's name to the relay
-// child processes of TestRelaysJoinAndAreSIGKILLed.
-const joinChildEnv = "RELAY_TEST_JOIN_CHILD"
 
 // TestRelaysJoinAndAreSIGKILLed drains a keyed backlog with relays in child
 // processes (this test binary re-executed; LeaseTTL 2 s) whose Sink
@@ -29,7 +24,7 @@ const joinChildEnv = "RELAY_TEST_JOIN_CHILD"
 // the only duplicates are the rows of batches the killed relays were
 // publishing, at most one batch per kill, republished with the same ids.
 func TestRelaysJoinAndAreSIGKILLed(t *testing.T) {
-	if v := os.Getenv(joinChildEnv); v != "" {
+	if v, ok := relaytest.ChildArgs(t); ok {
 		joinChild(t, v)
 		return
 	}
@@ -38,21 +33,7 @@ func TestRelaysJoinAndAreSIGKILLed(t *testing.T) {
 	url, b := recordedBacklog(t, n, keys)
 	pool := b.pool
 
-	start := func(name string) *exec.Cmd {
-		child := exec.Command(os.Args[0], "-test.run=^TestRelaysJoinAndAreSIGKILLed$", "-test.count=1")
-		child.Env = append(os.Environ(), joinChildEnv+"="+name+" "+url)
-		if err := child.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = child.Process.Kill(); _ = child.Wait() })
-		return child
-	}
-	kill := func(child *exec.Cmd) {
-		if err := child.Process.Kill(); err != nil { // SIGKILL
-			t.Fatal(err)
-		}
-		_ = child.Wait()
-	}
+	start := func(name string) *relaytest.Child { return relaytest.StartChild(t, name+" "+url, nil) }
 	// owners returns the distinct owners of the partitions and how many
 	// partitions are owned.
 	owners := func() (map[string]int, int) {
@@ -102,19 +83,19 @@ func TestRelaysJoinAndAreSIGKILLed(t *testing.T) {
 	bChild := start("B")
 	idemqtest.WaitFor(t, "B getting work", func() bool { return published(t, pool, "B") >= batch })
 	idemqtest.WaitFor(t, "A and B splitting the partitions", func() bool { got, total := owners(); return len(got) == 2 && total == 64 })
-	kill(a)
+	a.Kill(t)
 	afterA := published(t, pool, "A")
 	ownerB := soleOwner("B taking A's partitions after A's lease expired", ownerA)
 
 	c := start("C")
 	idemqtest.WaitFor(t, "C getting work", func() bool { return published(t, pool, "C") >= batch })
-	kill(bChild)
+	bChild.Kill(t)
 	soleOwner("C taking B's partitions after B's lease expired", ownerA, ownerB)
 	if left := pendingRows(t, pool); left == 0 {
 		t.Fatal("the backlog ran out before C took over: make it larger")
 	}
 	idemqtest.WaitFor(t, "an empty outbox", func() bool { return pendingRows(t, pool) == 0 })
-	kill(c)
+	c.Kill(t)
 	if published(t, pool, "A") != afterA {
 		t.Fatal("A published after it was killed")
 	}
@@ -140,15 +121,15 @@ func joinChild(t *testing.T, v string) {
 	}
 	b := setupOn(t, pool)
 	record := recordingSink(pool, name)
-	sink := relay.SinkFunc(func(ctx context.Context, batch []relay.Message) error {
-		if err := record.Publish(ctx, batch); err != nil {
+	sink := relay.SinkFunc(func(ctx context.Context, id relay.BatchID, batch []relay.Message) error {
+		if err := record.Publish(ctx, id, batch); err != nil {
 			return err
 		}
 		time.Sleep(20 * time.Millisecond)
 		return nil
 	})
 	run(t, newRelay(t, b, sink, relay.Config{BatchSize: 20, LeaseTTL: 2 * time.Second}))
-	time.Sleep(2 * time.Minute)
+	relaytest.Hang()
 }
 
 func pendingRows(t testing.TB, pool *pgxpool.Pool) int {

@@ -56,11 +56,11 @@ func TestThreeRelaysOneKilledBetweenPublishAndDelete(t *testing.T) {
 	var killedBatch []relay.Message
 	published := make(chan struct{})
 	var calls atomic.Int64
-	victim := relay.SinkFunc(func(ctx context.Context, batch []relay.Message) error {
+	victim := relay.SinkFunc(func(ctx context.Context, id relay.BatchID, batch []relay.Message) error {
 		if calls.Add(1) != 5 {
-			return rec.Publish(ctx, batch)
+			return rec.Publish(ctx, id, batch)
 		}
-		if err := rec.Publish(ctx, batch); err != nil {
+		if err := rec.Publish(ctx, id, batch); err != nil {
 			return err
 		}
 		killedBatch = batch
@@ -117,8 +117,8 @@ func TestTerminatedConnectionMidBatch(t *testing.T) {
 	var killedBatch []relay.Message
 	var terminated atomic.Int64
 	var calls atomic.Int64
-	victim := relay.SinkFunc(func(ctx context.Context, batch []relay.Message) error {
-		if err := rec.Publish(ctx, batch); err != nil {
+	victim := relay.SinkFunc(func(ctx context.Context, id relay.BatchID, batch []relay.Message) error {
+		if err := rec.Publish(ctx, id, batch); err != nil {
 			return err
 		}
 		if calls.Add(1) == 3 {

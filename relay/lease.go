@@ -134,7 +134,7 @@ func (w *worker) setLeases(held []lease) {
 	w.r.mon.lost(w.id, w.leases, held)
 	for _, l := range held {
 		if !slices.Contains(w.leases, l) {
-			w.restart()
+			w.win.restart()
 			break
 		}
 	}
@@ -159,7 +159,7 @@ func (w *worker) partitions() []int32 {
 	for _, l := range w.leases {
 		parts = append(parts, l.part)
 	}
-	i, _ := slices.BinarySearch(parts, w.next)
+	i, _ := slices.BinarySearch(parts, w.win.next)
 	return slices.Concat(parts[i:], parts[:i])
 }
 

@@ -52,7 +52,7 @@ func TestBusyPoolKeepsLeases(t *testing.T) {
 	pool, ob := b.pool, b.ob
 
 	var batches atomic.Int64
-	sink := relay.SinkFunc(func(ctx context.Context, _ []relay.Message) error {
+	sink := relay.SinkFunc(func(ctx context.Context, _ relay.BatchID, _ []relay.Message) error {
 		batches.Add(1)
 		select {
 		case <-time.After(400 * time.Millisecond):
@@ -175,7 +175,7 @@ func TestStalledOwnerDoesNotPublishAfterItsSuccessor(t *testing.T) {
 	var mu sync.Mutex
 	var published []publish
 	sink := func(name string) relay.Sink {
-		return relay.SinkFunc(func(_ context.Context, batch []relay.Message) error {
+		return relay.SinkFunc(func(_ context.Context, _ relay.BatchID, batch []relay.Message) error {
 			mu.Lock()
 			defer mu.Unlock()
 			for _, m := range batch {

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -58,6 +61,7 @@ type monitor struct {
 	mu    sync.Mutex
 	dests map[string]*destState // destinations that are not ok
 	db    outage                // the database, as the workers find it
+	wm    outage                // the Sink's watermarks (Watermarker), as the workers find them
 	// the backlog as last read
 	pending, stalled bool
 }
@@ -160,45 +164,64 @@ func holdLevel(reason string) slog.Level {
 	return slog.LevelDebug
 }
 
-// dbFailed notes a failed round of a worker; retry is its wait.
-func (m *monitor) dbFailed(err error, retry time.Duration) {
+// roundFailed notes a failed round of a worker; retry is its wait. A
+// round fails on the database, or on the Sink's watermark (errWatermark),
+// which are different outages for the operator.
+func (m *monitor) roundFailed(err error, retry time.Duration) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.db.failures++
-	if !m.db.since.IsZero() {
+	o, began := &m.db, "relay: database unavailable; retrying"
+	if errors.Is(err, errWatermark) {
+		o, began = &m.wm, "relay: the Sink cannot give a partition's watermark; the partition's rows wait for it; retrying"
+	}
+	o.failures++
+	if !o.since.IsZero() {
 		m.log.Debug("relay: round failed again", "err", err, "retry_in", retry)
 		return
 	}
-	m.db.since = time.Now()
-	m.log.Warn("relay: database unavailable; retrying", "err", err, "retry_in", retry)
+	o.since = time.Now()
+	m.log.Warn(began, "err", err, "retry_in", retry)
 }
 
-// dbOK notes a round that went through.
-func (m *monitor) dbOK() {
+// roundOK notes a round that went through.
+func (m *monitor) roundOK() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.db.since.IsZero() {
-		return
+	if !m.db.since.IsZero() {
+		m.log.Info("relay: database available again", "lasted", time.Since(m.db.since), "failed_rounds", m.db.failures)
+		m.db = outage{}
 	}
-	m.log.Info("relay: database available again", "lasted", time.Since(m.db.since), "failed_rounds", m.db.failures)
-	m.db = outage{}
+	if !m.wm.since.IsZero() {
+		m.log.Info("relay: the Sink's watermarks readable again", "lasted", time.Since(m.wm.since), "failed_rounds", m.wm.failures)
+		m.wm = outage{}
+	}
 }
 
 // acquired logs the partitions worker took; from holds each one's
-// previous owner (nil: nobody).
+// previous owner (nil: nobody). A line names the partitions and their
+// tokens as spans ("0-63"), and for a takeover the spans each previous
+// owner had, so that a relay taking all 64 logs a short line.
 func (m *monitor) acquired(worker uuid.UUID, taken []lease, from []*uuid.UUID) {
 	if len(taken) == 0 {
 		return
 	}
 	parts, tokens := partsOf(taken)
-	var over []any // partition, dead owner, ...
+	byOwner := map[uuid.UUID][]int64{}
+	var owners []uuid.UUID
 	for i, f := range from {
 		if f != nil && i < len(taken) {
-			over = append(over, taken[i].part, f.String())
+			if byOwner[*f] == nil {
+				owners = append(owners, *f)
+			}
+			byOwner[*f] = append(byOwner[*f], int64(taken[i].part))
 		}
 	}
-	if len(over) > 0 {
-		m.log.Warn("relay: partitions taken over from workers that stopped heartbeating", "worker", worker, "partitions", parts, "tokens", tokens, "from", over)
+	if len(owners) > 0 {
+		over := make([]string, len(owners))
+		for i, o := range owners {
+			over[i] = o.String() + ":" + spans(byOwner[o])
+		}
+		m.log.Warn("relay: partitions taken over from workers that stopped heartbeating", "worker", worker, "partitions", parts, "tokens", tokens, "from", strings.Join(over, " "))
 		return
 	}
 	m.log.Info("relay: partitions acquired", "worker", worker, "partitions", parts, "tokens", tokens)
@@ -207,17 +230,22 @@ func (m *monitor) acquired(worker uuid.UUID, taken []lease, from []*uuid.UUID) {
 // released logs partitions a worker gave up to let others have their share.
 func (m *monitor) released(worker uuid.UUID, parts []int32) {
 	if len(parts) > 0 {
-		m.log.Info("relay: partitions released for rebalancing", "worker", worker, "partitions", parts)
+		ps := make([]int64, len(parts))
+		for i, p := range parts {
+			ps[i] = int64(p)
+		}
+		m.log.Info("relay: partitions released for rebalancing", "worker", worker, "partitions", spans(ps))
 	}
 }
 
 // lost logs partitions a worker found it no longer owns, with who owns
-// them now.
+// them now (per owner, "nobody" included, its partitions as spans) and
+// their tokens.
 func (m *monitor) lost(worker uuid.UUID, before, after []lease) {
-	var gone []int32
+	var gone []int64
 	for _, l := range before {
 		if !containsPart(after, l.part) {
-			gone = append(gone, l.part)
+			gone = append(gone, int64(l.part))
 		}
 	}
 	if len(gone) == 0 {
@@ -225,7 +253,9 @@ func (m *monitor) lost(worker uuid.UUID, before, after []lease) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	var owners []any // partition, owner, token, ...
+	byOwner := map[string][]int64{}
+	var owners []string
+	var tokens []int64
 	rows, err := m.pool.Query(ctx, m.sql.Owners, gone)
 	if err == nil {
 		for rows.Next() {
@@ -239,24 +269,55 @@ func (m *monitor) lost(worker uuid.UUID, before, after []lease) {
 			if owner != nil {
 				who = owner.String()
 			}
-			owners = append(owners, part, who, token)
+			if byOwner[who] == nil {
+				owners = append(owners, who)
+			}
+			byOwner[who] = append(byOwner[who], int64(part))
+			tokens = append(tokens, token)
 		}
 		rows.Close()
 		err = rows.Err()
 	}
 	if err != nil {
-		m.log.Warn("relay: partitions lost to another worker", "worker", worker, "partitions", gone, "owners_err", err)
+		m.log.Warn("relay: partitions lost to another worker", "worker", worker, "partitions", spans(gone), "owners_err", err)
 		return
 	}
-	m.log.Warn("relay: partitions lost to another worker", "worker", worker, "partitions", gone, "now", owners)
+	now := make([]string, len(owners))
+	for i, o := range owners {
+		now[i] = o + ":" + spans(byOwner[o])
+	}
+	m.log.Warn("relay: partitions lost to another worker", "worker", worker, "partitions", spans(gone), "now", strings.Join(now, " "), "tokens", spans(tokens))
 }
 
-func partsOf(ls []lease) (parts []int32, tokens []int64) {
-	for _, l := range ls {
-		parts = append(parts, l.part)
-		tokens = append(tokens, l.token)
+// partsOf returns the partitions of ls and their tokens as spans.
+func partsOf(ls []lease) (parts, tokens string) {
+	ps, ts := make([]int64, len(ls)), make([]int64, len(ls))
+	for i, l := range ls {
+		ps[i], ts[i] = int64(l.part), l.token
 	}
-	return parts, tokens
+	return spans(ps), spans(ts)
+}
+
+// spans writes a set of numbers as sorted runs, "0-31,33,40-63".
+func spans(v []int64) string {
+	v = slices.Compact(slices.Sorted(slices.Values(v)))
+	var b strings.Builder
+	for i := 0; i < len(v); {
+		j := i
+		for j+1 < len(v) && v[j+1] == v[j]+1 {
+			j++
+		}
+		if b.Len() > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.FormatInt(v[i], 10))
+		if j > i {
+			b.WriteByte('-')
+			b.WriteString(strconv.FormatInt(v[j], 10))
+		}
+		i = j + 1
+	}
+	return b.String()
 }
 
 func containsPart(ls []lease, part int32) bool {

@@ -5,14 +5,15 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/idemq/idemq/idemqtest"
+	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
 )
 
@@ -82,19 +83,10 @@ func TestRelayLogsTakeoverAndLoss(t *testing.T) {
 	}
 	line := over[0]
 	workerB, _ := line["worker"].(string)
-	parts, _ := line["partitions"].([]any)
-	tokens, _ := line["tokens"].([]any)
-	from, _ := line["from"].([]any)
-	if line["level"] != "WARN" || workerB == "" || workerB == workerA || len(parts) != 64 || len(tokens) != 64 || len(from) != 2*64 {
-		t.Fatalf("takeover line %v: want WARN, B's worker, 64 partitions and tokens, and (partition, previous owner) per partition", line)
-	}
-	for i := range parts {
-		if tokens[i] != 2.0 { // A's take was 1
-			t.Errorf("partition %v taken over with token %v, want 2", parts[i], tokens[i])
-		}
-		if from[2*i] != parts[i] || from[2*i+1] != workerA {
-			t.Errorf("partition %v taken over from %v %v, want from A's worker %s", parts[i], from[2*i], from[2*i+1], workerA)
-		}
+	// The 64 partitions are a span, not an array: A's take was token 1.
+	if line["level"] != "WARN" || workerB == "" || workerB == workerA || line["partitions"] != "0-63" || line["tokens"] != "2" ||
+		line["from"] != workerA+":0-63" {
+		t.Fatalf("takeover line %v: want WARN, B's worker, partitions 0-63 at token 2, taken from A's worker %s", line, workerA)
 	}
 
 	proxy.Start()
@@ -104,24 +96,85 @@ func TestRelayLogsTakeoverAndLoss(t *testing.T) {
 		t.Fatalf("%d lines for one loss: %v", len(lost), lost)
 	}
 	line = lost[0]
-	parts, _ = line["partitions"].([]any)
-	now, _ := line["now"].([]any)
 	// By the time A looks, B may have given up half of them for A to
 	// take back (A then loses only the others), or released some that
 	// nobody took yet.
-	if line["level"] != "WARN" || line["worker"] != workerA || len(parts) < 32 || len(now) != 3*len(parts) {
-		t.Fatalf("loss line %v: want WARN, A's worker, at least 32 partitions, and (partition, owner, token) per partition", line)
+	now, _ := line["now"].(string)
+	if line["level"] != "WARN" || line["worker"] != workerA || line["tokens"] != "2" || !strings.Contains(now, workerB+":") {
+		t.Fatalf("loss line %v: want WARN, A's worker, B's worker (%s) among the owners, token 2", line, workerB)
 	}
-	byB := 0
-	for i := range parts {
-		got := fmt.Sprint(now[3*i : 3*i+3])
-		if got == fmt.Sprint([]any{parts[i], workerB, 2.0}) {
-			byB++
-		} else if got != fmt.Sprint([]any{parts[i], "nobody", 2.0}) {
-			t.Errorf("partition %v now %s, want B's worker %s with token 2", parts[i], got, workerB)
+	covered := 0
+	for owner := range strings.FieldsSeq(now) {
+		who, parts, _ := strings.Cut(owner, ":")
+		if who != workerB && who != "nobody" {
+			t.Errorf("loss line names owner %q, want B's worker or nobody", who)
 		}
+		covered += spanCount(t, parts)
 	}
-	if byB == 0 {
-		t.Errorf("loss line names B as the owner of no partition: %v", line)
+	if lostParts := spanCount(t, line["partitions"].(string)); lostParts < 32 || covered != lostParts {
+		t.Errorf("loss line %v: %d partitions lost and %d with an owner, want at least 32 and the same", line, lostParts, covered)
+	}
+}
+
+// spanCount counts the numbers in spans like "0-31,33".
+func spanCount(t *testing.T, spans string) int {
+	t.Helper()
+	n := 0
+	for s := range strings.SplitSeq(spans, ",") {
+		lo, hi, ok := strings.Cut(s, "-")
+		if !ok {
+			hi = lo
+		}
+		a, err1 := strconv.Atoi(lo)
+		b, err2 := strconv.Atoi(hi)
+		if err1 != nil || err2 != nil || b < a {
+			t.Fatalf("bad spans %q", spans)
+		}
+		n += b - a + 1
+	}
+	return n
+}
+
+// A relay whose heartbeat lapses during a batch (its database went away
+// while the Sink published) lets the batch's rows go and says so: the
+// line names the lost leases, not a database outage; the outage that
+// follows is its own line, without "lease lost" in it. Lines name the
+// outbox as schema.table, not as an escaped SQL identifier.
+func TestRelayLogsFencedBatchAsSuch(t *testing.T) {
+	t.Parallel()
+	b, proxy, acfg := proxied(t)
+	var log jsonLog
+	inFlight := make(chan struct{}, 1)
+	sink := relay.SinkFunc(func(ctx context.Context, _ relay.BatchID, _ []relay.Message) error {
+		select {
+		case inFlight <- struct{}{}:
+		default:
+		}
+		<-ctx.Done() // the fence ends it once the heartbeat lapsed
+		return ctx.Err()
+	})
+	run(t, newRelay(t, bundle{b.ctx, openPool(t, acfg), b.ob}, sink, relay.Config{
+		DisableListen: true, PollInterval: 20 * time.Millisecond, LeaseTTL: 500 * time.Millisecond, Logger: log.logger()}))
+	enqueue(t, b, outbox.Message{Destination: "d", Key: "k"})
+	select {
+	case <-inFlight:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no batch reached the sink in 30s")
+	}
+	proxy.Stop()
+	idemqtest.WaitFor(t, "the fenced batch logged", func() bool { return len(log.lines(t, "relay: a batch let its claimed rows go")) > 0 })
+	line := log.lines(t, "relay: a batch let its claimed rows go")[0]
+	if err, _ := line["err"].(string); line["level"] != "WARN" || !strings.Contains(err, "lease lost") {
+		t.Errorf("fenced line %v: want WARN with the lease's error", line)
+	}
+	// The outbox is named plainly, not as a quoted SQL identifier.
+	if want := b.ob.Config().Schema + "." + b.ob.Config().Table; line["outbox"] != want {
+		t.Errorf("fenced line names outbox %q, want %q", line["outbox"], want)
+	}
+	idemqtest.WaitFor(t, "the outage logged", func() bool { return len(log.lines(t, "relay: database unavailable")) > 0 })
+	for _, l := range log.lines(t, "relay: database unavailable") {
+		if err, _ := l["err"].(string); strings.Contains(err, "lease lost") {
+			t.Errorf("a lost lease logged as a database outage: %v", l)
+		}
 	}
 }

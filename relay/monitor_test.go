@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -70,7 +69,7 @@ func TestRelayLogsStateChanges(t *testing.T) {
 	down.Store(true)
 	var failed atomic.Int64
 	router := relay.NewRouter()
-	if err := router.Route("d", relay.SinkFunc(func(ctx context.Context, batch []relay.Message) error {
+	if err := router.Route("d", relay.SinkFunc(func(ctx context.Context, _ relay.BatchID, batch []relay.Message) error {
 		if down.Load() {
 			return errors.New("broker unreachable")
 		}
@@ -80,7 +79,7 @@ func TestRelayLogsStateChanges(t *testing.T) {
 	}
 	// A destination that refuses its messages (permanent errors: dead
 	// letters) is not a broker outage.
-	if err := router.Route("refusing", relay.SinkFunc(func(ctx context.Context, batch []relay.Message) error {
+	if err := router.Route("refusing", relay.SinkFunc(func(ctx context.Context, _ relay.BatchID, batch []relay.Message) error {
 		return idemq.Permanent(errors.New("refused"))
 	})); err != nil {
 		t.Fatal(err)
@@ -109,8 +108,8 @@ func TestRelayLogsStateChanges(t *testing.T) {
 	wantLines(t, &out, 1, "relay: holding the messages of a destination", "destination", "nowhere", "reason", relay.HoldNoRoute)
 	wantLines(t, &out, 1, "relay: partitions acquired")
 	if got := out.Records("relay: partitions acquired"); len(got) == 1 {
-		if parts := got[0].Attrs["partitions"]; len(strings.Fields(parts)) != 64 {
-			t.Errorf("acquired partitions %s, want 64", parts)
+		if parts, tokens := got[0].Attrs["partitions"], got[0].Attrs["tokens"]; parts != "0-63" || tokens != "1" {
+			t.Errorf("acquired partitions %s at tokens %s, want 0-63 at 1", parts, tokens)
 		}
 	}
 

@@ -102,7 +102,7 @@ func TestPgBouncer(t *testing.T) {
 	}
 	var mu sync.Mutex
 	var delivered []relay.Message
-	sink := relay.SinkFunc(func(ctx context.Context, batch []relay.Message) error {
+	sink := relay.SinkFunc(func(ctx context.Context, _ relay.BatchID, batch []relay.Message) error {
 		f := relay.NewFailures(batch)
 		for i, m := range batch {
 			if f.Skip(i) {
@@ -181,7 +181,7 @@ func TestPgBouncerFencing(t *testing.T) {
 	calls := map[string]int{}
 	inFlight, release := make(chan struct{}), make(chan struct{})
 	sink := func(name string) relay.Sink {
-		return relay.SinkFunc(func(_ context.Context, batch []relay.Message) error {
+		return relay.SinkFunc(func(_ context.Context, _ relay.BatchID, batch []relay.Message) error {
 			mu.Lock()
 			published = append(published, batch...)
 			calls[name]++

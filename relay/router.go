@@ -120,7 +120,7 @@ func (r *Router) Lookup(destination string) Sink {
 }
 
 // Publish implements [Sink].
-func (r *Router) Publish(ctx context.Context, batch []Message) error {
+func (r *Router) Publish(ctx context.Context, id BatchID, batch []Message) error {
 	f := NewFailures(batch)
 	for _, round := range Rounds(batch, func(m *Message) string { return m.Destination }) {
 		type call struct {
@@ -156,7 +156,7 @@ func (r *Router) Publish(ctx context.Context, batch []Message) error {
 			for j, i := range c.index {
 				send[j] = batch[i]
 			}
-			wg.Go(func() { c.err = publish(ctx, c.sink, send) })
+			wg.Go(func() { c.err = publish(ctx, c.sink, id, send) })
 		}
 		wg.Wait()
 		for _, c := range calls {

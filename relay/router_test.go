@@ -26,7 +26,7 @@ func newMemSink() *memSink {
 	return s
 }
 
-func (s *memSink) Publish(ctx context.Context, batch []relay.Message) error {
+func (s *memSink) Publish(ctx context.Context, _ relay.BatchID, batch []relay.Message) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -61,7 +61,7 @@ func TestRouterConformance(t *testing.T) {
 		for _, err := range []error{
 			r.Route("orders", sinks["orders"]),
 			r.RoutePrefix("billing.", sinks["billing.invoices"]),
-			r.Route("boom", relay.SinkFunc(func(context.Context, []relay.Message) error { panic("boom") })),
+			r.Route("boom", relay.SinkFunc(func(context.Context, relay.BatchID, []relay.Message) error { panic("boom") })),
 		} {
 			if err != nil {
 				t.Fatal(err)
@@ -84,12 +84,12 @@ func TestRouterPanickingSinkFailsItsPart(t *testing.T) {
 	ok := newMemSink()
 	if err := errors.Join(
 		r.Route("ok", ok),
-		r.Route("boom", relay.SinkFunc(func(context.Context, []relay.Message) error { panic("boom") })),
+		r.Route("boom", relay.SinkFunc(func(context.Context, relay.BatchID, []relay.Message) error { panic("boom") })),
 	); err != nil {
 		t.Fatal(err)
 	}
 	batch := []relay.Message{msg("boom", "k"), msg("ok", "j"), msg("nowhere", "")}
-	err := r.Publish(context.Background(), batch)
+	err := r.Publish(context.Background(), 0, batch)
 	var pe *relay.PublishError
 	if !errors.As(err, &pe) || len(pe.Failed) != 2 || !errors.Is(pe.Failed[0], relay.ErrSinkPanicked) ||
 		!errors.Is(pe.Failed[2], relay.ErrNoRoute) || !errors.Is(pe.Failed[2], relay.ErrSkipped) || idemq.IsPermanent(pe.Failed[2]) {
@@ -104,7 +104,7 @@ func TestNilSinksDoNotPanic(t *testing.T) {
 	t.Parallel()
 	batch := []relay.Message{msg("d", "k"), msg("d", "")}
 	var nilRouter *relay.Router
-	err := nilRouter.Publish(context.Background(), batch)
+	err := nilRouter.Publish(context.Background(), 0, batch)
 	var pe *relay.PublishError
 	if !errors.As(err, &pe) || len(pe.Failed) != 2 || !errors.Is(pe.Failed[1], relay.ErrNoRoute) {
 		t.Fatalf("nil Router: %v", err)
@@ -113,13 +113,13 @@ func TestNilSinksDoNotPanic(t *testing.T) {
 		t.Fatal("nil Router: Lookup found a sink or Route succeeded")
 	}
 	var zero relay.Router
-	if err := zero.Publish(context.Background(), batch); !errors.As(err, &pe) || len(pe.Failed) != 2 {
+	if err := zero.Publish(context.Background(), 0, batch); !errors.As(err, &pe) || len(pe.Failed) != 2 {
 		t.Fatalf("zero Router: %v", err)
 	}
 	if zero.Route("d", relay.SinkFunc(nil)) == nil || zero.Route("d", nilRouter) == nil {
 		t.Fatal("Route accepted a nil sink")
 	}
-	if err := relay.SinkFunc(nil).Publish(context.Background(), batch); err == nil {
+	if err := relay.SinkFunc(nil).Publish(context.Background(), 0, batch); err == nil {
 		t.Fatal("nil SinkFunc: Publish returned nil")
 	}
 }

@@ -67,8 +67,7 @@ func (w *worker) watch(top, node, seqNode int64) {
 	if tableNew || seqNew || top < s.high {
 		w.r.log.Warn("relay: the outbox was truncated or rewritten, or its sequence restarted; reading it from the start",
 			"last_value", top, "was", s.high, "filenode_changed", tableNew, "sequence_restarted", seqNew)
-		w.restart()
-		w.horizon, w.seen, w.pending = 0, 0, nil
+		w.win.reset()
 		s.high, s.moved = 0, true
 	}
 	s.high, s.node, s.seqNode = max(s.high, top), node, seqNode

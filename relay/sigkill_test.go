@@ -2,8 +2,6 @@ package relay_test
 
 import (
 	"context"
-	"os"
-	"os/exec"
 	"testing"
 	"time"
 
@@ -12,11 +10,9 @@ import (
 	"github.com/idemq/idemq/idemqtest"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
+	"github.com/idemq/idemq/relay/relaytest"
 	"github.com/idemq/idemq/testenv"
 )
-
-// sigkillChildEnv carries the database URL to the relay child process.
-const sigkillChildEnv = "RELAY_TEST_SIGKILL_CHILD_DB"
 
 // TestRelaySIGKILLedBetweenPublishAndDelete runs a relay in a child process
 // (this test binary re-executed) whose Sink records every message it
@@ -27,7 +23,7 @@ const sigkillChildEnv = "RELAY_TEST_SIGKILL_CHILD_DB"
 // duplicates are the rows of the batch the child died with, republished
 // with the same ids.
 func TestRelaySIGKILLedBetweenPublishAndDelete(t *testing.T) {
-	if url := os.Getenv(sigkillChildEnv); url != "" {
+	if url, ok := relaytest.ChildArgs(t); ok {
 		sigkillChild(t, url)
 		return
 	}
@@ -36,16 +32,9 @@ func TestRelaySIGKILLedBetweenPublishAndDelete(t *testing.T) {
 	url, b := recordedBacklog(t, n, keys)
 	pool := b.pool
 
-	child := exec.Command(os.Args[0], "-test.run=^TestRelaySIGKILLedBetweenPublishAndDelete$", "-test.count=1")
-	child.Env = append(os.Environ(), sigkillChildEnv+"="+url)
-	if err := child.Start(); err != nil {
-		t.Fatal(err)
-	}
+	child := relaytest.StartChild(t, url, nil)
 	idemqtest.WaitFor(t, "the child's third batch", func() bool { return published(t, pool, "child") >= 3*batch })
-	if err := child.Process.Kill(); err != nil { // SIGKILL
-		t.Fatal(err)
-	}
-	_ = child.Wait()
+	child.Kill(t)
 
 	run(t, newRelay(t, b, recordingSink(pool, "parent"), relay.Config{BatchSize: batch}))
 	idemqtest.WaitFor(t, "an empty outbox", func() bool { return pending(t, b) == 0 })
@@ -66,8 +55,8 @@ func sigkillChild(t *testing.T, url string) {
 	b := setupOn(t, pool)
 	record := recordingSink(pool, "child")
 	calls := 0
-	sink := relay.SinkFunc(func(ctx context.Context, batch []relay.Message) error {
-		if err := record.Publish(ctx, batch); err != nil {
+	sink := relay.SinkFunc(func(ctx context.Context, id relay.BatchID, batch []relay.Message) error {
+		if err := record.Publish(ctx, id, batch); err != nil {
 			return err
 		}
 		if calls++; calls == 3 {
@@ -76,7 +65,7 @@ func sigkillChild(t *testing.T, url string) {
 		return nil
 	})
 	run(t, newRelay(t, b, sink, relay.Config{BatchSize: 20, PublishTimeout: 5 * time.Minute}))
-	time.Sleep(2 * time.Minute)
+	relaytest.Hang()
 }
 
 // recordedBacklog migrates the default outbox on a new database, creates the
@@ -136,7 +125,7 @@ func checkPublished(t *testing.T, pool *pgxpool.Pool, n int) int {
 // recordingSink commits every message it publishes into the table
 // published, as a broker would keep it.
 func recordingSink(pool *pgxpool.Pool, by string) relay.Sink {
-	return relay.SinkFunc(func(ctx context.Context, batch []relay.Message) error {
+	return relay.SinkFunc(func(ctx context.Context, _ relay.BatchID, batch []relay.Message) error {
 		ids, keys, payloads := make([]string, len(batch)), make([]string, len(batch)), make([]string, len(batch))
 		for i, m := range batch {
 			ids[i], keys[i], payloads[i] = m.ID.String(), m.Key, string(m.Payload)

@@ -48,13 +48,23 @@ type Message struct {
 // relay hands a Sink copies of the rows, which it may change. Package
 // relaytest checks a Sink against this contract.
 type Sink interface {
-	// Publish delivers batch. It returns nil when every message was
+	// Publish delivers batch, the messages of relay batch id (or all of
+	// them, see [Router]). It returns nil when every message was
 	// delivered; a *[PublishError] when only some failed; any other error
 	// when the whole batch failed. Errors are retryable unless marked with
 	// idemq.Permanent; idemq.RetryAfter sets the earliest retry. Publish
-	// must return when ctx is done.
-	Publish(ctx context.Context, batch []Message) error
+	// must return when ctx is done. A Sink that wraps another passes id
+	// on.
+	Publish(ctx context.Context, id BatchID, batch []Message) error
 }
+
+// BatchID identifies a relay batch within the process. A [Router] makes
+// one call per destination of a batch, all with the batch's id; a
+// [Watermarker] that commits a transaction per call names the rows of all
+// the calls of one batch in the last one's watermark, since a crash before
+// the batch's delete leaves all of them behind. Zero is no relay batch (a
+// Sink called directly): each call is a batch of its own.
+type BatchID uint64
 
 // ErrSkipped is what a Sink reports for a message it did not attempt
 // because an earlier message of the same key failed in the same batch. The
@@ -66,14 +76,14 @@ type Sink interface {
 var ErrSkipped = errors.New("relay: skipped: an earlier message of its key failed")
 
 // SinkFunc adapts a function to the [Sink] interface.
-type SinkFunc func(ctx context.Context, batch []Message) error
+type SinkFunc func(ctx context.Context, id BatchID, batch []Message) error
 
-// Publish calls f(ctx, batch); a nil f fails the batch.
-func (f SinkFunc) Publish(ctx context.Context, batch []Message) error {
+// Publish calls f(ctx, id, batch); a nil f fails the batch.
+func (f SinkFunc) Publish(ctx context.Context, id BatchID, batch []Message) error {
 	if f == nil {
 		return errors.New("relay: nil SinkFunc")
 	}
-	return f(ctx, batch)
+	return f(ctx, id, batch)
 }
 
 // PublishError reports per-message failures of a batch: Failed maps an

@@ -62,7 +62,7 @@ func TestMalformedPublishErrorLosesNothing(t *testing.T) {
 	for _, bad := range []*relay.PublishError{{}, {Failed: map[int]error{99: errors.New("boom")}}} {
 		b := setup(t)
 		var calls, handed atomic.Int64
-		sink := relay.SinkFunc(func(_ context.Context, batch []relay.Message) error {
+		sink := relay.SinkFunc(func(_ context.Context, _ relay.BatchID, batch []relay.Message) error {
 			handed.Add(int64(len(batch)))
 			if calls.Add(1) == 1 {
 				return bad
@@ -91,7 +91,7 @@ func TestSinkMutationsNeverReachTheTable(t *testing.T) {
 	var mu sync.Mutex
 	var seen []string         // headers and payload of every message handed over, before mutation
 	tries := map[string]int{} // payload as enqueued -> hand-overs
-	sink := relay.SinkFunc(func(_ context.Context, batch []relay.Message) error {
+	sink := relay.SinkFunc(func(_ context.Context, _ relay.BatchID, batch []relay.Message) error {
 		mu.Lock()
 		defer mu.Unlock()
 		failed := map[int]error{}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync/atomic"
 )
 
 // Watermark is what a [Watermarker] committed last for one key partition
@@ -34,7 +33,7 @@ type Watermark struct {
 // A watermark names every row of the partition that the relay batch of
 // its transaction delivered: a [Router] publishes a batch in a call per
 // destination, so a Watermarker that commits a transaction per call
-// accumulates the seqs of the calls of one batch ([Batch]).
+// accumulates the seqs of the calls of one batch (one [BatchID]).
 //
 // The relay asks a Watermarker for a partition's watermark whenever a
 // worker takes the partition under a new lease token, and again after a
@@ -50,28 +49,6 @@ type Watermarker interface {
 	// committed watermark. Later Publish calls carry token in
 	// Message.LeaseToken.
 	Watermark(ctx context.Context, partition int, token int64) (Watermark, error)
-}
-
-// batches numbers the relay's batches, for [Batch].
-var batches atomic.Uint64
-
-type batchKey struct{}
-
-// withBatch gives ctx the next batch number.
-func withBatch(ctx context.Context) context.Context {
-	return context.WithValue(ctx, batchKey{}, batches.Add(1))
-}
-
-// Batch returns the number of the relay batch that a Sink's Publish was
-// called for, unique within the process; ok is false outside a relay. A
-// [Router] makes one call per destination of a batch, in the batch's
-// context: the calls of one batch share the number. A [Watermarker]
-// publishing a batch in several transactions per partition names all of
-// their rows in the last one's watermark, since a crash before the
-// batch's delete leaves all of them behind.
-func Batch(ctx context.Context) (n uint64, ok bool) {
-	n, ok = ctx.Value(batchKey{}).(uint64)
-	return n, ok
 }
 
 // Watermark returns the union of the watermarks of the routed sinks that
@@ -110,6 +87,10 @@ func (r *Router) Watermark(ctx context.Context, partition int, token int64) (Wat
 
 var _ Watermarker = (*Router)(nil)
 
+// errWatermark is matched by the error of a round whose Sink could not
+// give a partition's watermark.
+var errWatermark = errors.New("relay: the Sink's watermark")
+
 // watermarks applies the Sink's watermark of every partition the worker
 // owns under a token it has not applied yet: it deletes the rows the
 // Sink's last committed transaction delivered. Deleting a delivered row is
@@ -128,7 +109,7 @@ func (w *worker) watermarks(ctx context.Context) error {
 		}
 		m, err := wm.Watermark(ctx, int(l.part), l.token)
 		if err != nil {
-			return fmt.Errorf("relay: watermark of partition %d: %w", l.part, err)
+			return fmt.Errorf("%w of partition %d: %w", errWatermark, l.part, err)
 		}
 		if len(m.Seqs) > 0 {
 			tag, err := w.r.pool.Exec(ctx, w.r.sql.Delivered, l.part, m.Seqs)

@@ -361,7 +361,7 @@ func TestSoak(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	for _, m := range again {
-		if err := producerSinks[m.Destination].Publish(ctx, []relay.Message{m}); err != nil {
+		if err := producerSinks[m.Destination].Publish(ctx, 0, []relay.Message{m}); err != nil {
 			t.Fatalf("producer re-send: %v", err)
 		}
 	}

@@ -114,7 +114,7 @@ func (p *idemqOutbox) fill(ctx context.Context, n, keys int) error {
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
 func (p *idemqOutbox) start(ctx context.Context, delivered func(int)) (func(), error) {
-	sink := relay.SinkFunc(func(_ context.Context, batch []relay.Message) error {
+	sink := relay.SinkFunc(func(_ context.Context, _ relay.BatchID, batch []relay.Message) error {
 		delivered(len(batch))
 		return nil
 	})

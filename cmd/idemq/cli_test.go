@@ -364,7 +364,7 @@ func TestGC(t *testing.T) {
 func deadLetter(t *testing.T, pool *pgxpool.Pool, ob *outbox.Outbox, n int) {
 	t.Helper()
 	dead := make(chan struct{}, n)
-	r, err := relay.New(pool, ob, relay.SinkFunc(func(context.Context, []relay.Message) error {
+	r, err := relay.New(pool, ob, relay.SinkFunc(func(context.Context, relay.BatchID, []relay.Message) error {
 		return idemq.Permanent(errors.New("refused by the test"))
 	}), relay.Config{Hooks: relay.Hooks{OnDeadLettered: func(relay.DeadLetteredEvent) { dead <- struct{}{} }}})
 	if err != nil {
@@ -387,7 +387,7 @@ func deadLetter(t *testing.T, pool *pgxpool.Pool, ob *outbox.Outbox, n int) {
 func drain(t *testing.T, pool *pgxpool.Pool, ob *outbox.Outbox, n int) []string {
 	t.Helper()
 	ids := make(chan string, n)
-	r, err := relay.New(pool, ob, relay.SinkFunc(func(_ context.Context, batch []relay.Message) error {
+	r, err := relay.New(pool, ob, relay.SinkFunc(func(_ context.Context, _ relay.BatchID, batch []relay.Message) error {
 		for _, m := range batch {
 			ids <- m.ID.String()
 		}

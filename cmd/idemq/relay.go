@@ -175,6 +175,9 @@ func runRelay(ctx context.Context, cmd *cli.Command) error {
 	} else if err != nil {
 		return err
 	}
+	if plan.outbox, err = relay.OutboxName(ctx, pool, ob); err != nil {
+		return err
+	}
 	s, err := buildSinks(plan, router, reg, tel.Telemetry)
 	if err != nil {
 		return err

@@ -170,6 +170,7 @@ type sinkPlan struct {
 	sinkConfig
 	routes []route
 	allow  []netip.Prefix
+	outbox string // relay.OutboxName, for the kafka-tx routes' TxSink
 }
 
 // plan checks c: every mistake in it is a usage error found before the
@@ -189,7 +190,7 @@ func (c sinkConfig) plan() (sinkPlan, error) {
 	// The router's own checks (a duplicate route, a bad pattern) on a
 	// scratch router with a sink that is never called.
 	scratch := relay.NewRouter()
-	nop := relay.SinkFunc(func(context.Context, []relay.Message) error { return nil })
+	nop := relay.SinkFunc(func(context.Context, relay.BatchID, []relay.Message) error { return nil })
 	if c.Webhooks {
 		if err := scratch.RoutePrefix(webhook.DestinationPrefix, nop); err != nil {
 			return p, usageError("webhooks: %w", err)
@@ -280,6 +281,7 @@ func buildSinks(p sinkPlan, router *relay.Router, reg *webhook.Registry, tel *ot
 			system = "kafka"
 			if txSink == nil {
 				txSink, err = franz.NewTxSink(franz.TxConfig{
+					Outbox:                p.outbox,
 					SinkConfig:            franz.SinkConfig{Topic: topicOf(txs)},
 					TransactionalIDPrefix: cmp(p.KafkaTxIDPrefix, func() string { return kafkaTxIDPrefixDefault }),
 					WatermarkTopic:        cmp(p.KafkaWatermarkTopic, func() string { return kafkaWatermarkTopicDefault }),

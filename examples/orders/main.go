@@ -364,7 +364,7 @@ func runLeg(ctx context.Context, pool *pgxpool.Pool, l leg, msgs []relay.Message
 			again = append(again, m)
 		}
 	}
-	if err := sink.Publish(ctx, again); err != nil {
+	if err := sink.Publish(ctx, 0, again); err != nil {
 		return r, fmt.Errorf("%s: producer re-send: %w", l.Name(), err)
 	}
 	r.injected = len(again)

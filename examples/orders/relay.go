@@ -113,8 +113,8 @@ func relayChild(encoded string) error {
 		if err != nil {
 			return err
 		}
-		sinks[s.Destination] = relay.SinkFunc(func(ctx context.Context, msgs []relay.Message) error {
-			if err := sink.Publish(ctx, msgs); err != nil {
+		sinks[s.Destination] = relay.SinkFunc(func(ctx context.Context, id relay.BatchID, msgs []relay.Message) error {
+			if err := sink.Publish(ctx, id, msgs); err != nil {
 				return err
 			}
 			once.Do(func() { fmt.Printf("published %d\n", len(msgs)) })

@@ -103,8 +103,8 @@ func run(ctx context.Context, out io.Writer) error {
 	// The embedded relay. lossy stands for a broker whose first acks get
 	// lost: the messages are stored, the relay hears a failure.
 	var sent, failed atomic.Int64
-	lossy := relay.SinkFunc(func(ctx context.Context, msgs []relay.Message) error {
-		if err := sink.Publish(ctx, msgs); err != nil {
+	lossy := relay.SinkFunc(func(ctx context.Context, id relay.BatchID, msgs []relay.Message) error {
+		if err := sink.Publish(ctx, id, msgs); err != nil {
 			return err
 		}
 		sent.Add(int64(len(msgs)))

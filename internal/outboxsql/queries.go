@@ -27,6 +27,10 @@ const (
 	// Partitions is the number of key partitions (the rows of the lease
 	// table that migration 0002 creates).
 	Partitions = 64
+	// Cluster reads what names the database among those of every
+	// Postgres cluster: the cluster's system identifier (set by initdb,
+	// kept by its replicas) and the database's name.
+	Cluster = `SELECT system_identifier::text, current_database() FROM pg_control_system()`
 	// partOf is the partition of the key column or parameter k.
 	partOf = `mod(hashtext(%s)::int8 + 2147483648, 64)::int4`
 	// partition is a row's partition, -1 for unkeyed rows: the expression

@@ -21,7 +21,7 @@ func ExampleTestSink() {
 			var mu sync.Mutex
 			got := map[string][]relay.Message{}
 			record := func(dest string) relay.Sink {
-				return relay.SinkFunc(func(ctx context.Context, batch []relay.Message) error {
+				return relay.SinkFunc(func(ctx context.Context, _ relay.BatchID, batch []relay.Message) error {
 					if err := ctx.Err(); err != nil {
 						return err
 					}

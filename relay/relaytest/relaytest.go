@@ -151,7 +151,7 @@ func testOrder(t *testing.T, tg Target) {
 		batch = append(batch, m)
 		perDest[dest] = append(perDest[dest], m)
 	}
-	if err := tg.Sink.Publish(context.Background(), batch); err != nil {
+	if err := tg.Sink.Publish(context.Background(), 0, batch); err != nil {
 		t.Fatalf("Publish: %v", err)
 	}
 	received(t, tg, d0, perDest[d0])
@@ -170,7 +170,7 @@ func testSkipAfterFailure(t *testing.T, tg Target) {
 		6: message(d1, "b", "b1"),
 		7: message(d1, "a", "a3"),
 	}
-	err := tg.Sink.Publish(context.Background(), batch)
+	err := tg.Sink.Publish(context.Background(), 0, batch)
 	var pe *relay.PublishError
 	if !errors.As(err, &pe) {
 		t.Fatalf("Publish: %v, want a *relay.PublishError", err)
@@ -202,7 +202,7 @@ func testHeaders(t *testing.T, tg Target) {
 	sent := maps.Clone(withHeaders.Headers)
 	bare := message(d0, "", "")
 	bare.Payload = nil
-	if err := tg.Sink.Publish(context.Background(), []relay.Message{withHeaders, bare}); err != nil {
+	if err := tg.Sink.Publish(context.Background(), 0, []relay.Message{withHeaders, bare}); err != nil {
 		t.Fatalf("Publish: %v", err)
 	}
 	for _, m := range received(t, tg, d0, []relay.Message{withHeaders, bare}) {
@@ -218,10 +218,10 @@ func testHeaders(t *testing.T, tg Target) {
 }
 
 func testEmpty(t *testing.T, tg Target) {
-	if err := tg.Sink.Publish(context.Background(), nil); err != nil {
+	if err := tg.Sink.Publish(context.Background(), 0, nil); err != nil {
 		t.Fatalf("Publish(nil): %v", err)
 	}
-	if err := tg.Sink.Publish(context.Background(), []relay.Message{}); err != nil {
+	if err := tg.Sink.Publish(context.Background(), 0, []relay.Message{}); err != nil {
 		t.Fatalf("Publish(empty): %v", err)
 	}
 }
@@ -230,7 +230,7 @@ func testCancelled(t *testing.T, tg Target) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	batch := []relay.Message{message(tg.Destinations[0], "k", "x"), message(tg.Destinations[1], "", "y")}
-	if err := tg.Sink.Publish(ctx, batch); err == nil {
+	if err := tg.Sink.Publish(ctx, 0, batch); err == nil {
 		t.Fatal("Publish under a cancelled context returned nil")
 	}
 }
@@ -249,7 +249,7 @@ func testConcurrent(t *testing.T, tg Target) {
 	var wg sync.WaitGroup
 	errs := make([]error, calls)
 	for c := range batches {
-		wg.Go(func() { errs[c] = tg.Sink.Publish(context.Background(), batches[c]) })
+		wg.Go(func() { errs[c] = tg.Sink.Publish(context.Background(), 0, batches[c]) })
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {

@@ -253,7 +253,7 @@ func BenchmarkSink(b *testing.B) {
 	for b.Loop() {
 		start := time.Now()
 		for i := 0; i < n; i += batchSize {
-			if err := sink.Publish(ctx, out[i:i+batchSize]); err != nil {
+			if err := sink.Publish(ctx, 0, out[i:i+batchSize]); err != nil {
 				b.Fatal(err)
 			}
 		}

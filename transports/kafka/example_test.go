@@ -51,10 +51,10 @@ func Example() {
 	for _, order := range []string{"o-1", "o-2", "o-3"} {
 		batch = append(batch, relay.Message{Message: outbox.Message{ID: uuid.Must(uuid.NewV7()), Destination: k.Topic("orders"), Key: order, Payload: []byte(order)}})
 	}
-	if err := sink.Publish(ctx, batch); err != nil {
+	if err := sink.Publish(ctx, 0, batch); err != nil {
 		panic(err)
 	}
-	if err := sink.Publish(ctx, batch[:1]); err != nil { // the duplicate
+	if err := sink.Publish(ctx, 0, batch[:1]); err != nil { // the duplicate
 		panic(err)
 	}
 

@@ -118,7 +118,7 @@ var _ relay.Sink = (*Sink)(nil)
 // acknowledged, a *[relay.PublishError] naming the failed indexes otherwise
 // (also when the whole call failed, so the relay learns each message's
 // classification), and ctx's error if ctx ended first.
-func (s *Sink) Publish(ctx context.Context, batch []relay.Message) error {
+func (s *Sink) Publish(ctx context.Context, _ relay.BatchID, batch []relay.Message) error {
 	if len(batch) == 0 {
 		return nil
 	}

@@ -60,7 +60,7 @@ func TestSinkPublishesBatchWithIDKeyAndHeaders(t *testing.T) {
 	s := newSink(t, k)
 
 	batch := append(outboxMessages(60, k.Topic("orders")), outboxMessages(10, k.Topic("audit"))...)
-	if err := s.Publish(ctx, batch); err != nil {
+	if err := s.Publish(ctx, 0, batch); err != nil {
 		t.Fatalf("Publish: %v", err)
 	}
 
@@ -116,7 +116,7 @@ func TestSinkIDHeaderOverridesOutboxHeader(t *testing.T) {
 	s := newSink(t, k)
 	m := outboxMessages(1, k.Topic("orders"))
 	m[0].Headers[idemqkafka.IDHeaderDefault] = "forged"
-	if err := s.Publish(ctx, m); err != nil {
+	if err := s.Publish(ctx, 0, m); err != nil {
 		t.Fatal(err)
 	}
 	got, err := k.ReadAll(ctx, k.Topic("orders"))
@@ -162,7 +162,7 @@ func TestSinkClassifiesPerMessageFailures(t *testing.T) {
 	batch[5].Payload = []byte(strings.Repeat("x", 100<<10))
 	batch[7].Destination = "nowhere"
 
-	err = s.Publish(ctx, batch)
+	err = s.Publish(ctx, 0, batch)
 	var perr *relay.PublishError
 	if !errors.As(err, &perr) {
 		t.Fatalf("Publish: %v, want *relay.PublishError", err)
@@ -203,7 +203,7 @@ func TestSinkBrokerDownIsRetryable(t *testing.T) {
 	s := newSink(t, k)
 	ctx0, cancel0 := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel0()
-	if err := s.Publish(ctx0, outboxMessages(3, k.Topic("orders"))); err != nil {
+	if err := s.Publish(ctx0, 0, outboxMessages(3, k.Topic("orders"))); err != nil {
 		t.Fatal(err)
 	}
 	if err := k.Stop(); err != nil {
@@ -211,7 +211,7 @@ func TestSinkBrokerDownIsRetryable(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	err := s.Publish(ctx, outboxMessages(3, k.Topic("orders")))
+	err := s.Publish(ctx, 0, outboxMessages(3, k.Topic("orders")))
 	if err == nil {
 		t.Fatal("Publish to a stopped broker succeeded")
 	}
@@ -233,7 +233,7 @@ func TestSinkBrokerDownIsRetryable(t *testing.T) {
 	// The relay retries a failed batch; so does the test, until the
 	// writer's connections recover (or the minute runs out).
 	for {
-		err := s.Publish(ctx2, outboxMessages(3, k.Topic("orders")))
+		err := s.Publish(ctx2, 0, outboxMessages(3, k.Topic("orders")))
 		if err == nil {
 			break
 		}
@@ -283,7 +283,7 @@ func TestSinkKeepsKeyOrderAcrossTopics(t *testing.T) {
 		msg(k.Topic("a"), "k2", "k2-3"),                // must not overtake it
 		msg(k.Topic("b"), "", "unkeyed"),
 	}
-	err := s.Publish(ctx, batch)
+	err := s.Publish(ctx, 0, batch)
 	var perr *relay.PublishError
 	if !errors.As(err, &perr) {
 		t.Fatalf("Publish: %v, want *relay.PublishError", err)

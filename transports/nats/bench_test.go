@@ -164,7 +164,7 @@ func BenchmarkJetStreamSubscriberBatch(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	if err := sink.Publish(context.Background(), out); err != nil {
+	if err := sink.Publish(context.Background(), 0, out); err != nil {
 		b.Fatal(err)
 	}
 	msgs := make([]*consumer.Message, n)
@@ -198,7 +198,7 @@ func BenchmarkJetStreamSubscriberPerMessage(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	if err := sink.Publish(context.Background(), benchMessages(e, n)); err != nil {
+	if err := sink.Publish(context.Background(), 0, benchMessages(e, n)); err != nil {
 		b.Fatal(err)
 	}
 	pool := benchPool(b)
@@ -229,7 +229,7 @@ func BenchmarkJetStreamSink(b *testing.B) {
 		out := benchMessages(e, n) // fresh ids: nothing is a duplicate
 		start := time.Now()
 		for i := 0; i < n; i += batchSize {
-			if err := sink.Publish(ctx, out[i:i+batchSize]); err != nil {
+			if err := sink.Publish(ctx, 0, out[i:i+batchSize]); err != nil {
 				b.Fatal(err)
 			}
 		}

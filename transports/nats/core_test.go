@@ -53,10 +53,10 @@ func TestCoreQueueGroupDropsPublisherDuplicates(t *testing.T) {
 		t.Fatal(err)
 	}
 	batch := relayBatch(subject, 40, 4)
-	if err := sink.Publish(w.ctx, batch); err != nil {
+	if err := sink.Publish(w.ctx, 0, batch); err != nil {
 		t.Fatal(err)
 	}
-	if err := sink.Publish(w.ctx, batch[:20]); err != nil { // the relay's successor
+	if err := sink.Publish(w.ctx, 0, batch[:20]); err != nil { // the relay's successor
 		t.Fatal(err)
 	}
 	w.waitFor("every copy settled", func() bool { return w.count(consumer.Applied)+w.count(consumer.Duplicate) == 60 })

@@ -64,10 +64,10 @@ func Example() {
 	for _, order := range []string{"o-1", "o-2", "o-3"} {
 		batch = append(batch, relay.Message{Message: outbox.Message{ID: uuid.Must(uuid.NewV7()), Destination: n.Name("orders"), Key: order, Payload: []byte(order)}})
 	}
-	if err := sink.Publish(ctx, batch); err != nil {
+	if err := sink.Publish(ctx, 0, batch); err != nil {
 		panic(err)
 	}
-	if err := sink.Publish(ctx, batch[:1]); err != nil { // the relay's re-publish
+	if err := sink.Publish(ctx, 0, batch[:1]); err != nil { // the relay's re-publish
 		panic(err)
 	}
 	info, err := stream.Info(ctx)

@@ -265,7 +265,7 @@ func TestJetStreamServerRestartMidRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	batch := relayBatch(w.e.subject, 200, 10)
-	if err := sink.Publish(w.ctx, batch[:100]); err != nil {
+	if err := sink.Publish(w.ctx, 0, batch[:100]); err != nil {
 		t.Fatal(err)
 	}
 	c := w.consumer(consumer.Config{}, func(context.Context, *consumer.Message) error {
@@ -281,7 +281,7 @@ func TestJetStreamServerRestartMidRun(t *testing.T) {
 	// server was away (with the same ids).
 	rest := batch[100:]
 	for len(rest) > 0 && w.ctx.Err() == nil {
-		err := sink.Publish(w.ctx, rest)
+		err := sink.Publish(w.ctx, 0, rest)
 		var failed []int
 		if perr := (*relay.PublishError)(nil); errors.As(err, &perr) {
 			for i := range perr.Failed {

@@ -132,7 +132,7 @@ var (
 // every message, a *[relay.PublishError] naming the failed indexes
 // otherwise, and ctx's error if ctx ended before anything was
 // acknowledged.
-func (s *JetStreamSink) Publish(ctx context.Context, batch []relay.Message) error {
+func (s *JetStreamSink) Publish(ctx context.Context, _ relay.BatchID, batch []relay.Message) error {
 	if len(batch) == 0 {
 		return nil
 	}
@@ -273,7 +273,7 @@ func NewCoreSink(nc *nats.Conn, cfg SinkConfig) (*CoreSink, error) {
 
 // Publish publishes batch and flushes the connection. It returns nil when
 // the server received every message, a *[relay.PublishError] otherwise.
-func (s *CoreSink) Publish(ctx context.Context, batch []relay.Message) error {
+func (s *CoreSink) Publish(ctx context.Context, _ relay.BatchID, batch []relay.Message) error {
 	if len(batch) == 0 {
 		return nil
 	}

@@ -74,7 +74,7 @@ func TestJetStreamSinkStampsMessageIDAndHeaders(t *testing.T) {
 	}
 	ctx := context.Background()
 	batch := relayBatch(e.subject, 50, 5)
-	if err := sink.Publish(ctx, batch); err != nil {
+	if err := sink.Publish(ctx, 0, batch); err != nil {
 		t.Fatal(err)
 	}
 	if got := e.msgs(t); got != 50 {
@@ -111,10 +111,10 @@ func TestJetStreamSinkDuplicateWindowDropsRelayRepublish(t *testing.T) {
 	}
 	ctx := context.Background()
 	batch := relayBatch(e.subject, 40, 4)
-	if err := sink.Publish(ctx, batch); err != nil {
+	if err := sink.Publish(ctx, 0, batch); err != nil {
 		t.Fatal(err)
 	}
-	if err := sink.Publish(ctx, batch[10:]); err != nil {
+	if err := sink.Publish(ctx, 0, batch[10:]); err != nil {
 		t.Fatalf("republish: %v", err)
 	}
 	info, err := e.stream.Info(ctx)
@@ -150,7 +150,7 @@ func TestJetStreamSinkClassifiesFailures(t *testing.T) {
 		{Message: outbox.Message{ID: id(), Destination: "nowhere", Payload: []byte("x")}},
 		{Message: outbox.Message{ID: id(), Destination: e.subject, Key: "a", Payload: []byte("ok-2")}},
 	}
-	err = sink.Publish(context.Background(), batch)
+	err = sink.Publish(context.Background(), 0, batch)
 	var perr *relay.PublishError
 	if !errors.As(err, &perr) {
 		t.Fatalf("Publish = %v, want a *relay.PublishError", err)
@@ -188,7 +188,7 @@ func TestJetStreamSinkCancelledContext(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if err := sink.Publish(ctx, relayBatch(e.subject, 3, 1)); !errors.Is(err, context.Canceled) {
+	if err := sink.Publish(ctx, 0, relayBatch(e.subject, 3, 1)); !errors.Is(err, context.Canceled) {
 		t.Fatalf("Publish on a cancelled context = %v, want context.Canceled", err)
 	}
 }
@@ -211,7 +211,7 @@ func TestCoreSinkPublishes(t *testing.T) {
 	}
 	batch := relayBatch(subject, 5, 2)
 	big := relay.Message{Message: outbox.Message{ID: uuid.Must(uuid.NewV7()), Destination: subject, Payload: make([]byte, 2<<20)}}
-	err = sink.Publish(context.Background(), append(batch, big))
+	err = sink.Publish(context.Background(), 0, append(batch, big))
 	var perr *relay.PublishError
 	if !errors.As(err, &perr) || len(perr.Failed) != 1 || !idemq.IsPermanent(perr.Failed[5]) {
 		t.Fatalf("Publish = %v, want only the oversized message failed permanently", err)

@@ -471,10 +471,10 @@ func relayRepublish(fx *fixture) {
 			Payload: fmt.Appendf(nil, `{"order":%d}`, i), Headers: map[string]string{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}}}
 		want[i] = id.String()
 	}
-	if err := sink.Publish(fx.ctx, batch); err != nil {
+	if err := sink.Publish(fx.ctx, 0, batch); err != nil {
 		fx.t.Fatalf("sink publish: %v", err)
 	}
-	if err := sink.Publish(fx.ctx, batch[10:]); err != nil { // the relay's successor
+	if err := sink.Publish(fx.ctx, 0, batch[10:]); err != nil { // the relay's successor
 		fx.t.Fatalf("sink republish: %v", err)
 	}
 	fx.subscribe(fx.consumer("orders"), fx.group("g"), nil)
@@ -516,8 +516,8 @@ func relayCrash(fx *fixture) {
 
 	// The first relay publishes one batch, then dies before its commit.
 	published := make(chan int, 1)
-	crashing := relay.SinkFunc(func(ctx context.Context, msgs []relay.Message) error {
-		if err := sink.Publish(ctx, msgs); err != nil {
+	crashing := relay.SinkFunc(func(ctx context.Context, _ relay.BatchID, msgs []relay.Message) error {
+		if err := sink.Publish(ctx, 0, msgs); err != nil {
 			return err
 		}
 		select {

@@ -262,7 +262,7 @@ func TestBadInputSSRFRefusalNamesTheSetting(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = sink.Publish(b.ctx, []relay.Message{{Message: outbox.Message{ID: uuid.Must(uuid.NewV7()), Destination: webhook.DestinationPrefix + ep.ID, Payload: []byte(`{}`)}}})
+	err = sink.Publish(b.ctx, 0, []relay.Message{{Message: outbox.Message{ID: uuid.Must(uuid.NewV7()), Destination: webhook.DestinationPrefix + ep.ID, Payload: []byte(`{}`)}}})
 	if err == nil || !strings.Contains(err.Error(), "AllowedNetworks") || !strings.Contains(err.Error(), "--webhook-allow-network") {
 		t.Fatalf("refused delivery: %v, want the error to name AllowedNetworks and --webhook-allow-network", err)
 	}

@@ -61,7 +61,7 @@ func BenchmarkSinkThroughput(b *testing.B) {
 		wg.Wait()
 	}
 	ctx := context.Background()
-	if err := sink.Publish(ctx, msgs); err != nil { // warm up connections and the endpoint cache
+	if err := sink.Publish(ctx, 0, msgs); err != nil { // warm up connections and the endpoint cache
 		b.Fatal(err)
 	}
 	bare()
@@ -69,7 +69,7 @@ func BenchmarkSinkThroughput(b *testing.B) {
 	b.ResetTimer()
 	for range b.N {
 		start := time.Now()
-		if err := sink.Publish(ctx, msgs); err != nil {
+		if err := sink.Publish(ctx, 0, msgs); err != nil {
 			b.Fatal(err)
 		}
 		sinkTime += time.Since(start)

@@ -64,7 +64,7 @@ func TestClassification(t *testing.T) {
 		})
 		ep, _ := addEndpoint(t, b, rc.srv.URL, nil)
 		m := relay.Message{Message: outbox.Message{ID: uuid.Must(uuid.NewV7()), Destination: webhook.DestinationPrefix + ep.ID, Payload: []byte(`{}`)}}
-		err := sink.Publish(b.ctx, []relay.Message{m})
+		err := sink.Publish(b.ctx, 0, []relay.Message{m})
 		var pe *relay.PublishError
 		if err != nil && errors.As(err, &pe) {
 			err = pe.Failed[0]

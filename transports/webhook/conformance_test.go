@@ -25,13 +25,13 @@ func TestSinkConformance(t *testing.T) {
 	relaytest.TestSink(t, func(t *testing.T) relaytest.Target {
 		var mu sync.Mutex
 		keys := map[uuid.UUID]string{}
-		recorded := relay.SinkFunc(func(ctx context.Context, batch []relay.Message) error {
+		recorded := relay.SinkFunc(func(ctx context.Context, id relay.BatchID, batch []relay.Message) error {
 			mu.Lock()
 			for _, m := range batch {
 				keys[m.ID] = m.Key
 			}
 			mu.Unlock()
-			return sink.Publish(ctx, batch)
+			return sink.Publish(ctx, id, batch)
 		})
 		receivers := map[string]*receiver{}
 		var dests []string

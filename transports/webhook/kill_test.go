@@ -3,8 +3,6 @@ package webhook_test
 import (
 	"context"
 	"net/http"
-	"os"
-	"os/exec"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,12 +12,10 @@ import (
 
 	"github.com/idemq/idemq/idemqtest"
 	"github.com/idemq/idemq/relay"
+	"github.com/idemq/idemq/relay/relaytest"
 	"github.com/idemq/idemq/testenv"
 	"github.com/idemq/idemq/transports/webhook"
 )
-
-// crashChildEnv carries the database URL to the relay child process.
-const crashChildEnv = "WEBHOOK_TEST_RELAY_CHILD_DB"
 
 // TestRelayKilledBetweenPostAndDelete runs the relay in a child process
 // (this test binary re-executed) and SIGKILLs it while the receiver holds
@@ -28,7 +24,7 @@ const crashChildEnv = "WEBHOOK_TEST_RELAY_CHILD_DB"
 // webhook-id; the receiver's middleware acknowledges the duplicate without
 // applying it a second time.
 func TestRelayKilledBetweenPostAndDelete(t *testing.T) {
-	if url := os.Getenv(crashChildEnv); url != "" {
+	if url, ok := relaytest.ChildArgs(t); ok {
 		relayChild(t, url)
 		return
 	}
@@ -60,22 +56,14 @@ func TestRelayKilledBetweenPostAndDelete(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	child := exec.Command(os.Args[0], "-test.run=^TestRelayKilledBetweenPostAndDelete$", "-test.count=1")
-	child.Env = append(os.Environ(), crashChildEnv+"="+url)
-	if err := child.Start(); err != nil {
-		t.Fatal(err)
-	}
+	child := relaytest.StartChild(t, url, nil)
 	publish(t, b, event("k", 1))
 	select {
 	case <-posted:
 	case <-time.After(time.Minute):
-		_ = child.Process.Kill()
 		t.Fatal("the child relay never posted")
 	}
-	if err := child.Process.Kill(); err != nil { // SIGKILL
-		t.Fatal(err)
-	}
-	_ = child.Wait()
+	child.Kill(t)
 	close(killed)
 
 	runRelay(t, b, fastSink(t, b, webhook.Config{}), relay.Config{})
@@ -98,5 +86,5 @@ func relayChild(t *testing.T, url string) {
 	}
 	b := setupOn(t, pool)
 	runRelay(t, b, fastSink(t, b, webhook.Config{}), relay.Config{})
-	time.Sleep(2 * time.Minute)
+	relaytest.Hang()
 }

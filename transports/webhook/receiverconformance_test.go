@@ -71,7 +71,7 @@ func (h *webhookHarness) Publish(_ context.Context, msgs ...transporttest.Messag
 // Sink is the relay's way into the sender's log: webhook-id = outbox id,
 // as the webhook Sink sends it (whose own suite is TestSinkConformance).
 func (h *webhookHarness) Sink() (relay.Sink, string) {
-	return relay.SinkFunc(func(ctx context.Context, batch []relay.Message) error {
+	return relay.SinkFunc(func(ctx context.Context, _ relay.BatchID, batch []relay.Message) error {
 		msgs := make([]transporttest.Message, len(batch))
 		for i, m := range batch {
 			msgs[i] = transporttest.Message{ID: m.ID.String(), Key: m.Key, Payload: m.Payload}

@@ -162,7 +162,7 @@ func TestSSRFRefusedByDefault(t *testing.T) {
 		ep, _ := addEndpoint(t, b, u, func(e *webhook.Endpoint) { e.ID = fmt.Sprint("ep", i) })
 		batch = append(batch, relay.Message{Message: outbox.Message{ID: uuid.Must(uuid.NewV7()), Destination: webhook.DestinationPrefix + ep.ID, Payload: []byte(`{}`)}})
 	}
-	err = sink.Publish(b.ctx, batch)
+	err = sink.Publish(b.ctx, 0, batch)
 	var pe *relay.PublishError
 	if !errors.As(err, &pe) || len(pe.Failed) != len(urls) {
 		t.Fatalf("Publish: %v, want every message failed", err)
@@ -187,7 +187,7 @@ func TestSSRFRefusedByDefault(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = allowV4.Publish(b.ctx, []relay.Message{{Message: outbox.Message{ID: uuid.Must(uuid.NewV7()), Destination: webhook.DestinationPrefix + ep.ID, Payload: []byte(`{}`)}}})
+	err = allowV4.Publish(b.ctx, 0, []relay.Message{{Message: outbox.Message{ID: uuid.Must(uuid.NewV7()), Destination: webhook.DestinationPrefix + ep.ID, Payload: []byte(`{}`)}}})
 	var de *webhook.DeliveryError
 	if !errors.As(err, &pe) || !errors.As(pe.Failed[0], &de) || de.Status != http.StatusTemporaryRedirect || idemq.IsPermanent(pe.Failed[0]) {
 		t.Fatalf("redirect: %v, want a retryable 307 failure", err)

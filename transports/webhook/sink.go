@@ -239,7 +239,7 @@ func hold(d time.Duration, format string, args ...any) error {
 // Publish implements relay.Sink. Rows of one key are delivered one after
 // the other, in order; once one fails the rest of its key is skipped.
 // Different keys and endpoints are delivered concurrently.
-func (s *Sink) Publish(ctx context.Context, batch []relay.Message) error {
+func (s *Sink) Publish(ctx context.Context, _ relay.BatchID, batch []relay.Message) error {
 	states, loadErr := s.states(ctx, batch)
 	failures := relay.NewFailures(batch)
 	var mu sync.Mutex // guards failures

@@ -47,7 +47,7 @@ func benchBatches(topic string, batches int) [][]relay.Message {
 func sinkTime(b *testing.B, sink relay.Sink, batches [][]relay.Message) time.Duration {
 	start := time.Now()
 	for _, batch := range batches {
-		if err := sink.Publish(context.Background(), batch); err != nil {
+		if err := sink.Publish(context.Background(), 0, batch); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -22,18 +21,19 @@ import (
 	"github.com/idemq/idemq/internal/lifecycle"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
+	"github.com/idemq/idemq/relay/relaytest"
 	"github.com/idemq/idemq/testenv"
 	idemqkafka "github.com/idemq/idemq/transports/kafka"
 	"github.com/idemq/idemq/transports/kafka/franz"
 )
 
 // The environment of the exactly-once kill test: its size (defaults: 5,000
-// messages, 10 kills, for make test; make soak runs 100,000 and 100) and,
-// for the relay child processes, what to run.
+// messages, 10 kills, for make test; make soak runs 100,000 and 100). The
+// relay child processes get what to run as their relaytest.ChildArgs:
+// sink kind|db url|brokers|topics|watermark topic|prefix.
 const (
 	eosMessagesEnv = "IDEMQ_KAFKA_EOS_MESSAGES"
 	eosKillsEnv    = "IDEMQ_KAFKA_EOS_KILLS"
-	eosChildEnv    = "IDEMQ_KAFKA_EOS_CHILD" // sink kind|db url|brokers|topics|watermark topic|prefix
 	eosAppName     = "idemq-eos-relay"
 )
 
@@ -59,14 +59,14 @@ func envInt(t *testing.T, name string, def int) int {
 // With the kafka-go Sink it must lose nothing and keep the order of first
 // deliveries; the duplicates the crashes cause are reported, not bounded.
 func TestExactlyOnceKilledRelays(t *testing.T) {
-	if spec := os.Getenv(eosChildEnv); spec != "" {
-		eosChild(t, spec)
-		return
-	}
 	n := envInt(t, eosMessagesEnv, 5000)
 	kills := envInt(t, eosKillsEnv, 10)
 	for _, kind := range []string{"tx", "kafka-go"} {
 		t.Run("sink="+kind, func(t *testing.T) {
+			if spec, ok := relaytest.ChildArgs(t); ok {
+				eosChild(t, spec)
+				return
+			}
 			dups, skipped := eosRun(t, kind, n, kills)
 			t.Logf("sink=%s: %d messages, %d SIGKILLs: %d duplicates seen by a read_committed consumer without inbox; %d rows deleted unpublished by the watermark",
 				kind, n, kills, dups, skipped)
@@ -93,20 +93,9 @@ func eosRun(t *testing.T, kind string, n, kills int) (int, int) {
 		"idemq-watermarks-" + uuid.NewString()[:8], "eos-" + uuid.NewString()[:8] + "-"}, "|")
 
 	logs := &watermarkLog{}
-	children := make([]*exec.Cmd, relays)
-	start := func(i int) {
-		c := exec.Command(os.Args[0], "-test.run=^TestExactlyOnceKilledRelays$", "-test.count=1")
-		c.Env = append(os.Environ(), eosChildEnv+"="+spec)
-		c.Stderr = logs
-		if err := c.Start(); err != nil {
-			t.Fatal(err)
-		}
-		children[i] = c
-	}
-	kill := func(i int) {
-		_ = children[i].Process.Kill() // SIGKILL
-		_ = children[i].Wait()
-	}
+	children := make([]*relaytest.Child, relays)
+	start := func(i int) { children[i] = relaytest.StartChild(t, spec, logs) }
+	kill := func(i int) { children[i].Kill(t) }
 	for i := range children {
 		start(i)
 	}
@@ -277,7 +266,7 @@ func eosChild(t *testing.T, spec string) {
 	var sink relay.Sink
 	switch kind {
 	case "tx":
-		s, err := franz.NewTxSink(franz.TxConfig{TransactionalIDPrefix: prefix, WatermarkTopic: wmTopic}, kgo.SeedBrokers(brokers...))
+		s, err := franz.NewTxSink(franz.TxConfig{Outbox: "idemq-eos", TransactionalIDPrefix: prefix, WatermarkTopic: wmTopic}, kgo.SeedBrokers(brokers...))
 		if err != nil {
 			t.Fatal(err)
 		}

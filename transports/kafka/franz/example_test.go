@@ -48,7 +48,13 @@ func ExampleNewTxSink() {
 
 	// One transactional id per outbox partition: "billing-outbox-0" to
 	// "billing-outbox-63"; the watermark topic is created when missing.
+	// The watermarks name the outbox, and another outbox's are refused.
+	name, err := relay.OutboxName(ctx, pool, ob)
+	if err != nil {
+		panic(err)
+	}
 	sink, err := franz.NewTxSink(franz.TxConfig{
+		Outbox:                name,
 		TransactionalIDPrefix: "billing-outbox-",
 		WatermarkTopic:        "billing-outbox-watermarks",
 	}, kgo.SeedBrokers(k.Brokers...))

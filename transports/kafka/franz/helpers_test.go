@@ -1,6 +1,7 @@
 package franz_test
 
 import (
+	"cmp"
 	"context"
 	"log/slog"
 	"testing"
@@ -164,6 +165,7 @@ func newSink(t testing.TB, k *testenv.KafkaCluster) *franz.Sink {
 
 func newTxSink(t testing.TB, k *testenv.KafkaCluster, cfg franz.TxConfig) *franz.TxSink {
 	cfg.Topic = failTopic
+	cfg.Outbox = cmp.Or(cfg.Outbox, "idemq-test")
 	if cfg.TransactionalIDPrefix == "" {
 		cfg.TransactionalIDPrefix = "idemq-test-" + uuid.NewString()[:8] + "-"
 	}

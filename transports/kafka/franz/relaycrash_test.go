@@ -43,7 +43,7 @@ func TestTxSinkRelayCrashAcrossDestinations(t *testing.T) {
 	if err := ob.Enqueue(ctx, msgs...); err != nil {
 		t.Fatal(err)
 	}
-	cfg := franz.TxConfig{TransactionalIDPrefix: "crash-" + fmt.Sprint(time.Now().UnixNano()) + "-", WatermarkTopic: "idemq-watermarks-" + fmt.Sprint(time.Now().UnixNano())}
+	cfg := franz.TxConfig{Outbox: "idemq-test", TransactionalIDPrefix: "crash-" + fmt.Sprint(time.Now().UnixNano()) + "-", WatermarkTopic: "idemq-watermarks-" + fmt.Sprint(time.Now().UnixNano())}
 	routed := func(s relay.Sink) *relay.Router {
 		r := relay.NewRouter()
 		for _, topic := range topics {
@@ -61,8 +61,8 @@ func TestTxSinkRelayCrashAcrossDestinations(t *testing.T) {
 	}
 	published := make(chan int, 1)
 	router := routed(first)
-	crashing := relay.SinkFunc(func(ctx context.Context, batch []relay.Message) error {
-		if err := router.Publish(ctx, batch); err != nil {
+	crashing := relay.SinkFunc(func(ctx context.Context, id relay.BatchID, batch []relay.Message) error {
+		if err := router.Publish(ctx, id, batch); err != nil {
 			return err
 		}
 		select {

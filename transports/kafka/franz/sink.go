@@ -157,7 +157,7 @@ func (s *Sink) Close() { s.cl.Close() }
 // returns nil when every message was acknowledged, a *[relay.PublishError]
 // naming the failed indexes otherwise, and ctx's error if ctx ended first
 // with nothing delivered.
-func (s *Sink) Publish(ctx context.Context, batch []relay.Message) error {
+func (s *Sink) Publish(ctx context.Context, _ relay.BatchID, batch []relay.Message) error {
 	if len(batch) == 0 {
 		return nil
 	}
@@ -244,9 +244,17 @@ func buildRecords(cfg SinkConfig, batch []relay.Message, f *relay.Failures) []*k
 // record builds the record of m.
 func record(cfg SinkConfig, m *relay.Message) (*kgo.Record, error) {
 	topic := cfg.Topic(m.Destination)
-	if topic == "" {
+	switch {
+	case topic == "":
 		return nil, idemq.Permanent(fmt.Errorf("idemq/franz: message %s: destination %q maps to no topic: %w",
 			m.ID, m.Destination, kerr.InvalidTopicException))
+	case topic == cfg.manualTopic:
+		return nil, idemq.Permanent(fmt.Errorf("idemq/franz: message %s: destination %q maps to the watermark topic %s: %w",
+			m.ID, m.Destination, topic, kerr.InvalidTopicException))
+	}
+	if p := topicProblem(topic); p != "" {
+		return nil, idemq.Permanent(fmt.Errorf("idemq/franz: message %s: destination %q maps to topic %s: %w",
+			m.ID, m.Destination, p, kerr.InvalidTopicException))
 	}
 	r := &kgo.Record{Topic: topic, Value: m.Payload}
 	if m.Key != "" {

@@ -112,6 +112,16 @@ func (c SubscriberConfig) validate() error {
 	if err := inbound.CheckTopics(subscriberComponent, c.Topics, c.DeadLetterTopic); err != nil {
 		return err
 	}
+	for _, t := range c.Topics {
+		if err := checkTopic(subscriberComponent, "Topics", t); err != nil {
+			return err
+		}
+	}
+	if c.DeadLetterTopic != "" {
+		if err := checkTopic(subscriberComponent, "DeadLetterTopic", c.DeadLetterTopic); err != nil {
+			return err
+		}
+	}
 	return c.Retry.Validate(subscriberComponent)
 }
 

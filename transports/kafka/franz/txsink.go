@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -46,16 +47,26 @@ type TxConfig struct {
 	// SinkConfig maps destinations to topics and names the id header, as
 	// for a [Sink].
 	SinkConfig
+	// Outbox names the outbox whose rows the TxSink publishes, as
+	// relay.OutboxName gives it. Every watermark record carries it, and a
+	// watermark of another outbox under this TxSink's transactional ids
+	// is refused (an error from [TxSink.Watermark]), never applied: its
+	// seqs are another outbox's, and the relay would delete this
+	// outbox's rows of the same seqs unpublished. Required.
+	Outbox string
 	// TransactionalIDPrefix prefixes the transactional.id of each outbox
 	// key partition: partition 7's is TransactionalIDPrefix + "7". It
 	// must be unique to one outbox (every relay of that outbox uses the
-	// same prefix, and no other producer). Required.
+	// same prefix, and no other producer). Defaults to the prefix
+	// [TxNames] derives from Outbox.
 	TransactionalIDPrefix string
 	// WatermarkTopic receives each transaction's watermark record (key:
-	// the transactional id; value: the outbox partition, the highest seq,
-	// the lease token and the seqs delivered). It should be compacted;
-	// the TxSink creates it (compacted, [WatermarkPartitionsDefault]
-	// partitions) when it does not exist. Required.
+	// the transactional id; value: the outbox, its partition, the highest
+	// seq, the lease token and the seqs delivered). It should be
+	// compacted; the TxSink creates it (compacted,
+	// [WatermarkPartitionsDefault] partitions) when it does not exist.
+	// A topic name Kafka accepts. Defaults to the topic [TxNames] derives
+	// from Outbox.
 	WatermarkTopic string
 	// TransactionTimeout is the broker's bound on an open transaction
 	// (transaction.timeout.ms, at most the broker's
@@ -134,10 +145,10 @@ type txPartition struct {
 	token int64 // the highest lease token seen
 	last  relay.Watermark
 	known bool // last is the partition's last committed watermark
-	// batch is the relay batch (relay.Batch) of the last transaction:
-	// the next transaction of the same batch names the rows of both in
-	// its watermark.
-	batch uint64
+	// batch is the relay batch of the last transaction: the next
+	// transaction of the same batch names the rows of both in its
+	// watermark.
+	batch relay.BatchID
 }
 
 // NewTxSink returns a TxSink whose clients are made of opts (at least
@@ -146,22 +157,25 @@ type txPartition struct {
 // contact the brokers.
 func NewTxSink(cfg TxConfig, opts ...kgo.Opt) (*TxSink, error) {
 	const c = "franz.TxSink"
+	if cfg.Outbox == "" {
+		return nil, idemq.NewConfigError(c, "Outbox", "is empty: name the outbox (relay.OutboxName), so that its watermarks are told from another outbox's")
+	}
+	prefix, topic := TxNames(cfg.Outbox)
+	cfg.TransactionalIDPrefix = cmp.Or(cfg.TransactionalIDPrefix, prefix)
+	cfg.WatermarkTopic = cmp.Or(cfg.WatermarkTopic, topic)
 	cfg.SinkConfig = cfg.SinkConfig.withDefaults()
 	cfg.TransactionTimeout = cmp.Or(cfg.TransactionTimeout, TransactionTimeoutDefault)
-	switch {
-	case cfg.TransactionalIDPrefix == "":
-		return nil, idemq.NewConfigError(c, "TransactionalIDPrefix", "is empty")
-	case cfg.WatermarkTopic == "":
-		return nil, idemq.NewConfigError(c, "WatermarkTopic", "is empty")
-	case cfg.TransactionTimeout < time.Second:
+	if cfg.TransactionTimeout < time.Second {
 		return nil, idemq.NewConfigError(c, "TransactionTimeout", "%v is below a second", cfg.TransactionTimeout)
+	}
+	if err := checkTopic(c, "WatermarkTopic", cfg.WatermarkTopic); err != nil {
+		return nil, err
 	}
 	if err := cfg.SinkConfig.validate(c); err != nil {
 		return nil, err
 	}
-	pc := cfg.SinkConfig
-	pc.manualTopic = cfg.WatermarkTopic
-	all := append(append([]kgo.Opt{}, opts...), producerOpts(pc)...)
+	cfg.SinkConfig.manualTopic = cfg.WatermarkTopic
+	all := append(append([]kgo.Opt{}, opts...), producerOpts(cfg.SinkConfig)...)
 	plain, err := kgo.NewClient(all...)
 	if err != nil {
 		return nil, idemq.NewConfigError(c, "opts", "kgo refuses them: %v", err)
@@ -272,7 +286,7 @@ func (s *TxSink) ensure(ctx context.Context, tp *txPartition, p int, token int64
 // plain idempotent producer. Messages that the partition's last committed
 // watermark names were delivered already: they are reported delivered
 // and not sent again.
-func (s *TxSink) Publish(ctx context.Context, batch []relay.Message) error {
+func (s *TxSink) Publish(ctx context.Context, id relay.BatchID, batch []relay.Message) error {
 	if len(batch) == 0 {
 		return nil
 	}
@@ -294,7 +308,7 @@ func (s *TxSink) Publish(ctx context.Context, batch []relay.Message) error {
 	var wg sync.WaitGroup
 	for p, idx := range byPart {
 		wg.Go(func() {
-			failed := s.transact(ctx, batch, recs, p, idx)
+			failed := s.transact(ctx, id, batch, recs, p, idx)
 			mu.Lock()
 			for i, err := range failed {
 				f.Fail(i, err)
@@ -310,8 +324,11 @@ func (s *TxSink) Publish(ctx context.Context, batch []relay.Message) error {
 	return f.Err(ctx)
 }
 
-// wmRecord is the value of a watermark record.
+// wmRecord is the value of a watermark record. Outbox is empty in the
+// records of versions before it was written: those are taken as this
+// TxSink's, so that an upgrade keeps the watermarks.
 type wmRecord struct {
+	Outbox    string  `json:"outbox,omitempty"`
 	Partition int     `json:"partition"`
 	Seq       int64   `json:"seq"`
 	Token     int64   `json:"token"`
@@ -319,90 +336,123 @@ type wmRecord struct {
 }
 
 // transact publishes batch[i] for i in idx, all of outbox partition p, in
-// one transaction, and returns the failed indexes.
-func (s *TxSink) transact(ctx context.Context, batch []relay.Message, recs []*kgo.Record, p int, idx []int) map[int]error {
-	failAll := func(err error) map[int]error {
-		out := make(map[int]error, len(idx))
-		for _, i := range idx {
-			out[i] = err
-		}
-		return out
+// one transaction of relay batch id, and returns the failed indexes: it
+// begins the transaction, produces the records behind the watermark,
+// and ends it, committing or aborting.
+func (s *TxSink) transact(ctx context.Context, id relay.BatchID, batch []relay.Message, recs []*kgo.Record, p int, idx []int) map[int]error {
+	tp, err := s.partition(p)
+	if err != nil {
+		return failAll(idx, err)
 	}
+	tp.mu.Lock()
+	defer tp.mu.Unlock()
+	t, err := s.begin(ctx, tp, id, batch, p, idx)
+	if err != nil {
+		return failAll(idx, err)
+	}
+	if len(t.send) == 0 {
+		return t.failed
+	}
+	return s.end(ctx, t, s.produce(ctx, t, recs))
+}
+
+// txn is a transaction of one outbox partition's share of a batch.
+type txn struct {
+	tp     *txPartition
+	p      int
+	id     relay.BatchID
+	token  int64         // the lease token the transaction runs under
+	send   []int         // the batch indexes it produces
+	wm     wmRecord      // its watermark
+	failed map[int]error // the indexes that failed so far
+}
+
+func failAll(idx []int, err error) map[int]error {
+	out := make(map[int]error, len(idx))
+	for _, i := range idx {
+		out[i] = err
+	}
+	return out
+}
+
+// begin makes sure tp's producer runs under the batch's lease token, sorts
+// the messages into those to send, those fenced (an older token) and
+// those the last committed watermark names (delivered already: reported
+// delivered and named again, as their delete is still to come), and
+// begins the transaction if there is anything to send. tp.mu is held.
+func (s *TxSink) begin(ctx context.Context, tp *txPartition, id relay.BatchID, batch []relay.Message, p int, idx []int) (*txn, error) {
 	token := batch[idx[0]].LeaseToken
 	for _, i := range idx[1:] {
 		token = max(token, batch[i].LeaseToken)
 	}
-	tp, err := s.partition(p)
-	if err != nil {
-		return failAll(err)
-	}
-	tp.mu.Lock()
-	defer tp.mu.Unlock()
 	if err := s.ensure(ctx, tp, p, token); err != nil {
-		return failAll(err)
+		return nil, err
 	}
-	failed := map[int]error{}
+	t := &txn{tp: tp, p: p, id: id, token: token, failed: map[int]error{}, wm: wmRecord{Outbox: s.cfg.Outbox, Partition: p, Token: token}}
 	delivered := make(map[int64]bool, len(tp.last.Seqs))
 	for _, seq := range tp.last.Seqs {
 		delivered[seq] = true
 	}
-	wm := wmRecord{Partition: p, Token: token}
-	var send []int
 	for _, i := range idx {
 		m := &batch[i]
 		switch {
 		case m.LeaseToken < token:
-			failed[i] = fmt.Errorf("%w: message %s carries lease token %d, the batch %d", ErrFenced, m.ID, m.LeaseToken, token)
-		case m.Seq > 0 && delivered[m.Seq]:
-			// Committed by the last transaction: reported delivered, for
-			// the relay to delete, and named again in this transaction's
-			// watermark, as that delete is still to come.
-			wm.Seq = max(wm.Seq, m.Seq)
-			wm.Seqs = append(wm.Seqs, m.Seq)
-		default:
-			send = append(send, i)
-			wm.Seq = max(wm.Seq, m.Seq)
-			wm.Seqs = append(wm.Seqs, m.Seq)
+			t.failed[i] = fmt.Errorf("%w: message %s carries lease token %d, the batch %d", ErrFenced, m.ID, m.LeaseToken, token)
+			continue
+		case m.Seq <= 0 || !delivered[m.Seq]:
+			t.send = append(t.send, i)
 		}
+		t.wm.Seq = max(t.wm.Seq, m.Seq)
+		t.wm.Seqs = append(t.wm.Seqs, m.Seq)
 	}
-	if len(send) == 0 {
-		return failed
+	if len(t.send) == 0 {
+		return t, nil
 	}
-	// Another destination's share of the same relay batch: its rows wait
-	// for the same delete, so the watermark names them too.
-	batchNo, inBatch := relay.Batch(ctx)
-	if inBatch && batchNo == tp.batch && tp.last.Token == token {
-		wm.Seq = max(wm.Seq, tp.last.Seq)
-		wm.Seqs = append(slices.Clip(tp.last.Seqs), wm.Seqs...)
-	}
-	cl := tp.cl
-	if err := cl.BeginTransaction(); err != nil {
+	if err := tp.cl.BeginTransaction(); err != nil {
 		tp.drop()
-		return failAll(fmt.Errorf("idemq/franz: begin a transaction of %s: %w", s.TransactionalID(p), err))
+		return nil, fmt.Errorf("idemq/franz: begin a transaction of %s: %w", s.TransactionalID(p), err)
 	}
-	value, _ := json.Marshal(wm)
-	wmRec := &kgo.Record{
+	return t, nil
+}
+
+// watermark is t's watermark record. Another destination's share of the
+// same relay batch (the last transaction of the partition, same batch
+// and token) waits for the same delete: the watermark names its rows too.
+func (s *TxSink) watermark(t *txn) *kgo.Record {
+	if last := t.tp.last; t.id != 0 && t.id == t.tp.batch && last.Token == t.token {
+		t.wm.Seq = max(t.wm.Seq, last.Seq)
+		t.wm.Seqs = append(slices.Clip(last.Seqs), t.wm.Seqs...)
+	}
+	value, _ := json.Marshal(t.wm)
+	return &kgo.Record{
 		Topic:     s.cfg.WatermarkTopic,
-		Partition: int32(p) % s.watermarkPartitions(),
-		Key:       []byte(s.TransactionalID(p)),
+		Partition: int32(t.p) % s.watermarkPartitions(),
+		Key:       []byte(s.TransactionalID(t.p)),
 		Value:     value,
 	}
+}
+
+// produce sends the watermark and t's records in the open transaction,
+// flushes them and runs the BeforeCommit crash point. It returns what
+// must abort the transaction (a failed record, a done ctx, a failed
+// flush), nil to commit; a failed record's error is also its own.
+func (s *TxSink) produce(ctx context.Context, t *txn, recs []*kgo.Record) error {
 	// The watermark goes first: its partition then joins the transaction
 	// with the first records' partitions instead of in a round trip of
 	// its own after them.
-	rs := make([]*kgo.Record, 1, len(send)+1)
-	rs[0] = wmRec
-	for _, i := range send {
+	rs := make([]*kgo.Record, 1, len(t.send)+1)
+	rs[0] = s.watermark(t)
+	for _, i := range t.send {
 		rs = append(rs, recs[i])
 	}
-	errs := produceAll(ctx, cl, rs, true)
+	errs := produceAll(ctx, t.tp.cl, rs, true)
 	var cause error
 	if err := errs[0]; err != nil {
 		cause = fmt.Errorf("idemq/franz: watermark record: %w", err)
 	}
-	for j, i := range send {
+	for j, i := range t.send {
 		if err := errs[j+1]; err != nil {
-			failed[i] = err
+			t.failed[i] = err
 			cause = cmp.Or(cause, err)
 		}
 	}
@@ -412,51 +462,58 @@ func (s *TxSink) transact(ctx context.Context, batch []relay.Message, recs []*kg
 	if cause == nil {
 		// Flush before EndTransaction (produceAll flushed and every
 		// promise came back, so this returns at once).
-		cause = cl.Flush(ctx)
+		cause = t.tp.cl.Flush(ctx)
 	}
 	if cause == nil {
 		if hook := s.cfg.Test.BeforeCommit; hook != nil {
-			cause = hook(ctx, p, token)
+			cause = hook(ctx, t.p, t.token)
 		}
 	}
+	return cause
+}
+
+// end aborts t for cause, or commits it when cause is nil, and returns
+// the failed indexes. The commit's context is never cancelled: its
+// outcome would be unknowable.
+func (s *TxSink) end(ctx context.Context, t *txn, cause error) map[int]error {
+	tp, p := t.tp, t.p
 	if cause != nil {
 		s.abort(tp, p)
 		skipped := fmt.Errorf("%w: the transaction of partition %d aborted: %w", relay.ErrSkipped, p, cause)
 		if fenced(cause) {
 			skipped = fmt.Errorf("%w: %w", ErrFenced, cause)
 		}
-		for _, i := range send {
-			if failed[i] == nil {
-				failed[i] = skipped
-			} else if fenced(failed[i]) {
-				failed[i] = fmt.Errorf("%w: %w", ErrFenced, failed[i])
+		for _, i := range t.send {
+			if t.failed[i] == nil {
+				t.failed[i] = skipped
+			} else if fenced(t.failed[i]) {
+				t.failed[i] = fmt.Errorf("%w: %w", ErrFenced, t.failed[i])
 			}
 		}
-		return failed
+		return t.failed
 	}
-	// Never cancel EndTransaction: its outcome would be unknowable.
 	endCtx := context.WithoutCancel(ctx)
-	err = cl.EndTransaction(endCtx, kgo.TryCommit)
+	err := tp.cl.EndTransaction(endCtx, kgo.TryCommit)
 	if err == nil {
-		tp.last = relay.Watermark{Partition: p, Token: token, Seq: wm.Seq, Seqs: wm.Seqs}
-		tp.batch = batchNo
-		return failed
+		tp.last = relay.Watermark{Partition: p, Token: t.token, Seq: t.wm.Seq, Seqs: t.wm.Seqs}
+		tp.batch = t.id
+		return t.failed
 	}
 	// The commit was not attempted (the producer id had failed): abort.
 	// Any other error: the outcome may be unknown; TryAbort is the
 	// documented retry, and the client is replaced so that the next use
 	// bumps the epoch and reads the watermark again.
-	if abortErr := cl.EndTransaction(endCtx, kgo.TryAbort); abortErr != nil || !errors.Is(err, kerr.OperationNotAttempted) {
+	if abortErr := tp.cl.EndTransaction(endCtx, kgo.TryAbort); abortErr != nil || !errors.Is(err, kerr.OperationNotAttempted) {
 		tp.drop()
 	}
 	err = fmt.Errorf("idemq/franz: commit the transaction of %s: %w", s.TransactionalID(p), err)
 	if fenced(err) {
 		err = fmt.Errorf("%w: %w", ErrFenced, err)
 	}
-	for _, i := range send {
-		failed[i] = err
+	for _, i := range t.send {
+		t.failed[i] = err
 	}
-	return failed
+	return t.failed
 }
 
 // abort ends the open transaction with TryAbort after dropping what is
@@ -512,13 +569,13 @@ func (s *TxSink) readWatermark(ctx context.Context, cl *kgo.Client, p int) (rela
 	// watermark topic has 64 or more) p has none open and the wait is
 	// nil; a partition shared with another outbox partition may wait for
 	// that one's open transaction.
-	hwm, err := s.listOffset(ctx, cl, wp, 0)
+	hwm, err := s.listOffset(ctx, cl, wp, false)
 	if err != nil {
 		return relay.Watermark{}, err
 	}
 	end := int64(0)
 	for {
-		if end, err = s.listOffset(ctx, cl, wp, 1); err != nil || end >= hwm {
+		if end, err = s.listOffset(ctx, cl, wp, true); err != nil || end >= hwm {
 			break
 		}
 		if err = lifecycle.Sleep(ctx, 20*time.Millisecond); err != nil {
@@ -531,23 +588,29 @@ func (s *TxSink) readWatermark(ctx context.Context, cl *kgo.Client, p int) (rela
 	key := s.TransactionalID(p)
 	for back := int64(8); ; back *= 16 {
 		start := max(end-back, 0)
-		wm, found, err := s.scanWatermark(ctx, wp, start, end, key)
-		if err != nil || found || start == 0 {
-			if wm.Partition != p && found {
-				return relay.Watermark{}, fmt.Errorf("idemq/franz: the watermark of %s names partition %d", key, wm.Partition)
-			}
-			if !found {
-				wm.Partition = p
-			}
-			return wm, err
+		v, found, err := s.scanWatermark(ctx, wp, start, end, key)
+		switch {
+		case err != nil:
+			return relay.Watermark{}, err
+		case !found && start > 0:
+			continue
+		case !found:
+			return relay.Watermark{Partition: p}, nil
+		case v.Outbox != "" && v.Outbox != s.cfg.Outbox:
+			return relay.Watermark{}, fmt.Errorf("idemq/franz: the watermark of %s on %s belongs to another outbox (%s; this TxSink's is %s): "+
+				"give each outbox its own TransactionalIDPrefix and WatermarkTopic, or leave them empty for names derived from the outbox",
+				key, s.cfg.WatermarkTopic, v.Outbox, s.cfg.Outbox)
+		case v.Partition != p:
+			return relay.Watermark{}, fmt.Errorf("idemq/franz: the watermark of %s names partition %d", key, v.Partition)
 		}
+		return relay.Watermark{Partition: p, Token: v.Token, Seq: v.Seq, Seqs: v.Seqs}, nil
 	}
 }
 
 // scanWatermark reads partition wp of WatermarkTopic from start to end
 // (read_committed, control records kept so the end is seen) and returns
-// the last watermark with key.
-func (s *TxSink) scanWatermark(ctx context.Context, wp int32, start, end int64, key string) (relay.Watermark, bool, error) {
+// the last watermark record with key.
+func (s *TxSink) scanWatermark(ctx context.Context, wp int32, start, end int64, key string) (wmRecord, bool, error) {
 	rd, err := kgo.NewClient(append(append([]kgo.Opt{}, s.opts...),
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{s.cfg.WatermarkTopic: {wp: kgo.NewOffset().At(start)}}),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
@@ -555,10 +618,10 @@ func (s *TxSink) scanWatermark(ctx context.Context, wp int32, start, end int64, 
 		kgo.FetchMaxWait(100*time.Millisecond),
 	)...)
 	if err != nil {
-		return relay.Watermark{}, false, err
+		return wmRecord{}, false, err
 	}
 	defer rd.Close()
-	var wm relay.Watermark
+	var wm wmRecord
 	found := false
 	for {
 		fs := rd.PollFetches(ctx)
@@ -580,8 +643,7 @@ func (s *TxSink) scanWatermark(ctx context.Context, wp int32, start, end int64, 
 			}
 			var v wmRecord
 			if json.Unmarshal(r.Value, &v) == nil {
-				wm = relay.Watermark{Partition: v.Partition, Token: v.Token, Seq: v.Seq, Seqs: v.Seqs}
-				found = true
+				wm, found = v, true
 			}
 		})
 		if done {
@@ -590,33 +652,26 @@ func (s *TxSink) scanWatermark(ctx context.Context, wp int32, start, end int64, 
 	}
 }
 
-// listOffset returns the high watermark (isolation 0) or the last stable
-// offset (isolation 1) of partition wp of WatermarkTopic.
-func (s *TxSink) listOffset(ctx context.Context, cl *kgo.Client, wp int32, isolation int8) (int64, error) {
-	req := kmsg.NewPtrListOffsetsRequest()
-	req.IsolationLevel = isolation
-	rt := kmsg.NewListOffsetsRequestTopic()
-	rt.Topic = s.cfg.WatermarkTopic
-	rp := kmsg.NewListOffsetsRequestTopicPartition()
-	rp.Partition = wp
-	rp.Timestamp = -1
-	rt.Partitions = append(rt.Partitions, rp)
-	req.Topics = append(req.Topics, rt)
-	resp, err := req.RequestWith(ctx, cl)
+// listOffset returns the high watermark (stable false) or the last
+// stable offset (stable true) of partition wp of WatermarkTopic.
+func (s *TxSink) listOffset(ctx context.Context, cl *kgo.Client, wp int32, stable bool) (int64, error) {
+	list := kadm.NewClient(cl).ListEndOffsets
+	if stable {
+		list = kadm.NewClient(cl).ListCommittedOffsets
+	}
+	offsets, err := list(ctx, s.cfg.WatermarkTopic)
+	o, ok := offsets.Lookup(s.cfg.WatermarkTopic, wp)
+	switch {
+	case err != nil:
+	case !ok:
+		err = fmt.Errorf("partition %d missing from the answer", wp)
+	default:
+		err = o.Err
+	}
 	if err != nil {
 		return 0, fmt.Errorf("idemq/franz: list the watermark topic's offsets: %w", err)
 	}
-	for _, t := range resp.Topics {
-		for _, pr := range t.Partitions {
-			if pr.Partition == wp {
-				if err := kerr.ErrorForCode(pr.ErrorCode); err != nil {
-					return 0, fmt.Errorf("idemq/franz: list the watermark topic's offsets: %w", err)
-				}
-				return pr.Offset, nil
-			}
-		}
-	}
-	return 0, fmt.Errorf("idemq/franz: list the watermark topic's offsets: partition %d missing from the answer", wp)
+	return o.Offset, nil
 }
 
 // watermarkTopic returns the partition count of WatermarkTopic, creating
@@ -629,17 +684,14 @@ func (s *TxSink) watermarkTopic(ctx context.Context, cl *kgo.Client) (int32, err
 	if n > 0 {
 		return n, nil
 	}
+	adm := kadm.NewClient(cl)
 	for attempt := 0; ; attempt++ {
-		md := kmsg.NewPtrMetadataRequest()
-		mt := kmsg.NewMetadataRequestTopic()
-		mt.Topic = kmsg.StringPtr(s.cfg.WatermarkTopic)
-		md.Topics = append(md.Topics, mt)
-		resp, err := md.RequestWith(ctx, cl)
+		topics, err := adm.ListTopics(ctx, s.cfg.WatermarkTopic)
 		if err != nil {
 			return 0, fmt.Errorf("idemq/franz: watermark topic metadata: %w", err)
 		}
-		if len(resp.Topics) == 1 && resp.Topics[0].ErrorCode == 0 && len(resp.Topics[0].Partitions) > 0 {
-			n = int32(len(resp.Topics[0].Partitions))
+		if t, ok := topics[s.cfg.WatermarkTopic]; ok && t.Err == nil && len(t.Partitions) > 0 {
+			n = int32(len(t.Partitions))
 			s.mu.Lock()
 			s.wmParts = n
 			s.mu.Unlock()
@@ -651,23 +703,9 @@ func (s *TxSink) watermarkTopic(ctx context.Context, cl *kgo.Client) (int32, err
 			}
 			continue
 		}
-		cr := kmsg.NewPtrCreateTopicsRequest()
-		ct := kmsg.NewCreateTopicsRequestTopic()
-		ct.Topic = s.cfg.WatermarkTopic
-		ct.NumPartitions = WatermarkPartitionsDefault
-		ct.ReplicationFactor = -1
-		cc := kmsg.NewCreateTopicsRequestTopicConfig()
-		cc.Name, cc.Value = "cleanup.policy", kmsg.StringPtr("compact")
-		ct.Configs = append(ct.Configs, cc)
-		cr.Topics = append(cr.Topics, ct)
-		cres, err := cr.RequestWith(ctx, cl)
-		if err != nil {
-			return 0, fmt.Errorf("idemq/franz: create the watermark topic: %w", err)
-		}
-		if len(cres.Topics) == 1 {
-			if err := kerr.ErrorForCode(cres.Topics[0].ErrorCode); err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
-				return 0, fmt.Errorf("idemq/franz: create the watermark topic %s: %w", s.cfg.WatermarkTopic, err)
-			}
+		_, err = adm.CreateTopic(ctx, WatermarkPartitionsDefault, -1, map[string]*string{"cleanup.policy": kmsg.StringPtr("compact")}, s.cfg.WatermarkTopic)
+		if err != nil && !errors.Is(err, kerr.TopicAlreadyExists) {
+			return 0, fmt.Errorf("idemq/franz: create the watermark topic %s: %w", s.cfg.WatermarkTopic, err)
 		}
 	}
 }

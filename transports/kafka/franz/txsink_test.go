@@ -44,11 +44,11 @@ func TestTxSinkWatermark(t *testing.T) {
 		t.Fatalf("first Watermark: %+v, %v; want none", wm, err)
 	}
 	for _, seq := range []int64{1, 11} {
-		if err := old.Publish(ctx, keyed(k.Topic("orders"), 3, 1, seq, 10)); err != nil {
+		if err := old.Publish(ctx, 0, keyed(k.Topic("orders"), 3, 1, seq, 10)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	next, err := franz.NewTxSink(franz.TxConfig{TransactionalIDPrefix: old.TransactionalID(3)[:len(old.TransactionalID(3))-1], WatermarkTopic: old.WatermarkTopic()}, kgo.SeedBrokers(k.Brokers...))
+	next, err := franz.NewTxSink(franz.TxConfig{Outbox: "idemq-test", TransactionalIDPrefix: old.TransactionalID(3)[:len(old.TransactionalID(3))-1], WatermarkTopic: old.WatermarkTopic()}, kgo.SeedBrokers(k.Brokers...))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,7 +61,7 @@ func TestTxSinkWatermark(t *testing.T) {
 		t.Fatalf("watermark %+v, want token 1, seq 20, seqs %v", wm, want)
 	}
 	// The old owner publishes again under its old token: fenced.
-	err = old.Publish(ctx, keyed(k.Topic("orders"), 3, 1, 21, 2))
+	err = old.Publish(ctx, 0, keyed(k.Topic("orders"), 3, 1, 21, 2))
 	var pe *relay.PublishError
 	if !errors.As(err, &pe) || len(pe.Failed) != 2 || !errors.Is(pe.Failed[0], franz.ErrFenced) {
 		t.Fatalf("old owner's publish: %v, want both messages failed with ErrFenced", err)
@@ -93,7 +93,7 @@ func TestTxSinkZombieFenced(t *testing.T) {
 	topic := k.Topic("orders")
 
 	zerr := make(chan error, 1)
-	go func() { zerr <- zombie.Publish(ctx, keyed(topic, 5, 1, 1, 10)) }()
+	go func() { zerr <- zombie.Publish(ctx, 0, keyed(topic, 5, 1, 1, 10)) }()
 	select {
 	case <-reached:
 	case <-ctx.Done():
@@ -107,7 +107,7 @@ func TestTxSinkZombieFenced(t *testing.T) {
 	if len(wm.Seqs) != 0 {
 		t.Fatalf("watermark %+v: the zombie's open transaction is in it", wm)
 	}
-	if err := owner.Publish(ctx, keyed(topic, 5, 2, 1, 10)); err != nil {
+	if err := owner.Publish(ctx, 0, keyed(topic, 5, 2, 1, 10)); err != nil {
 		t.Fatalf("new owner: %v", err)
 	}
 	close(release)
@@ -154,7 +154,7 @@ func TestTxSinkSkipsWhatItsWatermarkNames(t *testing.T) {
 	k := testenv.Kafka(t, 2, "orders")
 	first := newTxSink(t, k, franz.TxConfig{})
 	batch := keyed(k.Topic("orders"), 9, 1, 1, 5)
-	if err := first.Publish(ctx, batch); err != nil {
+	if err := first.Publish(ctx, 0, batch); err != nil {
 		t.Fatal(err)
 	}
 	prefix := first.TransactionalID(9)[:len(first.TransactionalID(9))-1]
@@ -163,7 +163,7 @@ func TestTxSinkSkipsWhatItsWatermarkNames(t *testing.T) {
 	for i := range 5 {
 		again[i].Message = batch[i].Message
 	}
-	if err := next.Publish(ctx, again); err != nil {
+	if err := next.Publish(ctx, 0, again); err != nil {
 		t.Fatal(err)
 	}
 	got, err := readCommitted(ctx, k, k.Topic("orders"))
@@ -187,7 +187,7 @@ func TestTxSinkCancelledMidTransaction(t *testing.T) {
 		pctx, stop := context.WithCancel(ctx)
 		time.AfterFunc(time.Duration(round)*time.Millisecond, stop)
 		start := time.Now()
-		err := s.Publish(pctx, keyed(k.Topic("orders"), 4, 1, int64(1+round*2000), 2000))
+		err := s.Publish(pctx, 0, keyed(k.Topic("orders"), 4, 1, int64(1+round*2000), 2000))
 		if took := time.Since(start); took > 5*time.Second {
 			t.Fatalf("round %d: Publish took %v after its context ended", round, took)
 		}
@@ -202,7 +202,7 @@ func TestTxSinkCancelledMidTransaction(t *testing.T) {
 		t.Fatalf("%d committed records: a transaction was cut", len(got))
 	}
 	// The sink still works.
-	if err := s.Publish(ctx, keyed(k.Topic("orders"), 4, 1, 20001, 10)); err != nil {
+	if err := s.Publish(ctx, 0, keyed(k.Topic("orders"), 4, 1, 20001, 10)); err != nil {
 		t.Fatalf("after the cancellations: %v", err)
 	}
 }
