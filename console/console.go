@@ -19,7 +19,7 @@ import (
 	"github.com/idemq/idemq/inbox"
 	"github.com/idemq/idemq/internal/nilcheck"
 	"github.com/idemq/idemq/outbox"
-	"github.com/idemq/idemq/transports/webhook"
+	"github.com/idemq/idemq/transports/webhook/endpoints"
 )
 
 //go:embed templates/*.html static/*
@@ -43,7 +43,7 @@ type Config struct {
 	Requests RequestLookup
 	// Webhooks adds the Webhooks page (failing and disabled endpoints,
 	// enable). Optional.
-	Webhooks *webhook.Registry
+	Webhooks *endpoints.Registry
 
 	// AllowActions lets authenticated users act: replay, purge, release,
 	// enable. Defaults to false: read-only.

@@ -11,6 +11,7 @@ import (
 	"github.com/idemq/idemq/relay"
 	"github.com/idemq/idemq/testenv"
 	"github.com/idemq/idemq/transports/webhook"
+	"github.com/idemq/idemq/transports/webhook/endpoints"
 )
 
 // TestBreakerRecordedInRegistry: the Sink records each change of an
@@ -24,7 +25,7 @@ func TestBreakerRecordedInRegistry(t *testing.T) {
 	var down atomic.Bool
 	down.Store(true)
 	var probed, sawHalfOpen atomic.Bool
-	var ep webhook.Endpoint
+	var ep endpoints.Endpoint
 	rc := newReceiver(t, func(i int, w http.ResponseWriter, r *http.Request) bool {
 		if down.Load() {
 			http.Error(w, "down", http.StatusInternalServerError)
@@ -37,7 +38,7 @@ func TestBreakerRecordedInRegistry(t *testing.T) {
 		// registry says half-open, so the test sees the state the probe
 		// runs in.
 		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-			if got, err := b.reg.Get(b.ctx, ep.ID); err == nil && got.Breaker == webhook.BreakerHalfOpen {
+			if got, err := b.reg.Get(b.ctx, ep.ID); err == nil && got.Breaker == endpoints.BreakerHalfOpen {
 				sawHalfOpen.Store(true)
 				break
 			}
@@ -63,20 +64,20 @@ CREATE TRIGGER breaker_write AFTER UPDATE OF breaker_state ON idemq_webhook_endp
 		publish(t, b, event("k", i))
 	}
 
-	var open webhook.Endpoint
+	var open endpoints.Endpoint
 	idemqtest.WaitFor(t, "the registry to say open", func() bool {
 		open, _ = b.reg.Get(b.ctx, ep.ID)
-		return open.Breaker == webhook.BreakerOpen
+		return open.Breaker == endpoints.BreakerOpen
 	})
 	if open.BreakerSince.Before(start.Add(-time.Second)) || open.BreakerSince.After(time.Now()) || open.BreakerRelay != "relay-a" {
 		t.Fatalf("open breaker since %v by %q: want a time since the test started, by relay-a", open.BreakerSince, open.BreakerRelay)
 	}
 	down.Store(false)
 	idemqtest.WaitFor(t, "every delivery", func() bool { n, _ := pending(t, b); return n == 0 })
-	var closed webhook.Endpoint
+	var closed endpoints.Endpoint
 	idemqtest.WaitFor(t, "the registry to say closed", func() bool {
 		closed, _ = b.reg.Get(b.ctx, ep.ID)
-		return closed.Breaker == webhook.BreakerClosed
+		return closed.Breaker == endpoints.BreakerClosed
 	})
 	if !sawHalfOpen.Load() {
 		t.Error("the probe ran without the registry saying half-open")

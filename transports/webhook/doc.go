@@ -2,16 +2,24 @@
 // receives them the same way. It follows Standard Webhooks
 // (https://www.standardwebhooks.com).
 //
+// The package holds the two halves every idemq transport has: the
+// outbound [Sink] a relay delivers through, and the inbound [Receiver].
+// What they share lives in two packages of their own, each with one
+// concern: endpoints (the registry of receivers, in Postgres, and the
+// fan-out Publisher onto the outbox: what the console and the binary
+// import, without the relay, the consumer or this package's HTTP client)
+// and signing (Standard Webhooks keys, sign and verify; no database).
+//
 // # Sending
 //
-// A [Registry] keeps the endpoints in Postgres: URL, event-type filter,
-// key ring, enabled state, timeout, concurrency and rate limit.
-// [Publisher.PublishTx] fans a business event out inside the caller's
-// transaction: one outbox row per subscribed endpoint, destination
-// "webhook/<endpoint id>", ordering key "<endpoint id>/<event key>", so
-// every endpoint's deliveries are ordered, retried and dead-lettered on
-// their own. The relay hands those rows to a [Sink] (route
-// [DestinationPrefix] to it), which POSTs each one with
+// An [endpoints.Registry] keeps the endpoints in Postgres: URL, event-type
+// filter, key ring, enabled state, timeout, concurrency and rate limit.
+// [endpoints.Publisher.PublishTx] fans a business event out inside the
+// caller's transaction: one outbox row per subscribed endpoint,
+// destination "webhook/<endpoint id>", ordering key "<endpoint id>/<event
+// key>", so every endpoint's deliveries are ordered, retried and
+// dead-lettered on their own. The relay hands those rows to a [Sink]
+// (route [endpoints.DestinationPrefix] to it), which POSTs each one with
 //
 //	webhook-id:        the outbox row's id, the same on every retry
 //	webhook-timestamp: the attempt's Unix time
@@ -33,7 +41,7 @@
 // disables the endpoint, and so does [Config.DisableAfter] of failures
 // without a success. A disabled endpoint's rows are held in the outbox,
 // neither sent nor counted as attempts, and flow in key order once
-// [Registry.Enable] runs.
+// [endpoints.Registry.Enable] runs.
 //
 // # Isolation
 //

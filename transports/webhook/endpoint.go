@@ -11,13 +11,15 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/transports/webhook/endpoints"
+	"github.com/idemq/idemq/transports/webhook/signing"
 )
 
 // endpointState is the Sink's copy of one endpoint and its runtime state.
 type endpointState struct {
 	mu      sync.Mutex
-	ep      Endpoint
-	keys    []Key
+	ep      endpoints.Endpoint
+	keys    []signing.Key
 	loaded  time.Time
 	sem     chan struct{}
 	limiter *rate.Limiter
@@ -28,7 +30,7 @@ type endpointState struct {
 	probing   bool
 	// the breaker's state as reported to the registry: the latest change,
 	// whether it still has to be written, and whether a writer runs
-	reported  BreakerState
+	reported  endpoints.BreakerState
 	changedAt time.Time
 	unwritten bool
 	writing   bool
@@ -50,8 +52,8 @@ func (st *endpointState) disabled() bool {
 }
 
 // refresh installs a fresh read of the endpoint, keeping the breaker.
-func (st *endpointState) refresh(ep Endpoint, cfg Config, now time.Time) {
-	keys, err := ParseKeys(ep.Keys...)
+func (st *endpointState) refresh(ep endpoints.Endpoint, cfg Config, now time.Time) {
+	keys, err := signing.ParseKeys(ep.Keys...)
 	if err != nil {
 		keys = nil // refused at delivery; Add and RotateKey validate keys
 	}
@@ -82,7 +84,7 @@ func (st *endpointState) slots() chan struct{} {
 }
 
 // admit decides whether m may be sent now: nil, or a hold error.
-func (s *Sink) admit(st *endpointState, now time.Time) (Endpoint, []Key, error) {
+func (s *Sink) admit(st *endpointState, now time.Time) (endpoints.Endpoint, []signing.Key, error) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	ep := st.ep
@@ -96,7 +98,7 @@ func (s *Sink) admit(st *endpointState, now time.Time) (Endpoint, []Key, error) 
 	case !st.openUntil.IsZero():
 		st.probing = true // half open: this delivery is the probe
 		s.log.Info("webhook: breaker half-open: probing the endpoint with one delivery", "endpoint", ep.ID)
-		if st.changed(BreakerHalfOpen, now) {
+		if st.changed(endpoints.BreakerHalfOpen, now) {
 			s.report(st) // its goroutine waits for st.mu
 		}
 	}
@@ -123,7 +125,7 @@ func (s *Sink) settle(ctx context.Context, st *endpointState, out outcome, cause
 	case outcomeDelivered:
 		if wasOpen {
 			s.log.Info("webhook: breaker closed: the endpoint delivers again", "endpoint", ep.ID, "trips", st.trips)
-			changed = st.changed(BreakerClosed, time.Now())
+			changed = st.changed(endpoints.BreakerClosed, time.Now())
 		}
 		st.failures, st.trips, st.openUntil = 0, 0, time.Time{}
 		clockRuns = !st.ep.FailingSince.IsZero()
@@ -137,7 +139,7 @@ func (s *Sink) settle(ctx context.Context, st *endpointState, out outcome, cause
 			now := time.Now()
 			st.openUntil = now.Add(cooldown)
 			st.trips++
-			changed = st.changed(BreakerOpen, now)
+			changed = st.changed(endpoints.BreakerOpen, now)
 			switch {
 			case wasProbe:
 				s.log.Warn("webhook: breaker open again: the probe failed", "endpoint", ep.ID, "cooldown", cooldown, "err", cause)
@@ -154,7 +156,7 @@ func (s *Sink) settle(ctx context.Context, st *endpointState, out outcome, cause
 	switch {
 	case out == outcomeDelivered:
 		if clockRuns {
-			if err := s.reg.succeeded(ctx, ep.ID); err != nil {
+			if err := s.reg.MarkSucceeded(ctx, ep.ID); err != nil {
 				s.log.Warn("webhook: clearing the failure clock failed", "endpoint", ep.ID, "err", err)
 			}
 		}
@@ -166,7 +168,7 @@ func (s *Sink) settle(ctx context.Context, st *endpointState, out outcome, cause
 	since := ep.FailingSince
 	if since.IsZero() {
 		var err error
-		if since, err = s.reg.failing(ctx, ep.ID); err != nil {
+		if since, err = s.reg.MarkFailing(ctx, ep.ID); err != nil {
 			s.log.Warn("webhook: starting the failure clock failed", "endpoint", ep.ID, "err", err)
 			return
 		}
@@ -182,7 +184,7 @@ func (s *Sink) settle(ctx context.Context, st *endpointState, out outcome, cause
 // changed notes a change of the breaker to state at now, unless it is in
 // state already, and reports whether the change needs [Sink.report]: no
 // writer runs for the endpoint. st.mu is held.
-func (st *endpointState) changed(state BreakerState, now time.Time) bool {
+func (st *endpointState) changed(state endpoints.BreakerState, now time.Time) bool {
 	if st.reported == state {
 		return false
 	}
@@ -215,7 +217,7 @@ func (s *Sink) report(st *endpointState) {
 			st.unwritten = false
 			st.mu.Unlock()
 			ctx, cancel := context.WithTimeout(context.Background(), breakerWriteTimeout)
-			err := s.reg.breaker(ctx, id, state, since, s.cfg.Instance)
+			err := s.reg.ReportBreaker(ctx, id, state, since, s.cfg.Instance)
 			cancel()
 			if err != nil {
 				s.log.Warn("webhook: recording the breaker's state in the registry failed", "endpoint", id, "state", state, "err", err)
@@ -233,7 +235,7 @@ func (s *Sink) disable(ctx context.Context, st *endpointState, reason string) {
 	if already {
 		return
 	}
-	if _, err := s.reg.db.Exec(ctx, s.reg.sql.disable, id, reason); err != nil {
+	if err := s.reg.Disable(ctx, id, reason); err != nil {
 		s.log.Warn("webhook: disabling an endpoint failed", "endpoint", id, "err", err)
 		return
 	}

@@ -16,6 +16,8 @@ import (
 	"github.com/idemq/idemq/relay"
 	"github.com/idemq/idemq/testenv"
 	"github.com/idemq/idemq/transports/webhook"
+	"github.com/idemq/idemq/transports/webhook/endpoints"
+	"github.com/idemq/idemq/transports/webhook/signing"
 )
 
 // crashChildEnv carries the database URL to the relay child process.
@@ -41,7 +43,7 @@ func TestRelayKilledBetweenPostAndDelete(t *testing.T) {
 	t.Cleanup(pool.Close)
 	b := setupOn(t, pool)
 
-	secret := webhook.NewSecret()
+	secret := signing.NewSecret()
 	var applied atomic.Int64
 	app := newWebhookReceiver(t, b, secret, func(ctx context.Context, tx pgx.Tx, d webhook.Delivery) error {
 		applied.Add(1)
@@ -56,7 +58,7 @@ func TestRelayKilledBetweenPostAndDelete(t *testing.T) {
 		}
 		return true
 	})
-	if _, err := b.reg.Add(b.ctx, webhook.Endpoint{ID: "ep", URL: rc.srv.URL, Keys: []string{secret}}); err != nil {
+	if _, err := b.reg.Add(b.ctx, endpoints.Endpoint{ID: "ep", URL: rc.srv.URL, Keys: []string{secret}}); err != nil {
 		t.Fatal(err)
 	}
 

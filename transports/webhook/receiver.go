@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/transports/webhook/signing"
 )
 
 // Defaults of [ReceiverConfig].
@@ -80,7 +81,7 @@ func (c ReceiverConfig) validate() error {
 	case c.MaxBody < 0:
 		return idemq.NewConfigError(component, "MaxBody", "%d is negative", c.MaxBody)
 	}
-	if _, err := ParseKeys(c.Keys...); err != nil {
+	if _, err := signing.ParseKeys(c.Keys...); err != nil {
 		return idemq.NewConfigError(component, "Keys", "%v", err)
 	}
 	return nil
@@ -183,7 +184,7 @@ func HandleLeased(h LeasedHandler) consumer.LeasedHandler {
 type Receiver struct {
 	c    *consumer.Consumer
 	cfg  ReceiverConfig
-	keys []Key
+	keys []signing.Key
 }
 
 // NewReceiver validates cfg and returns a receiver applying webhooks
@@ -197,7 +198,7 @@ func NewReceiver(c *consumer.Consumer, cfg ReceiverConfig) (*Receiver, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	keys, _ := ParseKeys(cfg.Keys...) // validated above
+	keys, _ := signing.ParseKeys(cfg.Keys...) // validated above
 	return &Receiver{c: c, cfg: cfg, keys: keys}, nil
 }
 
@@ -238,8 +239,8 @@ func (r *Receiver) verify(w http.ResponseWriter, req *http.Request) (Delivery, b
 		}
 		return Delivery{}, false
 	}
-	id, ts := req.Header.Get(HeaderID), req.Header.Get(HeaderTimestamp)
-	if err := Verify(r.keys, id, ts, req.Header.Get(HeaderSignature), body, r.cfg.Tolerance, time.Now()); err != nil {
+	id, ts := req.Header.Get(signing.HeaderID), req.Header.Get(signing.HeaderTimestamp)
+	if err := signing.Verify(r.keys, id, ts, req.Header.Get(signing.HeaderSignature), body, r.cfg.Tolerance, time.Now()); err != nil {
 		http.Error(w, err.Error(), http.StatusUnauthorized)
 		return Delivery{}, false
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/inbox"
 	"github.com/idemq/idemq/transports/webhook"
+	"github.com/idemq/idemq/transports/webhook/signing"
 )
 
 // TestReceiverHandlerSharesTheInboxTransaction: the handler's writes and
@@ -28,7 +29,7 @@ func TestReceiverHandlerSharesTheInboxTransaction(t *testing.T) {
 	if _, err := b.pool.Exec(b.ctx, `CREATE TABLE paid (invoice text PRIMARY KEY)`); err != nil {
 		t.Fatal(err)
 	}
-	secret := webhook.NewSecret()
+	secret := signing.NewSecret()
 	calls := 0
 	srv := httptest.NewServer(newWebhookReceiver(t, b, secret, func(ctx context.Context, tx pgx.Tx, d webhook.Delivery) error {
 		calls++
@@ -41,11 +42,11 @@ func TestReceiverHandlerSharesTheInboxTransaction(t *testing.T) {
 		return nil
 	}))
 	t.Cleanup(srv.Close)
-	keys, _ := webhook.ParseKeys(secret)
+	keys, _ := signing.ParseKeys(secret)
 	body := `{"type":"invoice.paid","data":{}}`
 	post := func() *http.Response {
 		now := time.Now()
-		return postSigned(t, srv.URL, "msg_1", now, webhook.Sign(keys, "msg_1", now, []byte(body)), body)
+		return postSigned(t, srv.URL, "msg_1", now, signing.Sign(keys, "msg_1", now, []byte(body)), body)
 	}
 	count := func() (paid, records int) {
 		if err := b.pool.QueryRow(b.ctx, `SELECT (SELECT count(*) FROM paid), (SELECT count(*) FROM idemq_inbox)`).Scan(&paid, &records); err != nil {
@@ -80,8 +81,8 @@ func TestReceiverHandlerSharesTheInboxTransaction(t *testing.T) {
 func TestReceiverCountsFailuresUpToADeadLetter(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	secret := webhook.NewSecret()
-	keys, _ := webhook.ParseKeys(secret)
+	secret := signing.NewSecret()
+	keys, _ := signing.ParseKeys(secret)
 	calls := 0
 	var dead []string
 	var outcomes []consumer.Outcome
@@ -112,7 +113,7 @@ func TestReceiverCountsFailuresUpToADeadLetter(t *testing.T) {
 	t.Cleanup(srv.Close)
 	post := func() *http.Response {
 		now := time.Now()
-		return postSigned(t, srv.URL, "msg_1", now, webhook.Sign(keys, "msg_1", now, []byte(`{}`)), `{}`)
+		return postSigned(t, srv.URL, "msg_1", now, signing.Sign(keys, "msg_1", now, []byte(`{}`)), `{}`)
 	}
 	for i := range 2 {
 		if resp := post(); resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {

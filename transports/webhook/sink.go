@@ -16,6 +16,7 @@ import (
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/internal/lifecycle"
 	"github.com/idemq/idemq/relay"
+	"github.com/idemq/idemq/transports/webhook/endpoints"
 )
 
 // Defaults of [Config].
@@ -67,7 +68,7 @@ type Config struct {
 	// HoldInterval is how often the rows of a disabled endpoint come back
 	// to see whether it was re-enabled: each time the relay claims and puts
 	// back the head of every held key and every held unkeyed row. After
-	// [Registry.Enable], Outbox.RetryNow on the endpoint's destination
+	// [endpoints.Registry.Enable], Outbox.RetryNow on the endpoint's destination
 	// sends them at once. Defaults to 1 minute.
 	HoldInterval time.Duration
 	// RefreshInterval is how long the Sink trusts its copy of an endpoint
@@ -83,12 +84,12 @@ type Config struct {
 	// UserAgent is sent with every delivery. Defaults to "idemq-webhook/1".
 	UserAgent string
 	// Instance names this Sink where it reports its breakers' changes
-	// (Endpoint.BreakerRelay). Defaults to "<hostname>/<pid>".
+	// ([endpoints.Endpoint].BreakerRelay). Defaults to "<hostname>/<pid>".
 	Instance string
 	// Hooks receive delivery events. All optional.
 	Hooks Hooks
 	// Logger receives endpoint state changes, breaker changes among them,
-	// which the Sink also records in the registry (Endpoint.Breaker).
+	// which the Sink also records in the registry ([endpoints.Endpoint].Breaker).
 	// Defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -189,15 +190,15 @@ func (c Config) validate() error {
 }
 
 // Sink delivers the webhook rows of an outbox (destination
-// "webhook/<endpoint id>", written by [Publisher.PublishTx]) as Standard
-// Webhooks POSTs. Route [DestinationPrefix] to it on the relay's Router.
+// "webhook/<endpoint id>", written by [endpoints.Publisher.PublishTx]) as Standard
+// Webhooks POSTs. Route [endpoints.DestinationPrefix] to it on the relay's Router.
 //
 // Each endpoint is isolated: its own concurrency bound, rate limit,
 // breaker and failure clock, and a slow endpoint holds up a batch at most
 // for its Timeout, after which its breaker holds its rows out of later
 // batches. It is safe for concurrent use.
 type Sink struct {
-	reg    *Registry
+	reg    *endpoints.Registry
 	cfg    Config
 	client *http.Client
 	log    *slog.Logger
@@ -208,7 +209,7 @@ type Sink struct {
 
 // NewSink validates cfg and returns a Sink delivering to the endpoints of
 // reg.
-func NewSink(reg *Registry, cfg Config) (*Sink, error) {
+func NewSink(reg *endpoints.Registry, cfg Config) (*Sink, error) {
 	if reg == nil {
 		return nil, idemq.NewConfigError("webhook.Sink", "reg", "is nil")
 	}
@@ -266,15 +267,15 @@ func (s *Sink) Publish(ctx context.Context, batch []relay.Message) error {
 					continue
 				}
 				m := batch[i]
-				id, ok := strings.CutPrefix(m.Destination, DestinationPrefix)
+				id, ok := strings.CutPrefix(m.Destination, endpoints.DestinationPrefix)
 				var err error
 				switch st := states[id]; {
 				case !ok:
-					err = idemq.Permanent(fmt.Errorf("webhook: destination %q does not start with %q", m.Destination, DestinationPrefix))
+					err = idemq.Permanent(fmt.Errorf("webhook: destination %q does not start with %q", m.Destination, endpoints.DestinationPrefix))
 				case st == nil && loadErr != nil:
 					err = hold(time.Second, "reading endpoint %s: %v", id, loadErr)
 				case st == nil:
-					err = idemq.Permanent(fmt.Errorf("webhook: %w: %s", ErrEndpointNotFound, id))
+					err = idemq.Permanent(fmt.Errorf("webhook: %w: %s", endpoints.ErrEndpointNotFound, id))
 				default:
 					err = s.deliver(ctx, st, m)
 				}
@@ -296,7 +297,7 @@ func (s *Sink) states(ctx context.Context, batch []relay.Message) (map[string]*e
 	var stale []string
 	s.mu.Lock()
 	for _, m := range batch {
-		id, ok := strings.CutPrefix(m.Destination, DestinationPrefix)
+		id, ok := strings.CutPrefix(m.Destination, endpoints.DestinationPrefix)
 		if _, seen := out[id]; !ok || seen {
 			continue
 		}
@@ -313,7 +314,7 @@ func (s *Sink) states(ctx context.Context, batch []relay.Message) (map[string]*e
 	if len(stale) == 0 {
 		return out, nil
 	}
-	eps, err := s.reg.get(ctx, stale)
+	eps, err := s.reg.List(ctx, stale...)
 	if err != nil {
 		return out, err
 	}

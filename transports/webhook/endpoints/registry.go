@@ -1,4 +1,4 @@
-package webhook
+package endpoints
 
 import (
 	"cmp"
@@ -18,6 +18,7 @@ import (
 	"github.com/idemq/idemq/internal/pgtx"
 	"github.com/idemq/idemq/internal/pgutil"
 	"github.com/idemq/idemq/migrate"
+	"github.com/idemq/idemq/transports/webhook/signing"
 )
 
 //go:embed migrations/*.sql
@@ -59,7 +60,8 @@ type Endpoint struct {
 	// EventTypes filters the events fanned out to the endpoint; empty
 	// means every type.
 	EventTypes []string
-	// Keys sign every delivery (see [ParseKey]); at least one on Add.
+	// Keys sign every delivery (see signing.ParseKey); at least one that
+	// signs on Add.
 	// Reading an endpoint returns the keys that sign now.
 	Keys []string
 	// Timeout bounds one delivery; 0 takes the Sink's Config.Timeout.
@@ -86,13 +88,14 @@ type Endpoint struct {
 	// Breaker, by that relay's clock; zero when Breaker is "".
 	BreakerSince time.Time
 	// BreakerRelay names the Sink that reported Breaker: its
-	// [Config.Instance].
+	// webhook.Config.Instance.
 	BreakerRelay string
 	// CreatedAt and UpdatedAt are kept by the registry.
 	CreatedAt, UpdatedAt time.Time
 }
 
-// BreakerState is a state of an endpoint's breaker (see [Config.BreakerFailures]).
+// BreakerState is a state of an endpoint's breaker (see
+// webhook.Config.BreakerFailures).
 type BreakerState string
 
 // The states of a breaker.
@@ -129,10 +132,10 @@ type Registry struct {
 // [Registry.Migrate] once before use.
 func NewRegistry(db DB, cfg RegistryConfig) (*Registry, error) {
 	if pgtx.IsNil(db) {
-		return nil, idemq.NewConfigError("webhook.Registry", "db", "is nil")
+		return nil, idemq.NewConfigError("endpoints.Registry", "db", "is nil")
 	}
 	cfg = cfg.withDefaults()
-	t, err := pgutil.ConfigTable("webhook.Registry", cfg.Schema, cfg.Table)
+	t, err := pgutil.ConfigTable("endpoints.Registry", cfg.Schema, cfg.Table)
 	if err != nil {
 		return nil, err
 	}
@@ -273,16 +276,16 @@ func (r *Registry) Add(ctx context.Context, ep Endpoint) (Endpoint, error) {
 
 // signingKeys checks that keys parse and that at least one of them signs.
 func signingKeys(keys []string) error {
-	parsed, err := ParseKeys(keys...)
+	parsed, err := signing.ParseKeys(keys...)
 	if err != nil {
 		return err
 	}
 	for _, k := range parsed {
-		if k.hmac != nil || k.priv != nil {
+		if k.Signs() {
 			return nil
 		}
 	}
-	return fmt.Errorf("%w: no key that signs (want a %s or %s key)", ErrInvalidKey, SecretPrefix, PrivateKeyPrefix)
+	return fmt.Errorf("%w: no key that signs (want a %s or %s key)", signing.ErrInvalidSigningKey, signing.SecretPrefix, signing.PrivateKeyPrefix)
 }
 
 // Update replaces the URL, event types, timeout, concurrency and rate limit
@@ -360,7 +363,7 @@ func (r *Registry) Remove(ctx context.Context, id string) error {
 
 // Get returns one endpoint with its signing keys.
 func (r *Registry) Get(ctx context.Context, id string) (Endpoint, error) {
-	eps, err := r.get(ctx, []string{id})
+	eps, err := r.List(ctx, id)
 	if err != nil {
 		return Endpoint{}, err
 	}
@@ -370,12 +373,13 @@ func (r *Registry) Get(ctx context.Context, id string) (Endpoint, error) {
 	return eps[0], nil
 }
 
-// List returns every endpoint, enabled or not, ordered by id.
-func (r *Registry) List(ctx context.Context) ([]Endpoint, error) {
-	return r.get(ctx, nil)
-}
-
-func (r *Registry) get(ctx context.Context, ids []string) ([]Endpoint, error) {
+// List returns the endpoints of ids, or every endpoint when ids is empty,
+// enabled or not, ordered by id. An id the registry does not hold is left
+// out, not an error: one read serves a Sink's batch of many endpoints.
+func (r *Registry) List(ctx context.Context, ids ...string) ([]Endpoint, error) {
+	if len(ids) == 0 {
+		ids = nil // NULL: every endpoint
+	}
 	rows, err := r.db.Query(ctx, r.sql.get, ids)
 	if err != nil {
 		return nil, fmt.Errorf("webhook: read endpoints: %w", err)
@@ -411,22 +415,36 @@ func (r *Registry) get(ctx context.Context, ids []string) ([]Endpoint, error) {
 	return eps, nil
 }
 
-// failing starts the endpoint's failure clock unless it runs, and returns
-// when it started.
-func (r *Registry) failing(ctx context.Context, id string) (time.Time, error) {
+// The calls below are how a delivering Sink (package webhook) reports what
+// it saw; they are exported for it, and an operator's tool has no reason
+// to call them.
+
+// MarkFailing starts the endpoint's failure clock (Endpoint.FailingSince)
+// unless it runs, and returns when it started: the Sink disables the
+// endpoint once it has run for its DisableAfter.
+func (r *Registry) MarkFailing(ctx context.Context, id string) (time.Time, error) {
 	var since time.Time
-	err := r.db.QueryRow(ctx, r.sql.failing, id).Scan(&since)
-	return since, err
+	if err := r.db.QueryRow(ctx, r.sql.failing, id).Scan(&since); err != nil {
+		return time.Time{}, fmt.Errorf("webhook: start the failure clock of endpoint %s: %w", id, err)
+	}
+	return since, nil
 }
 
-// succeeded stops the endpoint's failure clock.
-func (r *Registry) succeeded(ctx context.Context, id string) error {
-	_, err := r.db.Exec(ctx, r.sql.succeeded, id)
-	return err
+// MarkSucceeded stops the endpoint's failure clock after a delivery got a
+// 2xx.
+func (r *Registry) MarkSucceeded(ctx context.Context, id string) error {
+	if _, err := r.db.Exec(ctx, r.sql.succeeded, id); err != nil {
+		return fmt.Errorf("webhook: stop the failure clock of endpoint %s: %w", id, err)
+	}
+	return nil
 }
 
-// breaker records a Sink's report of the endpoint's breaker.
-func (r *Registry) breaker(ctx context.Context, id string, state BreakerState, since time.Time, relay string) error {
-	_, err := r.db.Exec(ctx, r.sql.breaker, id, string(state), since, relay)
-	return err
+// ReportBreaker records that the breaker of the Sink named relay changed
+// to state at since (Endpoint.Breaker, BreakerSince, BreakerRelay). With
+// several relays the last report wins.
+func (r *Registry) ReportBreaker(ctx context.Context, id string, state BreakerState, since time.Time, relay string) error {
+	if _, err := r.db.Exec(ctx, r.sql.breaker, id, string(state), since, relay); err != nil {
+		return fmt.Errorf("webhook: record the breaker of endpoint %s: %w", id, err)
+	}
+	return nil
 }

@@ -1,4 +1,4 @@
-package webhook_test
+package endpoints_test
 
 import (
 	"errors"
@@ -8,14 +8,15 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemq/idemq"
-	"github.com/idemq/idemq/transports/webhook"
+	"github.com/idemq/idemq/transports/webhook/endpoints"
+	"github.com/idemq/idemq/transports/webhook/signing"
 )
 
 func TestRegistryLifecycle(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	secret := webhook.NewSecret()
-	ep, err := b.reg.Add(b.ctx, webhook.Endpoint{URL: "https://example.com/hook", Keys: []string{secret}, EventTypes: []string{"invoice.paid"}})
+	secret := signing.NewSecret()
+	ep, err := b.reg.Add(b.ctx, endpoints.Endpoint{URL: "https://example.com/hook", Keys: []string{secret}, EventTypes: []string{"invoice.paid"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,10 +55,10 @@ func TestRegistryLifecycle(t *testing.T) {
 		"Get":       func() error { _, err := b.reg.Get(b.ctx, ep.ID); return err }(),
 		"Enable":    b.reg.Enable(b.ctx, ep.ID),
 		"Disable":   b.reg.Disable(b.ctx, ep.ID, "x"),
-		"RotateKey": b.reg.RotateKey(b.ctx, ep.ID, webhook.NewSecret(), time.Minute),
+		"RotateKey": b.reg.RotateKey(b.ctx, ep.ID, signing.NewSecret(), time.Minute),
 		"Update":    b.reg.Update(b.ctx, ep),
 	} {
-		if !errors.Is(err, webhook.ErrEndpointNotFound) {
+		if !errors.Is(err, endpoints.ErrEndpointNotFound) {
 			t.Errorf("%s of a removed endpoint: %v, want ErrEndpointNotFound", name, err)
 		}
 	}
@@ -66,26 +67,23 @@ func TestRegistryLifecycle(t *testing.T) {
 func TestRegistryRefusesBadEndpoints(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	_, public := webhook.NewSigningKey()
-	for name, ep := range map[string]webhook.Endpoint{
+	_, public := signing.NewSigningKey()
+	for name, ep := range map[string]endpoints.Endpoint{
 		"no key":            {URL: "https://example.com"},
 		"only a public key": {URL: "https://example.com", Keys: []string{public}},
 		"bad key":           {URL: "https://example.com", Keys: []string{"whsec_short"}},
-		"relative URL":      {URL: "/hook", Keys: []string{webhook.NewSecret()}},
-		"ftp URL":           {URL: "ftp://example.com", Keys: []string{webhook.NewSecret()}},
-		"bad id":            {ID: "a/b", URL: "https://example.com", Keys: []string{webhook.NewSecret()}},
-		"negative timeout":  {URL: "https://example.com", Keys: []string{webhook.NewSecret()}, Timeout: -1},
-		"bad event type":    {URL: "https://example.com", Keys: []string{webhook.NewSecret()}, EventTypes: []string{"invoice.*"}},
+		"relative URL":      {URL: "/hook", Keys: []string{signing.NewSecret()}},
+		"ftp URL":           {URL: "ftp://example.com", Keys: []string{signing.NewSecret()}},
+		"bad id":            {ID: "a/b", URL: "https://example.com", Keys: []string{signing.NewSecret()}},
+		"negative timeout":  {URL: "https://example.com", Keys: []string{signing.NewSecret()}, Timeout: -1},
+		"bad event type":    {URL: "https://example.com", Keys: []string{signing.NewSecret()}, EventTypes: []string{"invoice.*"}},
 	} {
 		if _, err := b.reg.Add(b.ctx, ep); err == nil {
 			t.Errorf("%s: Add accepted %+v", name, ep)
 		}
 	}
-	if _, err := webhook.NewRegistry(b.pool, webhook.RegistryConfig{Table: "Bad-Name"}); !errors.Is(err, idemq.ErrConfig) {
+	if _, err := endpoints.NewRegistry(b.pool, endpoints.RegistryConfig{Table: "Bad-Name"}); !errors.Is(err, idemq.ErrConfig) {
 		t.Fatalf("bad table name: %v, want ErrConfig", err)
-	}
-	if _, err := webhook.NewSink(b.reg, webhook.Config{Timeout: -time.Second}); !errors.Is(err, idemq.ErrConfig) {
-		t.Fatalf("negative Timeout: %v, want ErrConfig", err)
 	}
 }
 
@@ -95,15 +93,15 @@ func TestRegistryRefusesBadEndpoints(t *testing.T) {
 func TestFanOutOneRowPerSubscribedEndpoint(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	all, _ := addEndpoint(t, b, "https://a.example", nil)
-	paid, _ := addEndpoint(t, b, "https://b.example", func(e *webhook.Endpoint) { e.EventTypes = []string{"invoice.paid"} })
-	off, _ := addEndpoint(t, b, "https://c.example", nil)
+	all := addEndpoint(t, b, "https://a.example", nil)
+	paid := addEndpoint(t, b, "https://b.example", func(e *endpoints.Endpoint) { e.EventTypes = []string{"invoice.paid"} })
+	off := addEndpoint(t, b, "https://c.example", nil)
 	if err := b.reg.Disable(b.ctx, off.ID, "off"); err != nil {
 		t.Fatal(err)
 	}
 	rollback := errors.New("rollback")
 	err := pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
-		if _, err := b.pub.PublishTx(b.ctx, tx, webhook.Event{Type: "invoice.paid", Data: []byte(`{}`)}); err != nil {
+		if _, err := b.pub.PublishTx(b.ctx, tx, endpoints.Event{Type: "invoice.paid", Data: []byte(`{}`)}); err != nil {
 			return err
 		}
 		return rollback
@@ -111,10 +109,10 @@ func TestFanOutOneRowPerSubscribedEndpoint(t *testing.T) {
 	if !errors.Is(err, rollback) {
 		t.Fatal(err)
 	}
-	if n, _ := pending(t, b); n != 0 {
+	if n := pending(t, b); n != 0 {
 		t.Fatalf("%d rows after a rollback, want 0", n)
 	}
-	if n := publish(t, b, webhook.Event{Type: "invoice.paid", Key: "inv1", Data: []byte(`{"id":1}`)}, webhook.Event{Type: "invoice.sent", Data: []byte(`{}`)}); n != 3 {
+	if n := publish(t, b, endpoints.Event{Type: "invoice.paid", Key: "inv1", Data: []byte(`{"id":1}`)}, endpoints.Event{Type: "invoice.sent", Data: []byte(`{}`)}); n != 3 {
 		t.Fatalf("PublishTx wrote %d rows, want 3 (paid to two endpoints, sent to one)", n)
 	}
 	rows, err := b.pool.Query(b.ctx, `SELECT destination, coalesce(key, '') FROM idemq_outbox ORDER BY seq`)
@@ -125,20 +123,20 @@ func TestFanOutOneRowPerSubscribedEndpoint(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]string{webhook.DestinationPrefix + all.ID: all.ID + "/inv1", webhook.DestinationPrefix + paid.ID: paid.ID + "/inv1"}
+	want := map[string]string{endpoints.DestinationPrefix + all.ID: all.ID + "/inv1", endpoints.DestinationPrefix + paid.ID: paid.ID + "/inv1"}
 	for _, r := range got[:2] {
 		if want[r.Dest] != r.Key {
 			t.Fatalf("row %+v: want the key scoped to its endpoint", r)
 		}
 	}
-	if got[2].Dest != webhook.DestinationPrefix+all.ID || got[2].Key != "" {
+	if got[2].Dest != endpoints.DestinationPrefix+all.ID || got[2].Key != "" {
 		t.Fatalf("third row %+v: want invoice.sent to the unfiltered endpoint, unkeyed", got[2])
 	}
 	err = pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
-		_, err := b.pub.PublishTx(b.ctx, tx, webhook.Event{Type: "bad type!", Data: []byte(`{}`)})
+		_, err := b.pub.PublishTx(b.ctx, tx, endpoints.Event{Type: "bad type!", Data: []byte(`{}`)})
 		return err
 	})
-	if !errors.Is(err, webhook.ErrInvalidEvent) {
+	if !errors.Is(err, endpoints.ErrInvalidEvent) {
 		t.Fatalf("bad type: %v, want ErrInvalidEvent", err)
 	}
 }
