@@ -48,11 +48,18 @@
 // Each endpoint has its own concurrency bound, token-bucket rate limit and
 // breaker: after [Config.BreakerFailures] retryable failures in a row its
 // rows are held out of the relay's batches, without burning attempts,
-// for [Config.BreakerCooldown] (doubling while the probes fail), then one
-// delivery probes it. A relay batch waits for its slowest delivery, so a
-// hanging endpoint costs a batch its timeout once per cooldown; run the
-// relay with several Workers so that the other workers' batches flow
-// meanwhile.
+// until it half-opens [Config.BreakerCooldown] later (5 s by default);
+// then one delivery probes it while the others wait for its answer (a
+// second at most). A success closes the breaker and the rows flow; a
+// failure opens it again for twice the cooldown, up to 64 times. A held
+// row is put back exactly until the breaker half-opens, never behind a
+// backoff, and its recorded error says so ("held, not attempted: endpoint
+// …: breaker open after 5 failures in a row; due again when it half-opens
+// in 4.2s"). An outage shorter than the cooldown thus costs the
+// endpoint's rows about one cooldown. A relay batch waits for its slowest
+// delivery, so a hanging endpoint costs a batch its timeout once per
+// cooldown; run the relay with several Workers so that the other
+// workers' batches flow meanwhile.
 //
 // The breaker lives in the Sink's memory, one per endpoint per relay
 // process. Each change of its state (open, half-open, closed; never each

@@ -36,8 +36,14 @@ type endpointState struct {
 	writing   bool
 }
 
-// maxTrips caps the doubling of the breaker's cooldown at 2^4.
-const maxTrips = 4
+// maxTrips caps the doubling of the breaker's cooldown at 2^6: 5m20s on
+// the default cooldown, near the relay's longest backoff.
+const maxTrips = 6
+
+// probeHold is how long a row waits while its endpoint's breaker probes,
+// at most: the probe's answer decides whether it flows or waits for the
+// next cooldown.
+const probeHold = time.Second
 
 func (st *endpointState) loadedAt() time.Time {
 	st.mu.Lock()
@@ -92,9 +98,15 @@ func (s *Sink) admit(st *endpointState, now time.Time) (endpoints.Endpoint, []si
 	case !ep.Enabled():
 		return ep, nil, hold(s.cfg.HoldInterval, "endpoint %s disabled: %s", ep.ID, ep.DisabledReason)
 	case now.Before(st.openUntil):
-		return ep, nil, hold(st.openUntil.Sub(now), "endpoint %s: breaker open after %d failures", ep.ID, st.failures)
+		// Back when the breaker half-opens, not later: the rows wait for
+		// the breaker, nothing else.
+		wait := st.openUntil.Sub(now)
+		return ep, nil, hold(wait, "endpoint %s: breaker open after %d failures in a row; due again when it half-opens in %v",
+			ep.ID, st.failures, wait.Round(time.Millisecond))
 	case st.probing:
-		return ep, nil, hold(s.cfg.BreakerCooldown, "endpoint %s: breaker probing", ep.ID)
+		// The probe usually answers within milliseconds: look again soon
+		// rather than a whole cooldown later.
+		return ep, nil, hold(min(s.cfg.BreakerCooldown, probeHold), "endpoint %s: breaker half-open; held while one delivery probes the endpoint", ep.ID)
 	case !st.openUntil.IsZero():
 		st.probing = true // half open: this delivery is the probe
 		s.log.Info("webhook: breaker half-open: probing the endpoint with one delivery", "endpoint", ep.ID)
@@ -132,7 +144,11 @@ func (s *Sink) settle(ctx context.Context, st *endpointState, out outcome, cause
 		st.ep.FailingSince = time.Time{}
 	case outcomeRetry:
 		st.failures++
-		if wasProbe || st.failures >= s.cfg.BreakerFailures {
+		// Only a failed probe or the failure that reaches BreakerFailures
+		// opens the breaker. A delivery that was already in flight when it
+		// opened and fails too leaves it as it is: it says nothing new
+		// about the endpoint, and must not stretch the cooldown.
+		if wasProbe || (!wasOpen && st.failures >= s.cfg.BreakerFailures) {
 			// Every failed probe doubles the cooldown: a dead endpoint
 			// costs the batches one timeout per cooldown.
 			cooldown := s.cfg.BreakerCooldown << min(st.trips, maxTrips)
@@ -140,10 +156,9 @@ func (s *Sink) settle(ctx context.Context, st *endpointState, out outcome, cause
 			st.openUntil = now.Add(cooldown)
 			st.trips++
 			changed = st.changed(endpoints.BreakerOpen, now)
-			switch {
-			case wasProbe:
+			if wasProbe {
 				s.log.Warn("webhook: breaker open again: the probe failed", "endpoint", ep.ID, "cooldown", cooldown, "err", cause)
-			case !wasOpen:
+			} else {
 				s.log.Warn("webhook: breaker open: the endpoint's rows are held", "endpoint", ep.ID, "failures", st.failures, "cooldown", cooldown, "err", cause)
 			}
 		}

@@ -28,7 +28,7 @@ const (
 	DisableAfterDefault    = 5 * 24 * time.Hour
 	MaxRetryAfterDefault   = time.Hour
 	BreakerFailuresDefault = 5
-	BreakerCooldownDefault = 30 * time.Second
+	BreakerCooldownDefault = 5 * time.Second
 	HoldIntervalDefault    = time.Minute
 	RefreshIntervalDefault = 5 * time.Second
 	UserAgentDefault       = "idemq-webhook/1"
@@ -61,9 +61,15 @@ type Config struct {
 	// without burning attempts, for BreakerCooldown, then one delivery
 	// probes it. Defaults to 5.
 	BreakerFailures int
-	// BreakerCooldown is how long an open breaker holds; it doubles with
-	// every failed probe, up to 16 times its value, until a delivery
-	// succeeds. Defaults to 30 seconds.
+	// BreakerCooldown is how long an open breaker holds the endpoint's
+	// rows: they come back when it half-opens, and the first of them
+	// probes the endpoint while the others wait (a second at most, or the
+	// cooldown if shorter) for its answer. It doubles with every failed
+	// probe, up to 64 times its value (5m20s on the default), until a
+	// delivery succeeds. Deliveries already in flight when the breaker
+	// opened do not stretch it. So an outage shorter than the cooldown
+	// delays the endpoint's rows by about one cooldown. Defaults to 5
+	// seconds.
 	BreakerCooldown time.Duration
 	// HoldInterval is how often the rows of a disabled endpoint come back
 	// to see whether it was re-enabled: each time the relay claims and puts
@@ -227,10 +233,21 @@ func NewSink(reg *endpoints.Registry, cfg Config) (*Sink, error) {
 }
 
 // ErrHeld is wrapped by the error of a row the Sink held back without
-// attempting it (disabled endpoint, open breaker, rate limit). It wraps
+// attempting it (disabled endpoint, open breaker, rate limit). It matches
 // relay.ErrSkipped, and the error carries an idemq.RetryAfter hint: the
-// relay puts the row back for that long without counting an attempt.
-var ErrHeld = fmt.Errorf("webhook: held: %w", relay.ErrSkipped)
+// relay puts the row back for that long without counting an attempt. Its
+// text is the row's recorded reason, so it says why the row waits (the
+// endpoint) and never ErrSkipped's "an earlier message of its key failed".
+var ErrHeld error = heldError{}
+
+// heldError is [ErrHeld]'s type: it matches relay.ErrSkipped without
+// carrying its text.
+type heldError struct{}
+
+func (heldError) Error() string { return "webhook: held, not attempted" }
+
+// Is makes a held row relay.ErrSkipped to the relay.
+func (heldError) Is(target error) bool { return target == relay.ErrSkipped }
 
 // hold returns the error that holds a row back for d.
 func hold(d time.Duration, format string, args ...any) error {
