@@ -119,7 +119,7 @@ func (p *Publisher) PublishTx(ctx context.Context, tx pgx.Tx, events ...Event) (
 	}
 	rows, err := tx.Query(ctx, p.reg.sql.enabled, types)
 	if err != nil {
-		return 0, fmt.Errorf("webhook: read subscriptions: %w", err)
+		return 0, dbError("read subscriptions", err)
 	}
 	type sub struct {
 		id    string
@@ -130,7 +130,7 @@ func (p *Publisher) PublishTx(ctx context.Context, tx pgx.Tx, events ...Event) (
 		return s, row.Scan(&s.id, &s.types)
 	})
 	if err != nil {
-		return 0, fmt.Errorf("webhook: read subscriptions: %w", err)
+		return 0, dbError("read subscriptions", err)
 	}
 	var msgs []outbox.Message
 	var eventOf []int // msgs[j] delivers events[eventOf[j]]

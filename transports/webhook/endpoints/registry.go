@@ -13,6 +13,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/internal/pgtx"
@@ -113,6 +114,22 @@ const (
 
 // Enabled reports whether deliveries flow to the endpoint.
 func (e Endpoint) Enabled() bool { return e.DisabledAt.IsZero() }
+
+// ErrNotMigrated is matched by the error of a registry call on a database
+// whose registry tables are missing or older than this code (Postgres's
+// undefined table, column or schema): it says what is missing and the
+// command that creates it, and wraps Postgres's own error.
+var ErrNotMigrated = errors.New("webhook: the endpoint registry's tables are missing or out of date: " +
+	"run `idemq migrate --components webhook` (with the registry's --schema and --webhook-table) or Registry.Migrate first")
+
+// dbError wraps err, the database's error for the registry's call what,
+// marking a missing table, column or schema with [ErrNotMigrated].
+func dbError(what string, err error) error {
+	if pg := (*pgconn.PgError)(nil); errors.As(err, &pg) && (pg.Code == "42P01" || pg.Code == "42703" || pg.Code == "3F000") {
+		return fmt.Errorf("%w (%s): %w", ErrNotMigrated, what, err)
+	}
+	return fmt.Errorf("webhook: %s: %w", what, err)
+}
 
 // ErrEndpointNotFound is returned for an endpoint id the registry does not
 // hold. The Sink dead-letters rows of such an endpoint.
@@ -256,11 +273,11 @@ func (r *Registry) Add(ctx context.Context, ep Endpoint) (Endpoint, error) {
 	}
 	err := pgx.BeginFunc(ctx, r.db, func(tx pgx.Tx) error {
 		if err := tx.QueryRow(ctx, r.sql.insert, ep.ID, ep.URL, eventTypes(ep), ep.Timeout.Milliseconds(), ep.Concurrency, ep.RateLimit).Scan(&ep.CreatedAt); err != nil {
-			return fmt.Errorf("webhook: add endpoint %s: %w", ep.ID, err)
+			return dbError("add endpoint "+ep.ID, err)
 		}
 		for _, k := range ep.Keys {
 			if _, err := tx.Exec(ctx, r.sql.insertKey, ep.ID, k); err != nil {
-				return fmt.Errorf("webhook: add endpoint %s: key: %w", ep.ID, err)
+				return dbError("add endpoint "+ep.ID+": key", err)
 			}
 		}
 		return nil
@@ -301,7 +318,7 @@ func (r *Registry) Update(ctx context.Context, ep Endpoint) error {
 
 func affected(n int64, err error, what, id string) error {
 	if err != nil {
-		return fmt.Errorf("webhook: %s endpoint %s: %w", what, id, err)
+		return dbError(what+" endpoint "+id, err)
 	}
 	if n == 0 {
 		return fmt.Errorf("webhook: %s endpoint %s: %w", what, id, ErrEndpointNotFound)
@@ -322,7 +339,7 @@ func (r *Registry) RotateKey(ctx context.Context, id, key string, grace time.Dur
 	}
 	return pgx.BeginFunc(ctx, r.db, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, r.sql.expireKeys, id, grace.Microseconds()); err != nil {
-			return fmt.Errorf("webhook: rotate key of %s: %w", id, err)
+			return dbError("rotate key of "+id, err)
 		}
 		_, err := tx.Exec(ctx, r.sql.insertKey, id, key)
 		var pgErr interface{ SQLState() string }
@@ -339,7 +356,7 @@ func (r *Registry) RotateKey(ctx context.Context, id, key string, grace time.Dur
 // endpoint keeps the first reason.
 func (r *Registry) Disable(ctx context.Context, id, reason string) error {
 	if _, err := r.db.Exec(ctx, r.sql.disable, id, reason); err != nil {
-		return fmt.Errorf("webhook: disable endpoint %s: %w", id, err)
+		return dbError("disable endpoint "+id, err)
 	}
 	_, err := r.Get(ctx, id)
 	return err
@@ -382,7 +399,7 @@ func (r *Registry) List(ctx context.Context, ids ...string) ([]Endpoint, error) 
 	}
 	rows, err := r.db.Query(ctx, r.sql.get, ids)
 	if err != nil {
-		return nil, fmt.Errorf("webhook: read endpoints: %w", err)
+		return nil, dbError("read endpoints", err)
 	}
 	eps, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Endpoint, error) {
 		var e Endpoint
@@ -410,7 +427,7 @@ func (r *Registry) List(ctx context.Context, ids ...string) ([]Endpoint, error) 
 		return e, err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("webhook: read endpoints: %w", err)
+		return nil, dbError("read endpoints", err)
 	}
 	return eps, nil
 }
@@ -425,7 +442,7 @@ func (r *Registry) List(ctx context.Context, ids ...string) ([]Endpoint, error) 
 func (r *Registry) MarkFailing(ctx context.Context, id string) (time.Time, error) {
 	var since time.Time
 	if err := r.db.QueryRow(ctx, r.sql.failing, id).Scan(&since); err != nil {
-		return time.Time{}, fmt.Errorf("webhook: start the failure clock of endpoint %s: %w", id, err)
+		return time.Time{}, dbError("start the failure clock of endpoint "+id, err)
 	}
 	return since, nil
 }
@@ -434,7 +451,7 @@ func (r *Registry) MarkFailing(ctx context.Context, id string) (time.Time, error
 // 2xx.
 func (r *Registry) MarkSucceeded(ctx context.Context, id string) error {
 	if _, err := r.db.Exec(ctx, r.sql.succeeded, id); err != nil {
-		return fmt.Errorf("webhook: stop the failure clock of endpoint %s: %w", id, err)
+		return dbError("stop the failure clock of endpoint "+id, err)
 	}
 	return nil
 }
@@ -444,7 +461,7 @@ func (r *Registry) MarkSucceeded(ctx context.Context, id string) error {
 // several relays the last report wins.
 func (r *Registry) ReportBreaker(ctx context.Context, id string, state BreakerState, since time.Time, relay string) error {
 	if _, err := r.db.Exec(ctx, r.sql.breaker, id, string(state), since, relay); err != nil {
-		return fmt.Errorf("webhook: record the breaker of endpoint %s: %w", id, err)
+		return dbError("record the breaker of endpoint "+id, err)
 	}
 	return nil
 }
