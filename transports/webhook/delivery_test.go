@@ -382,3 +382,36 @@ func TestConcurrencyBound(t *testing.T) {
 		t.Fatalf("%d requests, at most %d at once; want 40, at most 2", rc.count(), most.Load())
 	}
 }
+
+// TestFailingEndpointLoggedAsSuch (issue 27 §20): the relay's line for a
+// webhook endpoint that fails names the destination failing and the
+// endpoint's error, not a "broker outage", and says when it recovers.
+func TestFailingEndpointLoggedAsSuch(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var down atomic.Bool
+	down.Store(true)
+	rc := newReceiver(t, func(i int, w http.ResponseWriter, r *http.Request) bool {
+		if down.Load() {
+			http.Error(w, "maintenance", http.StatusServiceUnavailable)
+			return true
+		}
+		return false
+	})
+	ep, _ := addEndpoint(t, b, rc.srv.URL, nil)
+	var logs testenv.Logs
+	runRelay(t, b, fastSink(t, b, webhook.Config{BreakerFailures: 1000}), relay.Config{Logger: logs.Logger(), Retry: idemq.Retry{MaxAttempts: 1000}})
+	publish(t, b, event("k", 0))
+	dest := endpoints.DestinationPrefix + ep.ID
+	idemqtest.WaitFor(t, "the failing destination logged", func() bool { return len(logs.Records("relay: destination failing:", "destination", dest)) > 0 })
+	down.Store(false)
+	idemqtest.WaitFor(t, "its recovery logged", func() bool { return len(logs.Records("relay: destination failing no more", "destination", dest)) > 0 })
+	if got := logs.Records("relay: destination failing:"); len(got) != 1 || !strings.Contains(got[0].Attrs["err"], "endpoint "+ep.ID+": HTTP 503") {
+		t.Errorf("failing lines %v, want one whose err is the endpoint's HTTP 503", got)
+	}
+	for _, r := range logs.Records("") {
+		if strings.Contains(r.Msg, "broker outage") {
+			t.Errorf("a failing webhook endpoint logged as %q", r.Msg)
+		}
+	}
+}

@@ -111,14 +111,16 @@ func fastSink(t testing.TB, b bundle, cfg webhook.Config) *webhook.Sink {
 }
 
 // runRelay runs a relay that routes webhook rows to sink until the test
-// ends.
+// ends; it logs to cfg.Logger when set, nowhere otherwise.
 func runRelay(t testing.TB, b bundle, sink relay.Sink, cfg relay.Config) {
 	t.Helper()
 	router := relay.NewRouter()
 	if err := router.RoutePrefix(endpoints.DestinationPrefix, sink); err != nil {
 		t.Fatal(err)
 	}
-	cfg.Logger = quiet
+	if cfg.Logger == nil {
+		cfg.Logger = quiet
+	}
 	if cfg.Retry.BaseDelay == 0 {
 		cfg.Retry.BaseDelay, cfg.Retry.MaxDelay = 10*time.Millisecond, 50*time.Millisecond
 	}
