@@ -109,15 +109,7 @@ CREATE TRIGGER breaker_write AFTER UPDATE OF breaker_state ON idemq_webhook_endp
 func TestBreakerWriteFailureFailsNoDelivery(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	var down atomic.Bool
-	down.Store(true)
-	rc := newReceiver(t, func(i int, w http.ResponseWriter, r *http.Request) bool {
-		if down.Load() {
-			http.Error(w, "down", http.StatusInternalServerError)
-			return true
-		}
-		return false
-	})
+	rc, down := failingReceiver(t, http.StatusInternalServerError)
 	ep, _ := addEndpoint(t, b, rc.srv.URL, nil)
 	if _, err := b.pool.Exec(b.ctx, `CREATE FUNCTION refuse_breaker() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN RAISE EXCEPTION 'breaker writes refused'; END $$;

@@ -115,7 +115,7 @@ func TestBadRequestIsADeadLetter(t *testing.T) {
 func TestGoneDisablesTheEndpointAndHoldsItsRows(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	rc, gone := goneReceiver(t)
+	rc, gone := failingReceiver(t, http.StatusGone)
 	other := newReceiver(t, nil)
 	ep, _ := addEndpoint(t, b, rc.srv.URL, nil)
 	addEndpoint(t, b, other.srv.URL, nil)
@@ -169,7 +169,7 @@ func TestGoneDisablesTheEndpointAndHoldsItsRows(t *testing.T) {
 func TestRetryNowSendsHeldRowsAtOnce(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	rc, gone := goneReceiver(t)
+	rc, gone := failingReceiver(t, http.StatusGone)
 	ep, _ := addEndpoint(t, b, rc.srv.URL, nil)
 	sink := fastSink(t, b, webhook.Config{HoldInterval: time.Hour, RefreshInterval: time.Hour})
 	runRelay(t, b, sink, relay.Config{RescanInterval: time.Hour})
@@ -193,18 +193,18 @@ func TestRetryNowSendsHeldRowsAtOnce(t *testing.T) {
 	}
 }
 
-// goneReceiver answers 410 Gone until gone is set to false.
-func goneReceiver(t *testing.T) (rc *receiver, gone *atomic.Bool) {
-	gone = new(atomic.Bool)
-	gone.Store(true)
+// failingReceiver answers status until down is set to false.
+func failingReceiver(t *testing.T, status int) (rc *receiver, down *atomic.Bool) {
+	down = new(atomic.Bool)
+	down.Store(true)
 	rc = newReceiver(t, func(i int, w http.ResponseWriter, r *http.Request) bool {
-		if gone.Load() {
-			w.WriteHeader(http.StatusGone)
+		if down.Load() {
+			http.Error(w, "down", status)
 			return true
 		}
 		return false
 	})
-	return rc, gone
+	return rc, down
 }
 
 // TestHangingEndpointDoesNotStallOthers: an endpoint that never answers
@@ -280,15 +280,7 @@ func TestConsistentFailureDisables(t *testing.T) {
 func TestBreakerProbesAndRecovers(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	var down atomic.Bool
-	down.Store(true)
-	rc := newReceiver(t, func(i int, w http.ResponseWriter, r *http.Request) bool {
-		if down.Load() {
-			http.Error(w, "down", http.StatusBadGateway)
-			return true
-		}
-		return false
-	})
+	rc, down := failingReceiver(t, http.StatusBadGateway)
 	addEndpoint(t, b, rc.srv.URL, nil)
 	var held atomic.Int64
 	var logs testenv.Logs
@@ -389,15 +381,7 @@ func TestConcurrencyBound(t *testing.T) {
 func TestFailingEndpointLoggedAsSuch(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	var down atomic.Bool
-	down.Store(true)
-	rc := newReceiver(t, func(i int, w http.ResponseWriter, r *http.Request) bool {
-		if down.Load() {
-			http.Error(w, "maintenance", http.StatusServiceUnavailable)
-			return true
-		}
-		return false
-	})
+	rc, down := failingReceiver(t, http.StatusServiceUnavailable)
 	ep, _ := addEndpoint(t, b, rc.srv.URL, nil)
 	var logs testenv.Logs
 	runRelay(t, b, fastSink(t, b, webhook.Config{BreakerFailures: 1000}), relay.Config{Logger: logs.Logger(), Retry: idemq.Retry{MaxAttempts: 1000}})
