@@ -20,7 +20,7 @@ import (
 	"github.com/idemq/idemq/internal/nilcheck"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/request"
-	"github.com/idemq/idemq/transports/webhook"
+	"github.com/idemq/idemq/transports/webhook/endpoints"
 )
 
 //go:embed templates/*.html static/*
@@ -44,7 +44,7 @@ type Config struct {
 	Requests RequestLookup
 	// Webhooks adds the Webhooks page (failing and disabled endpoints,
 	// enable). Optional.
-	Webhooks *webhook.Registry
+	Webhooks *endpoints.Registry
 
 	// AllowActions lets authenticated users act: replay, purge, release,
 	// enable. Defaults to false: read-only.

@@ -17,7 +17,7 @@ import (
 	"github.com/idemq/idemq/console"
 	"github.com/idemq/idemq/internal/inboxsql"
 	"github.com/idemq/idemq/outbox"
-	"github.com/idemq/idemq/transports/webhook"
+	"github.com/idemq/idemq/transports/webhook/endpoints"
 )
 
 // TestNewHandlerValidates: a console without an outbox, with half of basic
@@ -87,7 +87,7 @@ func TestPagesRender(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.webhooks.Add(e.ctx, webhook.Endpoint{ID: "ep-1", URL: "https://hooks.example/in", Keys: []string{secret}}); err != nil {
+	if _, err := e.webhooks.Add(e.ctx, endpoints.Endpoint{ID: "ep-1", URL: "https://hooks.example/in", Keys: []string{secret}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.webhooks.Disable(e.ctx, "ep-1", "410 Gone"); err != nil {
@@ -95,7 +95,7 @@ func TestPagesRender(t *testing.T) {
 	}
 	// ep-2's breaker as a relay's webhook Sink records it (tested in
 	// transports/webhook): open for a minute, by relay-a.
-	if _, err := e.webhooks.Add(e.ctx, webhook.Endpoint{ID: "ep-2", URL: "https://hooks.example/two", Keys: []string{secret}}); err != nil {
+	if _, err := e.webhooks.Add(e.ctx, endpoints.Endpoint{ID: "ep-2", URL: "https://hooks.example/two", Keys: []string{secret}}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := e.pool.Exec(e.ctx, `UPDATE idemq_webhook_endpoints SET breaker_state = 'open', breaker_since = now() - interval '1 minute',
@@ -217,7 +217,7 @@ func TestReplayGroupIsAuditedAndIdempotent(t *testing.T) {
 	ids := e.deadLettersOf(t, 3, "hooks", "HTTP 500 from ID", "mail", "smtp: mailbox full")[:3]
 	// ep-2's breaker as a relay's webhook Sink records it (tested in
 	// transports/webhook): open for a minute, by relay-a.
-	if _, err := e.webhooks.Add(e.ctx, webhook.Endpoint{ID: "ep-2", URL: "https://hooks.example/two", Keys: []string{secret}}); err != nil {
+	if _, err := e.webhooks.Add(e.ctx, endpoints.Endpoint{ID: "ep-2", URL: "https://hooks.example/two", Keys: []string{secret}}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := e.pool.Exec(e.ctx, `UPDATE idemq_webhook_endpoints SET breaker_state = 'open', breaker_since = now() - interval '1 minute',
@@ -259,7 +259,7 @@ func TestReplayGroupIsAuditedAndIdempotent(t *testing.T) {
 	if code, loc := tok.post("/actions/purge-group", url.Values{"csrf": {tok.csrf()}, "group": {groups[1].ID}}); code != http.StatusSeeOther || !strings.Contains(loc, "purged+3") {
 		t.Fatalf("purge with a token: %d %s", code, loc)
 	}
-	if _, err := e.webhooks.Add(e.ctx, webhook.Endpoint{ID: "ep", URL: "https://hooks.example/in", Keys: []string{secret}}); err != nil {
+	if _, err := e.webhooks.Add(e.ctx, endpoints.Endpoint{ID: "ep", URL: "https://hooks.example/in", Keys: []string{secret}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.webhooks.Disable(e.ctx, "ep", "410 Gone"); err != nil {

@@ -25,7 +25,7 @@ import (
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
 	"github.com/idemq/idemq/testenv"
-	"github.com/idemq/idemq/transports/webhook"
+	"github.com/idemq/idemq/transports/webhook/endpoints"
 )
 
 // env is a database with every store migrated, and a console on it.
@@ -34,7 +34,7 @@ type env struct {
 	pool     *pgxpool.Pool
 	ob       *outbox.Outbox
 	ib       *inbox.Store
-	webhooks *webhook.Registry
+	webhooks *endpoints.Registry
 	srv      *httptest.Server
 }
 
@@ -57,7 +57,7 @@ func setup(t *testing.T, cfg console.Config) *env {
 	if e.ib, err = inbox.New(pool, inbox.Config{}); err != nil {
 		t.Fatal(err)
 	}
-	if e.webhooks, err = webhook.NewRegistry(pool, webhook.RegistryConfig{}); err != nil {
+	if e.webhooks, err = endpoints.NewRegistry(pool, endpoints.RegistryConfig{}); err != nil {
 		t.Fatal(err)
 	}
 	for _, m := range []interface{ Migrate(context.Context) error }{e.ob, e.ib, e.webhooks} {

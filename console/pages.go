@@ -17,7 +17,7 @@ import (
 
 	"github.com/idemq/idemq/inbox"
 	"github.com/idemq/idemq/outbox"
-	"github.com/idemq/idemq/transports/webhook"
+	"github.com/idemq/idemq/transports/webhook/endpoints"
 )
 
 // funcs are the templates' helpers.
@@ -343,12 +343,12 @@ func (h *handler) webhooks(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	var failing, disabled, healthy []webhook.Endpoint
+	var failing, disabled, healthy []endpoints.Endpoint
 	for _, ep := range eps {
 		switch {
 		case !ep.DisabledAt.IsZero():
 			disabled = append(disabled, ep)
-		case !ep.FailingSince.IsZero(), ep.Breaker == webhook.BreakerOpen, ep.Breaker == webhook.BreakerHalfOpen:
+		case !ep.FailingSince.IsZero(), ep.Breaker == endpoints.BreakerOpen, ep.Breaker == endpoints.BreakerHalfOpen:
 			failing = append(failing, ep)
 		default:
 			healthy = append(healthy, ep)

@@ -30,7 +30,7 @@ type DB = pgutil.DB
 const LogTable = pgutil.MigrationLog
 
 // Store is a store with tables in Postgres: *inbox.Store, *outbox.Outbox,
-// *webhook.Registry and *pgstore.Store satisfy it. The Migrator reads only
+// *endpoints.Registry and *pgstore.Store satisfy it. The Migrator reads only
 // the Source; the store's own database handle is not used.
 type Store interface {
 	// MigrationSource returns the store's migrations and the names of its

@@ -19,7 +19,7 @@ import (
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/request/pgstore"
 	"github.com/idemq/idemq/testenv"
-	"github.com/idemq/idemq/transports/webhook"
+	"github.com/idemq/idemq/transports/webhook/endpoints"
 )
 
 // long is a table name of the most bytes a Config accepts, whose derived
@@ -57,7 +57,7 @@ SELECT now() + interval '1 day', gen_random_uuid(), 1, 1, '\x01' FROM generate_s
 func stores() []storeCase {
 	var cases []storeCase
 	for _, names := range []struct{ schema, inbox, outbox, webhook, requests, partitioned string }{
-		{inbox.SchemaDefault, inbox.TableDefault, outbox.TableDefault, webhook.TableDefault, pgstore.TableDefault, "idemq_inbox_pa"},
+		{inbox.SchemaDefault, inbox.TableDefault, outbox.TableDefault, endpoints.TableDefault, pgstore.TableDefault, "idemq_inbox_pa"},
 		{"app", long("i"), long("o"), long("w"), long("r"), long("p")},
 	} {
 		cases = append(cases,
@@ -78,7 +78,7 @@ VALUES (1000, gen_random_uuid(), now(), 3, 'orders', '\x01', 'boom')`
 			storeCase{
 				name: "webhook " + names.schema + "." + names.webhook,
 				open: func(t *testing.T, db migrate.DB) migrate.Store {
-					return must(webhook.NewRegistry(db, webhook.RegistryConfig{Schema: names.schema, Table: names.webhook}))(t)
+					return must(endpoints.NewRegistry(db, endpoints.RegistryConfig{Schema: names.schema, Table: names.webhook}))(t)
 				},
 				seed: func(table string) string {
 					keys := strings.TrimSuffix(table, `"`) + `_keys"`
@@ -345,7 +345,7 @@ func TestStoresPendingMigrations(t *testing.T) {
 	}{
 		{must(inbox.New(pool, inbox.Config{}))(t), "inbox:0001_inbox inbox:0002_failures inbox:0003_conflicts inbox:0004_superseded inbox:0005_token inbox:0006_error_class inbox:0007_expired_leases"},
 		{must(outbox.New(pool, outbox.Config{}))(t), "outbox:0001_outbox outbox:0002_partitions outbox:0003_error_class outbox:0004_audit"},
-		{must(webhook.NewRegistry(pool, webhook.RegistryConfig{}))(t), "webhook:0001_endpoints webhook:0002_breaker"},
+		{must(endpoints.NewRegistry(pool, endpoints.RegistryConfig{}))(t), "webhook:0001_endpoints webhook:0002_breaker"},
 		{must(pgstore.New(pool, pgstore.Config{}))(t), "inbox:0001_inbox inbox:0002_failures inbox:0003_conflicts inbox:0004_superseded inbox:0005_token inbox:0006_error_class inbox:0007_expired_leases"},
 	} {
 		if pending, err := c.store.PendingMigrations(ctx); err != nil || ids(pending) != c.want {

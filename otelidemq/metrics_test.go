@@ -36,6 +36,8 @@ import (
 	"github.com/idemq/idemq/request/pgstore"
 	"github.com/idemq/idemq/testenv"
 	"github.com/idemq/idemq/transports/webhook"
+	"github.com/idemq/idemq/transports/webhook/endpoints"
+	"github.com/idemq/idemq/transports/webhook/signing"
 )
 
 // metrics is one collection of a ManualReader, by instrument name.
@@ -401,7 +403,7 @@ func TestWebhookMetricsAndTraceHeaders(t *testing.T) {
 	ctx := t.Context()
 	tel := newTelemetry(t)
 	pool := testenv.Postgres(t)
-	reg, err := webhook.NewRegistry(pool, webhook.RegistryConfig{})
+	reg, err := endpoints.NewRegistry(pool, endpoints.RegistryConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -419,7 +421,7 @@ func TestWebhookMetricsAndTraceHeaders(t *testing.T) {
 	}))
 	t.Cleanup(busy.Close)
 	for id, url := range map[string]string{"ok": ok.URL, "busy": busy.URL} {
-		if _, err := reg.Add(ctx, webhook.Endpoint{ID: id, URL: url, Keys: []string{webhook.NewSecret()}}); err != nil {
+		if _, err := reg.Add(ctx, endpoints.Endpoint{ID: id, URL: url, Keys: []string{signing.NewSecret()}}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -441,7 +443,7 @@ func TestWebhookMetricsAndTraceHeaders(t *testing.T) {
 	var batch []relay.Message
 	for _, id := range []string{"ok", "busy"} {
 		batch = append(batch, relay.Message{Message: outbox.Message{
-			ID: uuid.Must(uuid.NewV7()), Destination: webhook.DestinationPrefix + id,
+			ID: uuid.Must(uuid.NewV7()), Destination: endpoints.DestinationPrefix + id,
 			Payload: []byte(`{"type":"invoice.paid","timestamp":"2026-11-23T18:00:00Z","data":{}}`),
 			Headers: headers, // shared, as the relay's copies may share it
 		}})
@@ -456,7 +458,7 @@ func TestWebhookMetricsAndTraceHeaders(t *testing.T) {
 	}
 
 	got := propagation.TraceContext{}.Extract(ctx, propagation.MapCarrier{"traceparent": <-traceparent})
-	sent, failed := tel.ended("send "+webhook.DestinationPrefix+"ok"), tel.ended("send "+webhook.DestinationPrefix+"busy")
+	sent, failed := tel.ended("send "+endpoints.DestinationPrefix+"ok"), tel.ended("send "+endpoints.DestinationPrefix+"busy")
 	if len(sent) != 1 || len(failed) != 1 {
 		t.Fatalf("%d and %d send spans, want 1 each", len(sent), len(failed))
 	}

@@ -137,8 +137,8 @@
 // # What the relay tells the operator
 //
 // [Config.Logger] gets one line per change of state, never one per
-// message (see monitor.go): a destination's broker outage begins, with the
-// error, and ends; a destination is held ([ErrNoRoute], a Sink's hold) and
+// message (see monitor.go): a destination starts failing (its broker or
+// webhook endpoint away or refusing), with the error, and stops; a destination is held ([ErrNoRoute], a Sink's hold) and
 // released; the database goes away and comes back; a worker acquires,
 // releases, takes over or loses key partitions (with tokens, the previous
 // owner, the new one); dead letters, one line per batch; every

@@ -25,7 +25,8 @@ import (
 // their transitions:
 //
 //   - a destination: ok, failing (every publish to it in a batch failed,
-//     none permanently, and none was delivered: a broker outage), or held (its messages come
+//     none permanently, and none was delivered: its broker or webhook
+//     endpoint is away or refusing), or held (its messages come
 //     back without an attempt: no route, an endpoint disabled or behind an
 //     open breaker); a delivery makes it ok again;
 //   - the database: reachable or not, as the workers' rounds find it;
@@ -132,7 +133,7 @@ func (m *monitor) settled(d decision) {
 			if st.held != "" {
 				m.log.Log(context.Background(), holdLevel(st.held), "relay: destination no longer held", "destination", dest, "reason", st.held, "held_for", now.Sub(st.outage.since))
 			} else {
-				m.log.Info("relay: broker outage over", "destination", dest, "lasted", now.Sub(st.outage.since), "failed_publishes", st.outage.failures)
+				m.log.Info("relay: destination failing no more: it takes messages again", "destination", dest, "lasted", now.Sub(st.outage.since), "failed_publishes", st.outage.failures)
 			}
 		case t.failed > 0:
 			if st != nil && st.held == "" {
@@ -140,7 +141,7 @@ func (m *monitor) settled(d decision) {
 				continue
 			}
 			m.dests[dest] = &destState{outage: outage{since: now, failures: t.failed}}
-			m.log.Warn("relay: broker outage began: publishing to the destination fails; its messages are retried with backoff", "destination", dest, "err", t.err)
+			m.log.Warn("relay: destination failing: publishing to it fails (its broker or webhook endpoint is away or refusing); its messages are retried with backoff", "destination", dest, "err", t.err)
 		case t.held != nil:
 			reason := HoldReason(t.held.Err)
 			if st != nil && st.held == reason {

@@ -78,7 +78,7 @@ func TestRelayLogsStateChanges(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A destination that refuses its messages (permanent errors: dead
-	// letters) is not a broker outage.
+	// letters) is not failing.
 	if err := router.Route("refusing", relay.SinkFunc(func(ctx context.Context, _ relay.BatchID, batch []relay.Message) error {
 		return idemq.Permanent(errors.New("refused"))
 	})); err != nil {
@@ -100,11 +100,11 @@ func TestRelayLogsStateChanges(t *testing.T) {
 	idemqtest.WaitFor(t, "a backlog line", func() bool { return len(out.Records("relay: backlog", "unrouted", "5")) > 0 })
 	down.Store(false)
 	idemqtest.WaitFor(t, "the outage's end", func() bool { return pending(t, bd) == 5 })
-	idemqtest.WaitFor(t, "the outage's end logged", func() bool { return len(out.Records("relay: broker outage over")) > 0 })
+	idemqtest.WaitFor(t, "the outage's end logged", func() bool { return len(out.Records("relay: destination failing no more")) > 0 })
 
-	wantLines(t, &out, 1, "relay: broker outage began", "destination", "d", "err", "broker unreachable")
-	wantLines(t, &out, 1, "relay: broker outage over", "destination", "d")
-	wantLines(t, &out, 0, "relay: broker outage began", "destination", "refusing")
+	wantLines(t, &out, 1, "relay: destination failing:", "destination", "d", "err", "broker unreachable")
+	wantLines(t, &out, 1, "relay: destination failing no more", "destination", "d")
+	wantLines(t, &out, 0, "relay: destination failing:", "destination", "refusing")
 	wantLines(t, &out, 1, "relay: holding the messages of a destination", "destination", "nowhere", "reason", relay.HoldNoRoute)
 	wantLines(t, &out, 1, "relay: partitions acquired")
 	if got := out.Records("relay: partitions acquired"); len(got) == 1 {
@@ -122,7 +122,7 @@ func TestRelayLogsStateChanges(t *testing.T) {
 	idemqtest.WaitFor(t, "the new message published", func() bool { return pending(t, bd) == 5 })
 	wantLines(t, &out, 1, "relay: database unavailable")
 	wantLines(t, &out, 1, "relay: database available again")
-	wantLines(t, &out, 1, "relay: broker outage began")
+	wantLines(t, &out, 1, "relay: destination failing:")
 	wantLines(t, &out, 0, "relay: partitions lost")
 }
 

@@ -129,8 +129,8 @@ type Config struct {
 	// Hooks receive metrics. All optional.
 	Hooks Hooks
 	// Logger receives one line per change of state, never one per
-	// message: start and stop, broker outages (per destination) and
-	// their end, held destinations, database outages, partitions
+	// message: start and stop, failing destinations (a broker or webhook
+	// endpoint away) and their end, held destinations, database outages, partitions
 	// acquired, released, taken over and lost, the backlog every
 	// StatsInterval while messages are pending, stalls, dead letters per
 	// batch. Defaults to slog.Default(), so that an application's

@@ -6,7 +6,7 @@ import (
 
 	"github.com/urfave/cli/v3"
 
-	"github.com/idemq/idemq/transports/webhook"
+	"github.com/idemq/idemq/transports/webhook/endpoints"
 )
 
 // Names of the global flags, read by the commands.
@@ -54,7 +54,7 @@ func newApp(stdout, stderr io.Writer) *cli.Command {
 				Sources: cli.EnvVars("IDEMQ_INBOX_PARTITION_INTERVAL")},
 			&cli.DurationFlag{Name: flagInboxRetention, Usage: "how long inbox records are kept (default 7 days); the consumers' inbox.Config.Retention",
 				Sources: cli.EnvVars("IDEMQ_INBOX_RETENTION")},
-			&cli.StringFlag{Name: flagWebhookTable, Value: webhook.TableDefault, Usage: "webhook endpoint table (keys in <table>_keys)",
+			&cli.StringFlag{Name: flagWebhookTable, Value: endpoints.TableDefault, Usage: "webhook endpoint table (keys in <table>_keys)",
 				Sources: cli.EnvVars("IDEMQ_WEBHOOK_TABLE")},
 			&cli.BoolFlag{Name: flagJSON, Usage: "print JSON instead of tables", Sources: cli.EnvVars("IDEMQ_JSON")},
 		},

@@ -24,7 +24,7 @@ import (
 	"github.com/idemq/idemq/migrate"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
-	"github.com/idemq/idemq/transports/webhook"
+	"github.com/idemq/idemq/transports/webhook/endpoints"
 )
 
 func relayCommand() *cli.Command {
@@ -231,7 +231,7 @@ func checkRelay(cmd *cli.Command, pool *pgxpool.Pool, ob *outbox.Outbox, cfg rel
 			t.row("route", r)
 		}
 		if settings.Webhooks {
-			t.row("route", webhook.DestinationPrefix+"*=webhook")
+			t.row("route", endpoints.DestinationPrefix+"*=webhook")
 		}
 		t.row("kafka brokers", strings.Join(settings.KafkaBrokers, ","))
 		t.row("nats url", settings.NATSURL)

@@ -22,6 +22,7 @@ import (
 	"github.com/idemq/idemq/transports/kafka/franz"
 	natssink "github.com/idemq/idemq/transports/nats"
 	"github.com/idemq/idemq/transports/webhook"
+	"github.com/idemq/idemq/transports/webhook/endpoints"
 )
 
 // sinkConfig says where the relay publishes: routes from destinations to
@@ -192,7 +193,7 @@ func (c sinkConfig) plan() (sinkPlan, error) {
 	scratch := relay.NewRouter()
 	nop := relay.SinkFunc(func(context.Context, relay.BatchID, []relay.Message) error { return nil })
 	if c.Webhooks {
-		if err := scratch.RoutePrefix(webhook.DestinationPrefix, nop); err != nil {
+		if err := scratch.RoutePrefix(endpoints.DestinationPrefix, nop); err != nil {
 			return p, usageError("webhooks: %w", err)
 		}
 	}
@@ -230,12 +231,12 @@ func (s *sinks) close() {
 // its sink on router, wrapped by tel: each message sent gets a span whose
 // context goes downstream in its headers, and webhook deliveries are
 // counted.
-func buildSinks(p sinkPlan, router *relay.Router, reg *webhook.Registry, tel *otelidemq.Telemetry) (*sinks, error) {
+func buildSinks(p sinkPlan, router *relay.Router, reg *endpoints.Registry, tel *otelidemq.Telemetry) (*sinks, error) {
 	s := &sinks{router: router}
 	if p.Webhooks {
 		sink, err := webhook.NewSink(reg, webhook.Config{Hooks: tel.WebhookHooks(webhook.Hooks{}), AllowedNetworks: p.allow})
 		if err == nil {
-			err = router.RoutePrefix(webhook.DestinationPrefix, tel.Sink("webhook", sink))
+			err = router.RoutePrefix(endpoints.DestinationPrefix, tel.Sink("webhook", sink))
 		}
 		if err != nil {
 			return nil, usageError("webhooks: %w", err)

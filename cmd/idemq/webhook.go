@@ -15,14 +15,15 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/urfave/cli/v3"
 
-	"github.com/idemq/idemq/transports/webhook"
+	"github.com/idemq/idemq/transports/webhook/endpoints"
+	"github.com/idemq/idemq/transports/webhook/signing"
 )
 
 const flagWebhookTable = "webhook-table"
 
 // registry builds the webhook endpoint registry on db from the flags.
-func registry(cmd *cli.Command, db webhook.DB) (*webhook.Registry, error) {
-	reg, err := webhook.NewRegistry(db, webhook.RegistryConfig{Schema: cmd.String(flagSchema), Table: cmd.String(flagWebhookTable)})
+func registry(cmd *cli.Command, db endpoints.DB) (*endpoints.Registry, error) {
+	reg, err := endpoints.NewRegistry(db, endpoints.RegistryConfig{Schema: cmd.String(flagSchema), Table: cmd.String(flagWebhookTable)})
 	if err != nil {
 		return nil, flagConfigError(err, map[string]string{"Schema": flagSchema, "Table": flagWebhookTable})
 	}
@@ -63,7 +64,7 @@ type endpointJSON struct {
 	CreatedAt    time.Time  `json:"created_at"`
 }
 
-func toEndpointJSON(e webhook.Endpoint) endpointJSON {
+func toEndpointJSON(e endpoints.Endpoint) endpointJSON {
 	j := endpointJSON{ID: e.ID, URL: redactURL(e.URL), EventTypes: e.EventTypes, Enabled: e.Enabled(), DisabledReason: e.DisabledReason,
 		Keys: len(e.Keys), CreatedAt: e.CreatedAt}
 	if !e.DisabledAt.IsZero() {
@@ -116,7 +117,7 @@ func webhookCommand() *cli.Command {
 }
 
 // withRegistry connects, builds the registry and runs f with it.
-func withRegistry(ctx context.Context, cmd *cli.Command, f func(*webhook.Registry, *pgxpool.Pool) error) error {
+func withRegistry(ctx context.Context, cmd *cli.Command, f func(*endpoints.Registry, *pgxpool.Pool) error) error {
 	pool, err := connect(ctx, cmd)
 	if err != nil {
 		return err
@@ -127,7 +128,7 @@ func withRegistry(ctx context.Context, cmd *cli.Command, f func(*webhook.Registr
 		return err
 	}
 	err = f(reg, pool)
-	if errors.Is(err, webhook.ErrEndpointNotFound) {
+	if errors.Is(err, endpoints.ErrEndpointNotFound) {
 		return withCode(exitNotFound, "%w", err)
 	}
 	return err
@@ -152,10 +153,10 @@ func webhookAdd(ctx context.Context, cmd *cli.Command) error {
 	if cmd.Int("concurrency") < 0 {
 		return usageError("--concurrency %d: want a positive number (leave it out for the relay's default)", cmd.Int("concurrency"))
 	}
-	secret := cmp(cmd.String("secret"), webhook.NewSecret)
-	ep := webhook.Endpoint{ID: cmd.String("id"), URL: cmd.String("url"), EventTypes: cmd.StringSlice("event-type"), Keys: []string{secret},
+	secret := cmp(cmd.String("secret"), signing.NewSecret)
+	ep := endpoints.Endpoint{ID: cmd.String("id"), URL: cmd.String("url"), EventTypes: cmd.StringSlice("event-type"), Keys: []string{secret},
 		Timeout: cmd.Duration("timeout"), Concurrency: cmd.Int("concurrency"), RateLimit: cmd.Float("rate-limit")}
-	return withRegistry(ctx, cmd, func(reg *webhook.Registry, _ *pgxpool.Pool) error {
+	return withRegistry(ctx, cmd, func(reg *endpoints.Registry, _ *pgxpool.Pool) error {
 		added, err := reg.Add(ctx, ep)
 		if err != nil {
 			return addError(err, ep.ID)
@@ -174,7 +175,7 @@ func webhookAdd(ctx context.Context, cmd *cli.Command) error {
 }
 
 func webhookList(ctx context.Context, cmd *cli.Command) error {
-	return withRegistry(ctx, cmd, func(reg *webhook.Registry, _ *pgxpool.Pool) error {
+	return withRegistry(ctx, cmd, func(reg *endpoints.Registry, _ *pgxpool.Pool) error {
 		eps, err := reg.List(ctx)
 		if err != nil {
 			return err
@@ -222,10 +223,10 @@ func webhookRotate(ctx context.Context, cmd *cli.Command) error {
 	if cmd.Duration("grace") < 0 {
 		return usageError("--grace must not be negative")
 	}
-	secret := cmp(cmd.String("secret"), webhook.NewSecret)
-	return withRegistry(ctx, cmd, func(reg *webhook.Registry, _ *pgxpool.Pool) error {
+	secret := cmp(cmd.String("secret"), signing.NewSecret)
+	return withRegistry(ctx, cmd, func(reg *endpoints.Registry, _ *pgxpool.Pool) error {
 		if err := reg.RotateKey(ctx, id, secret, cmd.Duration("grace")); err != nil {
-			if errors.Is(err, webhook.ErrInvalidKey) {
+			if errors.Is(err, signing.ErrInvalidSigningKey) {
 				return usageError("%w", err)
 			}
 			return err
@@ -239,7 +240,7 @@ func webhookRotate(ctx context.Context, cmd *cli.Command) error {
 }
 
 func webhookEnable(ctx context.Context, cmd *cli.Command) error {
-	return webhookSetState(ctx, cmd, func(_ *webhook.Registry, pool *pgxpool.Pool, id string) (string, error) {
+	return webhookSetState(ctx, cmd, func(_ *endpoints.Registry, pool *pgxpool.Pool, id string) (string, error) {
 		// Enabling and making the rows held while it was disabled due now
 		// (not at the relay's next hold interval) are one transaction: when
 		// the second fails, on a database without the outbox tables for
@@ -257,7 +258,7 @@ func webhookEnable(ctx context.Context, cmd *cli.Command) error {
 			if err != nil {
 				return err
 			}
-			n, err = ob.RetryNow(ctx, webhook.DestinationPrefix+id)
+			n, err = ob.RetryNow(ctx, endpoints.DestinationPrefix+id)
 			return err
 		})
 		return fmt.Sprintf("%d held messages due now", n), err
@@ -265,19 +266,19 @@ func webhookEnable(ctx context.Context, cmd *cli.Command) error {
 }
 
 func webhookDisable(ctx context.Context, cmd *cli.Command) error {
-	return webhookSetState(ctx, cmd, func(reg *webhook.Registry, _ *pgxpool.Pool, id string) (string, error) {
+	return webhookSetState(ctx, cmd, func(reg *endpoints.Registry, _ *pgxpool.Pool, id string) (string, error) {
 		return "", reg.Disable(ctx, id, cmd.String("reason"))
 	})
 }
 
 // webhookSetState enables or disables the endpoint named by the argument
 // and prints it, with what set has to say.
-func webhookSetState(ctx context.Context, cmd *cli.Command, set func(*webhook.Registry, *pgxpool.Pool, string) (string, error)) error {
+func webhookSetState(ctx context.Context, cmd *cli.Command, set func(*endpoints.Registry, *pgxpool.Pool, string) (string, error)) error {
 	id, err := endpointArg(cmd)
 	if err != nil {
 		return err
 	}
-	return withRegistry(ctx, cmd, func(reg *webhook.Registry, pool *pgxpool.Pool) error {
+	return withRegistry(ctx, cmd, func(reg *endpoints.Registry, pool *pgxpool.Pool) error {
 		said, err := set(reg, pool, id)
 		if err != nil {
 			return err

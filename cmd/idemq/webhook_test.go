@@ -12,7 +12,8 @@ import (
 	"time"
 
 	"github.com/idemq/idemq/idemqtest"
-	"github.com/idemq/idemq/transports/webhook"
+	"github.com/idemq/idemq/transports/webhook/endpoints"
+	"github.com/idemq/idemq/transports/webhook/signing"
 )
 
 func TestWebhookEndpoints(t *testing.T) {
@@ -25,7 +26,7 @@ func TestWebhookEndpoints(t *testing.T) {
 		Secret string `json:"secret"`
 	}
 	mustJSON(t, url, &added, "webhook", "add", "--url", "https://shop.example/hooks", "--id", "shop", "--event-type", "order.created")
-	if added.ID != "shop" || !added.Enabled || !strings.HasPrefix(added.Secret, webhook.SecretPrefix) {
+	if added.ID != "shop" || !added.Enabled || !strings.HasPrefix(added.Secret, signing.SecretPrefix) {
 		t.Fatalf("webhook add: %+v", added)
 	}
 	wantCode(t, url, exitUsage, "webhook", "add", "--url", "https://shop.example/other", "--id", "shop")
@@ -58,10 +59,10 @@ func TestWebhookEndpoints(t *testing.T) {
 	}
 	var rotated map[string]string
 	mustJSON(t, url, &rotated, "webhook", "rotate", "shop", "--grace", "1h")
-	if !strings.HasPrefix(rotated["secret"], webhook.SecretPrefix) || rotated["secret"] == added.Secret {
+	if !strings.HasPrefix(rotated["secret"], signing.SecretPrefix) || rotated["secret"] == added.Secret {
 		t.Errorf("webhook rotate: %v", rotated)
 	}
-	reg, err := webhook.NewRegistry(pool, webhook.RegistryConfig{})
+	reg, err := endpoints.NewRegistry(pool, endpoints.RegistryConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +127,7 @@ func TestRelayDeliversWebhooks(t *testing.T) {
 	mustRun(t, url, "migrate", "--components", "webhook")
 	mustRun(t, url, "webhook", "add", "--url", srv.URL, "--id", "shop")
 	const n = 40
-	ids := enqueue(t, ob, webhook.DestinationPrefix+"shop", n, 3)
+	ids := enqueue(t, ob, endpoints.DestinationPrefix+"shop", n, 3)
 
 	addr := freeAddr(t)
 	p := start(t, url, "relay", "--webhooks", "--webhook-allow-network", "127.0.0.0/8", "--http-addr", addr)
@@ -178,7 +179,7 @@ func TestRelaySIGTERMReleasesAHangingDelivery(t *testing.T) {
 	t.Cleanup(srv.Close)
 	mustRun(t, url, "migrate", "--components", "webhook")
 	mustRun(t, url, "webhook", "add", "--url", srv.URL, "--id", "slow")
-	ids := enqueue(t, ob, webhook.DestinationPrefix+"slow", 1, 1)
+	ids := enqueue(t, ob, endpoints.DestinationPrefix+"slow", 1, 1)
 
 	args := []string{"relay", "--webhooks", "--webhook-allow-network", "127.0.0.0/8", "--shutdown-grace", "1s"}
 	p := start(t, url, args...)

@@ -20,7 +20,7 @@ import (
 	"github.com/idemq/idemq/request"
 	"github.com/idemq/idemq/request/idemhttp"
 	"github.com/idemq/idemq/request/pgstore"
-	"github.com/idemq/idemq/transports/webhook"
+	"github.com/idemq/idemq/transports/webhook/endpoints"
 )
 
 // orderRequest is the body of POST /orders.
@@ -40,7 +40,7 @@ type api struct {
 	pool  *pgxpool.Pool
 	store *pgstore.Store
 	ob    *outbox.Outbox
-	pub   *webhook.Publisher
+	pub   *endpoints.Publisher
 	legs  []leg
 
 	mu   sync.Mutex
@@ -71,7 +71,7 @@ func (a *api) createOrder(w nethttp.ResponseWriter, r *nethttp.Request) {
 		if err := a.ob.EnqueueTx(ctx, tx, msgs...); err != nil {
 			return err
 		}
-		if _, err := a.pub.PublishTx(ctx, tx, webhook.Event{Type: "order.created", Key: in.Customer, Data: payload}); err != nil {
+		if _, err := a.pub.PublishTx(ctx, tx, endpoints.Event{Type: "order.created", Key: in.Customer, Data: payload}); err != nil {
 			return err
 		}
 		w.Header().Set("Content-Type", "application/json")

@@ -47,7 +47,8 @@ import (
 	"github.com/idemq/idemq/relay"
 	"github.com/idemq/idemq/request/pgstore"
 	"github.com/idemq/idemq/testenv"
-	"github.com/idemq/idemq/transports/webhook"
+	"github.com/idemq/idemq/transports/webhook/endpoints"
+	"github.com/idemq/idemq/transports/webhook/signing"
 )
 
 const (
@@ -126,7 +127,7 @@ func run(ctx context.Context, out io.Writer, n int) (err error) {
 	if err != nil {
 		return err
 	}
-	reg, err := webhook.NewRegistry(pool, webhook.RegistryConfig{})
+	reg, err := endpoints.NewRegistry(pool, endpoints.RegistryConfig{})
 	if err != nil {
 		return err
 	}
@@ -159,17 +160,17 @@ func run(ctx context.Context, out io.Writer, n int) (err error) {
 	}
 
 	// The partner receives "order.created" webhooks.
-	secret := webhook.NewSecret()
+	secret := signing.NewSecret()
 	partner, err := startPartner(ctx, pool, secret)
 	if err != nil {
 		return err
 	}
 	defer partner.srv.Close()
-	if _, err := reg.Add(ctx, webhook.Endpoint{URL: partner.srv.URL + "/webhooks", Keys: []string{secret}, EventTypes: []string{"order.created"}}); err != nil {
+	if _, err := reg.Add(ctx, endpoints.Endpoint{URL: partner.srv.URL + "/webhooks", Keys: []string{secret}, EventTypes: []string{"order.created"}}); err != nil {
 		return err
 	}
 
-	pub, err := webhook.NewPublisher(reg, ob)
+	pub, err := endpoints.NewPublisher(reg, ob)
 	if err != nil {
 		return err
 	}

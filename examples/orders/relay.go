@@ -17,6 +17,7 @@ import (
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
 	"github.com/idemq/idemq/transports/webhook"
+	"github.com/idemq/idemq/transports/webhook/endpoints"
 )
 
 // relayChildEnv holds, in a child process started by killRelay, the JSON
@@ -33,7 +34,7 @@ type relaySpec struct {
 // newRelay returns the demo's relay on pool, routing every leg's
 // destination to its sink and the webhook destinations to a webhook Sink
 // on reg.
-func newRelay(pool *pgxpool.Pool, ob *outbox.Outbox, reg *webhook.Registry, sinks map[string]relay.Sink) (*relay.Relay, error) {
+func newRelay(pool *pgxpool.Pool, ob *outbox.Outbox, reg *endpoints.Registry, sinks map[string]relay.Sink) (*relay.Relay, error) {
 	router := relay.NewRouter()
 	for dest, s := range sinks {
 		if err := router.Route(dest, s); err != nil {
@@ -44,7 +45,7 @@ func newRelay(pool *pgxpool.Pool, ob *outbox.Outbox, reg *webhook.Registry, sink
 	if err != nil {
 		return nil, err
 	}
-	if err := router.RoutePrefix(webhook.DestinationPrefix, ws); err != nil {
+	if err := router.RoutePrefix(endpoints.DestinationPrefix, ws); err != nil {
 		return nil, err
 	}
 	return relay.New(pool, ob, router, relay.Config{BatchSize: relayBatch, PollInterval: 50 * time.Millisecond,
@@ -102,7 +103,7 @@ func relayChild(encoded string) error {
 	if err != nil {
 		return err
 	}
-	reg, err := webhook.NewRegistry(pool, webhook.RegistryConfig{})
+	reg, err := endpoints.NewRegistry(pool, endpoints.RegistryConfig{})
 	if err != nil {
 		return err
 	}

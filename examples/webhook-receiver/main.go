@@ -34,6 +34,7 @@ import (
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/testenv"
 	"github.com/idemq/idemq/transports/webhook"
+	"github.com/idemq/idemq/transports/webhook/signing"
 )
 
 const (
@@ -58,7 +59,7 @@ func run(ctx context.Context, out io.Writer) error {
 
 	// The secret the sender gave us ("whsec_..."); list the old and the new
 	// one while the sender rotates.
-	secret := webhook.NewSecret()
+	secret := signing.NewSecret()
 
 	// The receiving side: a consumer whose handler runs in the transaction
 	// that records the webhook-id, behind the verifying Receiver.
@@ -104,7 +105,7 @@ func run(ctx context.Context, out io.Writer) error {
 		}
 	}
 	wg.Wait()
-	forged, err := webhook.ParseKeys(webhook.NewSecret())
+	forged, err := signing.ParseKeys(signing.NewSecret())
 	if err != nil {
 		return err
 	}
@@ -133,7 +134,7 @@ func run(ctx context.Context, out io.Writer) error {
 // retrying a 503 after its Retry-After, and counts the final statuses.
 type sender struct {
 	url  string
-	keys []webhook.Key
+	keys []signing.Key
 
 	mu     sync.Mutex
 	status map[int]int
@@ -141,11 +142,11 @@ type sender struct {
 }
 
 func newSender(url, secret string) (*sender, error) {
-	keys, err := webhook.ParseKeys(secret)
+	keys, err := signing.ParseKeys(secret)
 	return &sender{url: url, keys: keys, status: map[int]int{}}, err
 }
 
-func (s *sender) send(ctx context.Context, id, body string, keys []webhook.Key) {
+func (s *sender) send(ctx context.Context, id, body string, keys []signing.Key) {
 	for {
 		status, retryAfter, err := s.post(ctx, id, body, keys)
 		if err == nil && status == http.StatusServiceUnavailable {
@@ -160,16 +161,16 @@ func (s *sender) send(ctx context.Context, id, body string, keys []webhook.Key) 
 	}
 }
 
-func (s *sender) post(ctx context.Context, id, body string, keys []webhook.Key) (status int, retryAfter time.Duration, err error) {
+func (s *sender) post(ctx context.Context, id, body string, keys []signing.Key) (status int, retryAfter time.Duration, err error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.url, bytes.NewReader([]byte(body)))
 	if err != nil {
 		return 0, 0, err
 	}
 	now := time.Now()
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set(webhook.HeaderID, id)
-	req.Header.Set(webhook.HeaderTimestamp, strconv.FormatInt(now.Unix(), 10))
-	req.Header.Set(webhook.HeaderSignature, webhook.Sign(keys, id, now, []byte(body)))
+	req.Header.Set(signing.HeaderID, id)
+	req.Header.Set(signing.HeaderTimestamp, strconv.FormatInt(now.Unix(), 10))
+	req.Header.Set(signing.HeaderSignature, signing.Sign(keys, id, now, []byte(body)))
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return 0, 0, err

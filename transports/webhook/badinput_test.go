@@ -2,10 +2,7 @@ package webhook_test
 
 import (
 	"context"
-	"crypto/ed25519"
-	"encoding/base64"
 	"errors"
-	"math"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -20,6 +17,8 @@ import (
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
 	"github.com/idemq/idemq/transports/webhook"
+	"github.com/idemq/idemq/transports/webhook/endpoints"
+	"github.com/idemq/idemq/transports/webhook/signing"
 )
 
 // The bad-input suite of the webhook package (issue 23): every careless
@@ -31,7 +30,7 @@ import (
 func TestBadInputReceiverConfig(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	secret := webhook.NewSecret()
+	secret := signing.NewSecret()
 	c, err := consumer.New(b.pool, "webhook", webhook.Handle(func(context.Context, pgx.Tx, webhook.Delivery) error { return nil }), consumer.Config{})
 	if err != nil {
 		t.Fatal(err)
@@ -67,8 +66,8 @@ func TestBadInputReceiverConfig(t *testing.T) {
 func TestBadInputWebhookID(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	secret := webhook.NewSecret()
-	keys, _ := webhook.ParseKeys(secret)
+	secret := signing.NewSecret()
+	keys, _ := signing.ParseKeys(secret)
 	srv := httptest.NewServer(newWebhookReceiver(t, b, secret, func(context.Context, pgx.Tx, webhook.Delivery) error {
 		t.Error("the handler ran for an unusable id")
 		return nil
@@ -76,12 +75,12 @@ func TestBadInputWebhookID(t *testing.T) {
 	t.Cleanup(srv.Close)
 	now := time.Now()
 	for name, id := range map[string]string{"oversized": strings.Repeat("x", 2000), "not UTF-8": "\xff\xfe"} {
-		resp := postSigned(t, srv.URL, id, now, webhook.Sign(keys, id, now, []byte(`{}`)), `{}`)
+		resp := postSigned(t, srv.URL, id, now, signing.Sign(keys, id, now, []byte(`{}`)), `{}`)
 		if resp.StatusCode != http.StatusBadRequest || resp.Header.Get(webhook.HeaderDelivery) != webhook.AbortMessage {
 			t.Errorf("%s id: %d, %q; want 400 with abort-message", name, resp.StatusCode, resp.Header.Get(webhook.HeaderDelivery))
 		}
 	}
-	if resp := postSigned(t, srv.URL, "", now, webhook.Sign(keys, "", now, []byte(`{}`)), `{}`); resp.StatusCode != http.StatusUnauthorized {
+	if resp := postSigned(t, srv.URL, "", now, signing.Sign(keys, "", now, []byte(`{}`)), `{}`); resp.StatusCode != http.StatusUnauthorized {
 		t.Errorf("no id: %d, want 401", resp.StatusCode)
 	}
 	var records int
@@ -100,8 +99,8 @@ func TestBadInputHandlerEndsTheTransaction(t *testing.T) {
 	if _, err := b.pool.Exec(b.ctx, `CREATE TABLE paid (invoice text)`); err != nil {
 		t.Fatal(err)
 	}
-	secret := webhook.NewSecret()
-	keys, _ := webhook.ParseKeys(secret)
+	secret := signing.NewSecret()
+	keys, _ := signing.ParseKeys(secret)
 	var commitErr error
 	calls := 0
 	srv := httptest.NewServer(newWebhookReceiver(t, b, secret, func(ctx context.Context, tx pgx.Tx, d webhook.Delivery) error {
@@ -118,7 +117,7 @@ func TestBadInputHandlerEndsTheTransaction(t *testing.T) {
 	t.Cleanup(srv.Close)
 	post := func() int {
 		now := time.Now()
-		return postSigned(t, srv.URL, "m1", now, webhook.Sign(keys, "m1", now, []byte(`{}`)), `{}`).StatusCode
+		return postSigned(t, srv.URL, "m1", now, signing.Sign(keys, "m1", now, []byte(`{}`)), `{}`).StatusCode
 	}
 	if got := post(); got != http.StatusServiceUnavailable || commitErr == nil || !strings.Contains(commitErr.Error(), "must not commit") {
 		t.Fatalf("handler that commits: status %d, Commit returned %v; want 503 and a refusal", got, commitErr)
@@ -134,120 +133,16 @@ func TestBadInputHandlerEndsTheTransaction(t *testing.T) {
 	}
 }
 
-// TestBadInputPublisher: NewPublisher without a registry is an ErrConfig;
-// PublishTx with a nil transaction returns an error instead of
-// panicking; a bad event key's error names the event (not the outbox row)
-// and matches ErrInvalidEvent, as does a payload the outbox refuses.
-func TestBadInputPublisher(t *testing.T) {
+// TestBadInputSinkConfig: a Sink without a registry or with a negative
+// setting is refused with ErrConfig.
+func TestBadInputSinkConfig(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	if _, err := webhook.NewPublisher(nil, b.ob); !errors.Is(err, idemq.ErrConfig) {
-		t.Fatalf("NewPublisher(nil, ob): %v, want ErrConfig", err)
+	if _, err := webhook.NewSink(nil, webhook.Config{}); !errors.Is(err, idemq.ErrConfig) {
+		t.Errorf("nil registry: %v, want ErrConfig", err)
 	}
-	if _, err := webhook.NewPublisher(b.reg, nil); !errors.Is(err, idemq.ErrConfig) {
-		t.Fatalf("NewPublisher(reg, nil): %v, want ErrConfig", err)
-	}
-	ok := event("k", 1)
-	if _, err := b.pub.PublishTx(b.ctx, nil, ok); !errors.Is(err, idemq.ErrConfig) || !strings.Contains(err.Error(), "tx is nil") {
-		t.Fatalf("PublishTx(nil tx): %v, want an idemq.ErrConfig", err)
-	}
-	var nilTx pgx.Tx = (*nilTxType)(nil)
-	if _, err := b.pub.PublishTx(b.ctx, nilTx, ok); !errors.Is(err, idemq.ErrConfig) {
-		t.Fatalf("PublishTx(typed nil tx): %v, want an idemq.ErrConfig", err)
-	}
-	// Two endpoints: event 1's rows are rows 2 and 3.
-	addEndpoint(t, b, "https://a.example", nil)
-	addEndpoint(t, b, "https://b.example", nil)
-	small, err := outbox.New(b.pool, outbox.Config{MaxPayload: 100})
-	if err != nil {
-		t.Fatal(err)
-	}
-	smallPub, err := webhook.NewPublisher(b.reg, small)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for name, tc := range map[string]struct {
-		pub  *webhook.Publisher
-		bad  webhook.Event
-		want string
-	}{
-		"key not UTF-8":   {b.pub, webhook.Event{Type: "a.b", Key: "\xff", Data: []byte(`{}`)}, "invalid event 1: key"},
-		"key with NUL":    {b.pub, webhook.Event{Type: "a.b", Key: "a\x00b", Data: []byte(`{}`)}, "invalid event 1: key"},
-		"key too long":    {b.pub, webhook.Event{Type: "a.b", Key: strings.Repeat("k", webhook.MaxEventKeyLen+1), Data: []byte(`{}`)}, "invalid event 1: key"},
-		"payload too big": {smallPub, webhook.Event{Type: "a.b", Data: []byte(`{"pad":"` + strings.Repeat("x", 200) + `"}`)}, "invalid event 1 (its row to endpoint"},
-	} {
-		err := pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
-			_, err := tc.pub.PublishTx(b.ctx, tx, event("k", 0), tc.bad)
-			return err
-		})
-		if !errors.Is(err, webhook.ErrInvalidEvent) || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("%s: %v, want ErrInvalidEvent naming %q", name, err, tc.want)
-		}
-	}
-	if n, _ := pending(t, b); n != 0 {
-		t.Fatalf("%d rows written by refused calls, want none", n)
-	}
-	long := webhook.Event{Type: "a.b", Key: strings.Repeat("k", webhook.MaxEventKeyLen), Data: []byte(`{}`)}
-	if n := publish(t, b, long); n != 2 {
-		t.Fatalf("a key of MaxEventKeyLen bytes: %d rows, want 2", n)
-	}
-}
-
-// nilTxType gives a typed nil pgx.Tx.
-type nilTxType struct{ pgx.Tx }
-
-// TestBadInputEndpoint: NaN and infinite rate limits, a timeout below the
-// stored unit of 1 ms, a whsk_ key whose public half is another key's,
-// and a bad Schema (blamed on Schema, not Table) are refused.
-func TestBadInputEndpoint(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	// A 64-byte whsk_ key is seed || public key: splice two keys' halves.
-	seed := func(k string) []byte {
-		raw, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(k, webhook.PrivateKeyPrefix))
-		if err != nil || len(raw) != ed25519.SeedSize {
-			t.Fatalf("NewSigningKey gave %d bytes (%v), want a seed of %d", len(raw), err, ed25519.SeedSize)
-		}
-		return raw
-	}
-	priv1, _ := webhook.NewSigningKey()
-	priv2, _ := webhook.NewSigningKey()
-	full1, full2 := ed25519.NewKeyFromSeed(seed(priv1)), ed25519.NewKeyFromSeed(seed(priv2))
-	genuine := webhook.PrivateKeyPrefix + base64.StdEncoding.EncodeToString(full1)
-	spliced := webhook.PrivateKeyPrefix + base64.StdEncoding.EncodeToString(append(full1[:ed25519.SeedSize:ed25519.SeedSize], full2[ed25519.SeedSize:]...))
-	if _, err := webhook.ParseKey(spliced); !errors.Is(err, webhook.ErrInvalidKey) {
-		t.Errorf("ParseKey(spliced whsk_): %v, want ErrInvalidKey", err)
-	}
-	if _, err := webhook.ParseKey(genuine); err != nil {
-		t.Errorf("ParseKey(genuine 64-byte whsk_): %v", err)
-	}
-	for name, tweak := range map[string]func(*webhook.Endpoint){
-		"RateLimit NaN":        func(e *webhook.Endpoint) { e.RateLimit = math.NaN() },
-		"RateLimit +Inf":       func(e *webhook.Endpoint) { e.RateLimit = math.Inf(1) },
-		"RateLimit -Inf":       func(e *webhook.Endpoint) { e.RateLimit = math.Inf(-1) },
-		"Timeout 500µs":        func(e *webhook.Endpoint) { e.Timeout = 500 * time.Microsecond },
-		"spliced whsk_ key":    func(e *webhook.Endpoint) { e.Keys = []string{spliced} },
-		"Timeout 1ns":          func(e *webhook.Endpoint) { e.Timeout = time.Nanosecond },
-		"negative RateLimit":   func(e *webhook.Endpoint) { e.RateLimit = -1 },
-		"negative Timeout":     func(e *webhook.Endpoint) { e.Timeout = -time.Second },
-		"negative Concurrency": func(e *webhook.Endpoint) { e.Concurrency = -1 },
-	} {
-		ep := webhook.Endpoint{URL: "https://example.com", Keys: []string{webhook.NewSecret()}}
-		tweak(&ep)
-		if _, err := b.reg.Add(b.ctx, ep); err == nil {
-			t.Errorf("%s: Add accepted it", name)
-		}
-	}
-	ep, _ := addEndpoint(t, b, "https://example.com", func(e *webhook.Endpoint) { e.Timeout = time.Millisecond })
-	if got, err := b.reg.Get(b.ctx, ep.ID); err != nil || got.Timeout != time.Millisecond {
-		t.Fatalf("Timeout of 1ms stored as %v (%v)", got.Timeout, err)
-	}
-	for field, cfg := range map[string]webhook.RegistryConfig{"Schema": {Schema: "1x"}, "Table": {Table: "Bad-Name"}} {
-		_, err := webhook.NewRegistry(b.pool, cfg)
-		var ce *idemq.ConfigError
-		if !errors.As(err, &ce) || ce.Field != field {
-			t.Errorf("RegistryConfig %+v: %v, want a ConfigError on %s", cfg, err, field)
-		}
+	if _, err := webhook.NewSink(b.reg, webhook.Config{Timeout: -time.Second}); !errors.Is(err, idemq.ErrConfig) {
+		t.Errorf("negative Timeout: %v, want ErrConfig", err)
 	}
 }
 
@@ -262,7 +157,7 @@ func TestBadInputSSRFRefusalNamesTheSetting(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = sink.Publish(b.ctx, 0, []relay.Message{{Message: outbox.Message{ID: uuid.Must(uuid.NewV7()), Destination: webhook.DestinationPrefix + ep.ID, Payload: []byte(`{}`)}}})
+	err = sink.Publish(b.ctx, 0, []relay.Message{{Message: outbox.Message{ID: uuid.Must(uuid.NewV7()), Destination: endpoints.DestinationPrefix + ep.ID, Payload: []byte(`{}`)}}})
 	if err == nil || !strings.Contains(err.Error(), "AllowedNetworks") || !strings.Contains(err.Error(), "--webhook-allow-network") {
 		t.Fatalf("refused delivery: %v, want the error to name AllowedNetworks and --webhook-allow-network", err)
 	}

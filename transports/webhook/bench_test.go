@@ -18,6 +18,7 @@ import (
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
 	"github.com/idemq/idemq/transports/webhook"
+	"github.com/idemq/idemq/transports/webhook/endpoints"
 )
 
 // BenchmarkSinkThroughput posts batches of 500 webhooks of about 200 bytes
@@ -34,12 +35,12 @@ func BenchmarkSinkThroughput(b *testing.B) {
 	}))
 	b.Cleanup(srv.Close)
 	const batch, conc = 500, 8
-	ep, _ := addEndpoint(b, bd, srv.URL, func(e *webhook.Endpoint) { e.Concurrency = conc })
+	ep, _ := addEndpoint(b, bd, srv.URL, func(e *endpoints.Endpoint) { e.Concurrency = conc })
 	sink := fastSink(b, bd, webhook.Config{RefreshInterval: time.Hour})
 	body := bytes.Repeat([]byte("x"), 200)
 	msgs := make([]relay.Message, batch)
 	for i := range msgs {
-		msgs[i] = relay.Message{Message: outbox.Message{ID: uuid.Must(uuid.NewV7()), Destination: webhook.DestinationPrefix + ep.ID, Payload: body}}
+		msgs[i] = relay.Message{Message: outbox.Message{ID: uuid.Must(uuid.NewV7()), Destination: endpoints.DestinationPrefix + ep.ID, Payload: body}}
 	}
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: conc}}
 	bare := func() {

@@ -13,6 +13,7 @@ import (
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
 	"github.com/idemq/idemq/transports/webhook"
+	"github.com/idemq/idemq/transports/webhook/endpoints"
 )
 
 // TestClassification answers one delivery per status from a real server
@@ -63,7 +64,7 @@ func TestClassification(t *testing.T) {
 			return true
 		})
 		ep, _ := addEndpoint(t, b, rc.srv.URL, nil)
-		m := relay.Message{Message: outbox.Message{ID: uuid.Must(uuid.NewV7()), Destination: webhook.DestinationPrefix + ep.ID, Payload: []byte(`{}`)}}
+		m := relay.Message{Message: outbox.Message{ID: uuid.Must(uuid.NewV7()), Destination: endpoints.DestinationPrefix + ep.ID, Payload: []byte(`{}`)}}
 		err := sink.Publish(b.ctx, 0, []relay.Message{m})
 		var pe *relay.PublishError
 		if err != nil && errors.As(err, &pe) {

@@ -20,7 +20,15 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/relay"
+	"github.com/idemq/idemq/transports/webhook/endpoints"
+	"github.com/idemq/idemq/transports/webhook/signing"
 )
+
+// HeaderIdempotencyKey carries the webhook-id once more on every
+// delivery, under the name idemq's other transports and request
+// middleware use, so a receiver that deduplicates by Idempotency-Key
+// needs nothing webhook-specific.
+const HeaderIdempotencyKey = "Idempotency-Key"
 
 // newClient returns the delivery client: the SSRF guard on every dial (it
 // sees the resolved address, so a DNS name pointing inside and a redirect
@@ -126,7 +134,7 @@ var errAbort = errors.New("receiver asked to abort the message")
 // post sends one delivery and returns the status and, unless 2xx, a
 // *DeliveryError (wrapped with idemq.RetryAfter when the receiver said when
 // to come back).
-func (s *Sink) post(ctx context.Context, ep Endpoint, keys []Key, m relay.Message) (int, error) {
+func (s *Sink) post(ctx context.Context, ep endpoints.Endpoint, keys []signing.Key, m relay.Message) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, cmp.Or(ep.Timeout, s.cfg.Timeout))
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, ep.URL, bytes.NewReader(m.Payload))
@@ -144,9 +152,9 @@ func (s *Sink) post(ctx context.Context, ep Endpoint, keys []Key, m relay.Messag
 		req.Header.Set("Content-Type", "application/json")
 	}
 	req.Header.Set("User-Agent", s.cfg.UserAgent)
-	req.Header.Set(HeaderID, id)
-	req.Header.Set(HeaderTimestamp, strconv.FormatInt(now.Unix(), 10))
-	req.Header.Set(HeaderSignature, Sign(keys, id, now, m.Payload))
+	req.Header.Set(signing.HeaderID, id)
+	req.Header.Set(signing.HeaderTimestamp, strconv.FormatInt(now.Unix(), 10))
+	req.Header.Set(signing.HeaderSignature, signing.Sign(keys, id, now, m.Payload))
 	req.Header.Set(HeaderIdempotencyKey, id)
 	resp, err := s.client.Do(req)
 	if err != nil {

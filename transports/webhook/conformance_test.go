@@ -13,6 +13,7 @@ import (
 	"github.com/idemq/idemq/relay"
 	"github.com/idemq/idemq/relay/relaytest"
 	"github.com/idemq/idemq/transports/webhook"
+	"github.com/idemq/idemq/transports/webhook/endpoints"
 )
 
 // TestSinkConformance runs the relay's Sink suite against the webhook Sink
@@ -38,7 +39,7 @@ func TestSinkConformance(t *testing.T) {
 		for range 2 {
 			rc := newReceiver(t, nil)
 			ep, _ := addEndpoint(t, b, rc.srv.URL, nil)
-			dests = append(dests, webhook.DestinationPrefix+ep.ID)
+			dests = append(dests, endpoints.DestinationPrefix+ep.ID)
 			receivers[dests[len(dests)-1]] = rc
 		}
 		bad := newReceiver(t, func(_ int, w http.ResponseWriter, _ *http.Request) bool {
@@ -49,7 +50,7 @@ func TestSinkConformance(t *testing.T) {
 		return relaytest.Target{
 			Sink:         recorded,
 			Destinations: dests,
-			Failing:      webhook.DestinationPrefix + failing.ID,
+			Failing:      endpoints.DestinationPrefix + failing.ID,
 			Received: func(ctx context.Context, dest string, n int) ([]relay.Message, error) {
 				rc := receivers[dest]
 				for rc.count() < n {

@@ -18,6 +18,8 @@ import (
 	"github.com/idemq/idemq/relay"
 	"github.com/idemq/idemq/testenv"
 	"github.com/idemq/idemq/transports/webhook"
+	"github.com/idemq/idemq/transports/webhook/endpoints"
+	"github.com/idemq/idemq/transports/webhook/signing"
 )
 
 // TestRetriedUntilDeliveredAppliedOnce: the receiver, built with the
@@ -28,7 +30,7 @@ func TestRetriedUntilDeliveredAppliedOnce(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	var applied, failures atomic.Int64
-	secret := webhook.NewSecret()
+	secret := signing.NewSecret()
 	app := newWebhookReceiver(t, b, secret, func(ctx context.Context, tx pgx.Tx, d webhook.Delivery) error {
 		applied.Add(1)
 		return nil
@@ -42,7 +44,7 @@ func TestRetriedUntilDeliveredAppliedOnce(t *testing.T) {
 		app.ServeHTTP(w, r)
 		return true
 	})
-	if _, err := b.reg.Add(b.ctx, webhook.Endpoint{ID: "ep", URL: rc.srv.URL, Keys: []string{secret}}); err != nil {
+	if _, err := b.reg.Add(b.ctx, endpoints.Endpoint{ID: "ep", URL: rc.srv.URL, Keys: []string{secret}}); err != nil {
 		t.Fatal(err)
 	}
 	var mu sync.Mutex
@@ -61,7 +63,7 @@ func TestRetriedUntilDeliveredAppliedOnce(t *testing.T) {
 	if len(delays) != 2 || delays[0] < time.Second || delays[1] < time.Second {
 		t.Fatalf("retry delays %v: want two of at least the 1 s Retry-After", delays)
 	}
-	if hits[0].header.Get(webhook.HeaderTimestamp) == "" || hits[0].header.Get(webhook.HeaderIdempotencyKey) != hits[0].id {
+	if hits[0].header.Get(signing.HeaderTimestamp) == "" || hits[0].header.Get(webhook.HeaderIdempotencyKey) != hits[0].id {
 		t.Fatalf("headers %v: want webhook-timestamp and Idempotency-Key = webhook-id", hits[0].header)
 	}
 	// A later duplicate (a relay that crashed after the POST) is
@@ -113,7 +115,7 @@ func TestBadRequestIsADeadLetter(t *testing.T) {
 func TestGoneDisablesTheEndpointAndHoldsItsRows(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	rc, gone := goneReceiver(t)
+	rc, gone := failingReceiver(t, http.StatusGone)
 	other := newReceiver(t, nil)
 	ep, _ := addEndpoint(t, b, rc.srv.URL, nil)
 	addEndpoint(t, b, other.srv.URL, nil)
@@ -122,7 +124,7 @@ func TestGoneDisablesTheEndpointAndHoldsItsRows(t *testing.T) {
 	runRelay(t, b, sink, relay.Config{})
 	// One transaction: all five rows exist before the first delivery
 	// disables the endpoint (fan-out skips disabled endpoints).
-	var events []webhook.Event
+	var events []endpoints.Event
 	for i := range 5 {
 		events = append(events, event("k", i))
 	}
@@ -167,7 +169,7 @@ func TestGoneDisablesTheEndpointAndHoldsItsRows(t *testing.T) {
 func TestRetryNowSendsHeldRowsAtOnce(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	rc, gone := goneReceiver(t)
+	rc, gone := failingReceiver(t, http.StatusGone)
 	ep, _ := addEndpoint(t, b, rc.srv.URL, nil)
 	sink := fastSink(t, b, webhook.Config{HoldInterval: time.Hour, RefreshInterval: time.Hour})
 	runRelay(t, b, sink, relay.Config{RescanInterval: time.Hour})
@@ -181,7 +183,7 @@ func TestRetryNowSendsHeldRowsAtOnce(t *testing.T) {
 	if err := b.reg.Enable(b.ctx, ep.ID); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := b.ob.RetryNow(b.ctx, webhook.DestinationPrefix+ep.ID); err != nil || n != 3 {
+	if n, err := b.ob.RetryNow(b.ctx, endpoints.DestinationPrefix+ep.ID); err != nil || n != 3 {
 		t.Fatalf("RetryNow = %d, %v; want 3", n, err)
 	}
 	idemqtest.WaitFor(t, "the held rows", func() bool { n, _ := pending(t, b); return n == 0 })
@@ -191,18 +193,18 @@ func TestRetryNowSendsHeldRowsAtOnce(t *testing.T) {
 	}
 }
 
-// goneReceiver answers 410 Gone until gone is set to false.
-func goneReceiver(t *testing.T) (rc *receiver, gone *atomic.Bool) {
-	gone = new(atomic.Bool)
-	gone.Store(true)
+// failingReceiver answers status until down is set to false.
+func failingReceiver(t *testing.T, status int) (rc *receiver, down *atomic.Bool) {
+	down = new(atomic.Bool)
+	down.Store(true)
 	rc = newReceiver(t, func(i int, w http.ResponseWriter, r *http.Request) bool {
-		if gone.Load() {
-			w.WriteHeader(http.StatusGone)
+		if down.Load() {
+			http.Error(w, "down", status)
 			return true
 		}
 		return false
 	})
-	return rc, gone
+	return rc, down
 }
 
 // TestHangingEndpointDoesNotStallOthers: an endpoint that never answers
@@ -222,7 +224,7 @@ func TestHangingEndpointDoesNotStallOthers(t *testing.T) {
 	})
 	t.Cleanup(func() { close(release) })
 	healthy := newReceiver(t, nil)
-	slow, _ := addEndpoint(t, b, hanging.srv.URL, func(e *webhook.Endpoint) { e.Timeout = 100 * time.Millisecond; e.Concurrency = 2 })
+	slow, _ := addEndpoint(t, b, hanging.srv.URL, func(e *endpoints.Endpoint) { e.Timeout = 100 * time.Millisecond; e.Concurrency = 2 })
 	fine, _ := addEndpoint(t, b, healthy.srv.URL, nil)
 	sink := fastSink(t, b, webhook.Config{BreakerFailures: 2, BreakerCooldown: time.Hour})
 	runRelay(t, b, sink, relay.Config{BatchSize: 20})
@@ -278,15 +280,7 @@ func TestConsistentFailureDisables(t *testing.T) {
 func TestBreakerProbesAndRecovers(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	var down atomic.Bool
-	down.Store(true)
-	rc := newReceiver(t, func(i int, w http.ResponseWriter, r *http.Request) bool {
-		if down.Load() {
-			http.Error(w, "down", http.StatusBadGateway)
-			return true
-		}
-		return false
-	})
+	rc, down := failingReceiver(t, http.StatusBadGateway)
 	addEndpoint(t, b, rc.srv.URL, nil)
 	var held atomic.Int64
 	var logs testenv.Logs
@@ -333,7 +327,7 @@ func TestRateLimitHoldsWithoutAttempts(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	rc := newReceiver(t, nil)
-	addEndpoint(t, b, rc.srv.URL, func(e *webhook.Endpoint) { e.RateLimit = 20 })
+	addEndpoint(t, b, rc.srv.URL, func(e *endpoints.Endpoint) { e.RateLimit = 20 })
 	var held, retried atomic.Int64
 	runRelay(t, b, fastSink(t, b, webhook.Config{}), relay.Config{Hooks: relay.Hooks{
 		OnHeld: func(e relay.HeldEvent) {
@@ -343,7 +337,7 @@ func TestRateLimitHoldsWithoutAttempts(t *testing.T) {
 		},
 		OnRetried: func(relay.RetriedEvent) { retried.Add(1) },
 	}})
-	var events []webhook.Event
+	var events []endpoints.Event
 	for i := range 60 {
 		events = append(events, event("", i))
 	}
@@ -368,9 +362,9 @@ func TestConcurrencyBound(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 		return false
 	})
-	addEndpoint(t, b, rc.srv.URL, func(e *webhook.Endpoint) { e.Concurrency = 2 })
+	addEndpoint(t, b, rc.srv.URL, func(e *endpoints.Endpoint) { e.Concurrency = 2 })
 	runRelay(t, b, fastSink(t, b, webhook.Config{}), relay.Config{Workers: 3})
-	var events []webhook.Event
+	var events []endpoints.Event
 	for i := range 40 {
 		events = append(events, event("", i))
 	}
@@ -378,5 +372,30 @@ func TestConcurrencyBound(t *testing.T) {
 	idemqtest.WaitFor(t, "every delivery", func() bool { n, _ := pending(t, b); return n == 0 })
 	if rc.count() != 40 || most.Load() > 2 {
 		t.Fatalf("%d requests, at most %d at once; want 40, at most 2", rc.count(), most.Load())
+	}
+}
+
+// TestFailingEndpointLoggedAsSuch (issue 27 §20): the relay's line for a
+// webhook endpoint that fails names the destination failing and the
+// endpoint's error, not a "broker outage", and says when it recovers.
+func TestFailingEndpointLoggedAsSuch(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	rc, down := failingReceiver(t, http.StatusServiceUnavailable)
+	ep, _ := addEndpoint(t, b, rc.srv.URL, nil)
+	var logs testenv.Logs
+	runRelay(t, b, fastSink(t, b, webhook.Config{BreakerFailures: 1000}), relay.Config{Logger: logs.Logger(), Retry: idemq.Retry{MaxAttempts: 1000}})
+	publish(t, b, event("k", 0))
+	dest := endpoints.DestinationPrefix + ep.ID
+	idemqtest.WaitFor(t, "the failing destination logged", func() bool { return len(logs.Records("relay: destination failing:", "destination", dest)) > 0 })
+	down.Store(false)
+	idemqtest.WaitFor(t, "its recovery logged", func() bool { return len(logs.Records("relay: destination failing no more", "destination", dest)) > 0 })
+	if got := logs.Records("relay: destination failing:"); len(got) != 1 || !strings.Contains(got[0].Attrs["err"], "endpoint "+ep.ID+": HTTP 503") {
+		t.Errorf("failing lines %v, want one whose err is the endpoint's HTTP 503", got)
+	}
+	for _, r := range logs.Records("") {
+		if strings.Contains(r.Msg, "broker outage") {
+			t.Errorf("a failing webhook endpoint logged as %q", r.Msg)
+		}
 	}
 }

@@ -2,16 +2,24 @@
 // receives them the same way. It follows Standard Webhooks
 // (https://www.standardwebhooks.com).
 //
+// The package holds the two halves every idemq transport has: the
+// outbound [Sink] a relay delivers through, and the inbound [Receiver].
+// What they share lives in two packages of their own, each with one
+// concern: endpoints (the registry of receivers, in Postgres, and the
+// fan-out Publisher onto the outbox: what the console and the binary
+// import, without the relay, the consumer or this package's HTTP client)
+// and signing (Standard Webhooks keys, sign and verify; no database).
+//
 // # Sending
 //
-// A [Registry] keeps the endpoints in Postgres: URL, event-type filter,
-// key ring, enabled state, timeout, concurrency and rate limit.
-// [Publisher.PublishTx] fans a business event out inside the caller's
-// transaction: one outbox row per subscribed endpoint, destination
-// "webhook/<endpoint id>", ordering key "<endpoint id>/<event key>", so
-// every endpoint's deliveries are ordered, retried and dead-lettered on
-// their own. The relay hands those rows to a [Sink] (route
-// [DestinationPrefix] to it), which POSTs each one with
+// An [endpoints.Registry] keeps the endpoints in Postgres: URL, event-type
+// filter, key ring, enabled state, timeout, concurrency and rate limit.
+// [endpoints.Publisher.PublishTx] fans a business event out inside the
+// caller's transaction: one outbox row per subscribed endpoint,
+// destination "webhook/<endpoint id>", ordering key "<endpoint id>/<event
+// key>", so every endpoint's deliveries are ordered, retried and
+// dead-lettered on their own. The relay hands those rows to a [Sink]
+// (route [endpoints.DestinationPrefix] to it), which POSTs each one with
 //
 //	webhook-id:        the outbox row's id, the same on every retry
 //	webhook-timestamp: the attempt's Unix time
@@ -33,18 +41,25 @@
 // disables the endpoint, and so does [Config.DisableAfter] of failures
 // without a success. A disabled endpoint's rows are held in the outbox,
 // neither sent nor counted as attempts, and flow in key order once
-// [Registry.Enable] runs.
+// [endpoints.Registry.Enable] runs.
 //
 // # Isolation
 //
 // Each endpoint has its own concurrency bound, token-bucket rate limit and
 // breaker: after [Config.BreakerFailures] retryable failures in a row its
 // rows are held out of the relay's batches, without burning attempts,
-// for [Config.BreakerCooldown] (doubling while the probes fail), then one
-// delivery probes it. A relay batch waits for its slowest delivery, so a
-// hanging endpoint costs a batch its timeout once per cooldown; run the
-// relay with several Workers so that the other workers' batches flow
-// meanwhile.
+// until it half-opens [Config.BreakerCooldown] later (5 s by default);
+// then one delivery probes it while the others wait for its answer (a
+// second at most). A success closes the breaker and the rows flow; a
+// failure opens it again for twice the cooldown, up to 64 times. A held
+// row is put back exactly until the breaker half-opens, never behind a
+// backoff, and its recorded error says so ("held, not attempted: endpoint
+// …: breaker open after 5 failures in a row; due again when it half-opens
+// in 4.2s"). An outage shorter than the cooldown thus costs the
+// endpoint's rows about one cooldown. A relay batch waits for its slowest
+// delivery, so a hanging endpoint costs a batch its timeout once per
+// cooldown; run the relay with several Workers so that the other
+// workers' batches flow meanwhile.
 //
 // The breaker lives in the Sink's memory, one per endpoint per relay
 // process. Each change of its state (open, half-open, closed; never each

@@ -11,13 +11,15 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/transports/webhook/endpoints"
+	"github.com/idemq/idemq/transports/webhook/signing"
 )
 
 // endpointState is the Sink's copy of one endpoint and its runtime state.
 type endpointState struct {
 	mu      sync.Mutex
-	ep      Endpoint
-	keys    []Key
+	ep      endpoints.Endpoint
+	keys    []signing.Key
 	loaded  time.Time
 	sem     chan struct{}
 	limiter *rate.Limiter
@@ -28,14 +30,20 @@ type endpointState struct {
 	probing   bool
 	// the breaker's state as reported to the registry: the latest change,
 	// whether it still has to be written, and whether a writer runs
-	reported  BreakerState
+	reported  endpoints.BreakerState
 	changedAt time.Time
 	unwritten bool
 	writing   bool
 }
 
-// maxTrips caps the doubling of the breaker's cooldown at 2^4.
-const maxTrips = 4
+// maxTrips caps the doubling of the breaker's cooldown at 2^6: 5m20s on
+// the default cooldown, near the relay's longest backoff.
+const maxTrips = 6
+
+// probeHold is how long a row waits while its endpoint's breaker probes,
+// at most: the probe's answer decides whether it flows or waits for the
+// next cooldown.
+const probeHold = time.Second
 
 func (st *endpointState) loadedAt() time.Time {
 	st.mu.Lock()
@@ -50,8 +58,8 @@ func (st *endpointState) disabled() bool {
 }
 
 // refresh installs a fresh read of the endpoint, keeping the breaker.
-func (st *endpointState) refresh(ep Endpoint, cfg Config, now time.Time) {
-	keys, err := ParseKeys(ep.Keys...)
+func (st *endpointState) refresh(ep endpoints.Endpoint, cfg Config, now time.Time) {
+	keys, err := signing.ParseKeys(ep.Keys...)
 	if err != nil {
 		keys = nil // refused at delivery; Add and RotateKey validate keys
 	}
@@ -82,7 +90,7 @@ func (st *endpointState) slots() chan struct{} {
 }
 
 // admit decides whether m may be sent now: nil, or a hold error.
-func (s *Sink) admit(st *endpointState, now time.Time) (Endpoint, []Key, error) {
+func (s *Sink) admit(st *endpointState, now time.Time) (endpoints.Endpoint, []signing.Key, error) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	ep := st.ep
@@ -90,13 +98,19 @@ func (s *Sink) admit(st *endpointState, now time.Time) (Endpoint, []Key, error) 
 	case !ep.Enabled():
 		return ep, nil, hold(s.cfg.HoldInterval, "endpoint %s disabled: %s", ep.ID, ep.DisabledReason)
 	case now.Before(st.openUntil):
-		return ep, nil, hold(st.openUntil.Sub(now), "endpoint %s: breaker open after %d failures", ep.ID, st.failures)
+		// Back when the breaker half-opens, not later: the rows wait for
+		// the breaker, nothing else.
+		wait := st.openUntil.Sub(now)
+		return ep, nil, hold(wait, "endpoint %s: breaker open after %d failures in a row; due again when it half-opens in %v",
+			ep.ID, st.failures, wait.Round(time.Millisecond))
 	case st.probing:
-		return ep, nil, hold(s.cfg.BreakerCooldown, "endpoint %s: breaker probing", ep.ID)
+		// The probe usually answers within milliseconds: look again soon
+		// rather than a whole cooldown later.
+		return ep, nil, hold(min(s.cfg.BreakerCooldown, probeHold), "endpoint %s: breaker half-open; held while one delivery probes the endpoint", ep.ID)
 	case !st.openUntil.IsZero():
 		st.probing = true // half open: this delivery is the probe
 		s.log.Info("webhook: breaker half-open: probing the endpoint with one delivery", "endpoint", ep.ID)
-		if st.changed(BreakerHalfOpen, now) {
+		if st.changed(endpoints.BreakerHalfOpen, now) {
 			s.report(st) // its goroutine waits for st.mu
 		}
 	}
@@ -123,25 +137,28 @@ func (s *Sink) settle(ctx context.Context, st *endpointState, out outcome, cause
 	case outcomeDelivered:
 		if wasOpen {
 			s.log.Info("webhook: breaker closed: the endpoint delivers again", "endpoint", ep.ID, "trips", st.trips)
-			changed = st.changed(BreakerClosed, time.Now())
+			changed = st.changed(endpoints.BreakerClosed, time.Now())
 		}
 		st.failures, st.trips, st.openUntil = 0, 0, time.Time{}
 		clockRuns = !st.ep.FailingSince.IsZero()
 		st.ep.FailingSince = time.Time{}
 	case outcomeRetry:
 		st.failures++
-		if wasProbe || st.failures >= s.cfg.BreakerFailures {
+		// Only a failed probe or the failure that reaches BreakerFailures
+		// opens the breaker. A delivery that was already in flight when it
+		// opened and fails too leaves it as it is: it says nothing new
+		// about the endpoint, and must not stretch the cooldown.
+		if wasProbe || (!wasOpen && st.failures >= s.cfg.BreakerFailures) {
 			// Every failed probe doubles the cooldown: a dead endpoint
 			// costs the batches one timeout per cooldown.
 			cooldown := s.cfg.BreakerCooldown << min(st.trips, maxTrips)
 			now := time.Now()
 			st.openUntil = now.Add(cooldown)
 			st.trips++
-			changed = st.changed(BreakerOpen, now)
-			switch {
-			case wasProbe:
+			changed = st.changed(endpoints.BreakerOpen, now)
+			if wasProbe {
 				s.log.Warn("webhook: breaker open again: the probe failed", "endpoint", ep.ID, "cooldown", cooldown, "err", cause)
-			case !wasOpen:
+			} else {
 				s.log.Warn("webhook: breaker open: the endpoint's rows are held", "endpoint", ep.ID, "failures", st.failures, "cooldown", cooldown, "err", cause)
 			}
 		}
@@ -154,7 +171,7 @@ func (s *Sink) settle(ctx context.Context, st *endpointState, out outcome, cause
 	switch {
 	case out == outcomeDelivered:
 		if clockRuns {
-			if err := s.reg.succeeded(ctx, ep.ID); err != nil {
+			if err := s.reg.MarkSucceeded(ctx, ep.ID); err != nil {
 				s.log.Warn("webhook: clearing the failure clock failed", "endpoint", ep.ID, "err", err)
 			}
 		}
@@ -166,7 +183,7 @@ func (s *Sink) settle(ctx context.Context, st *endpointState, out outcome, cause
 	since := ep.FailingSince
 	if since.IsZero() {
 		var err error
-		if since, err = s.reg.failing(ctx, ep.ID); err != nil {
+		if since, err = s.reg.MarkFailing(ctx, ep.ID); err != nil {
 			s.log.Warn("webhook: starting the failure clock failed", "endpoint", ep.ID, "err", err)
 			return
 		}
@@ -182,7 +199,7 @@ func (s *Sink) settle(ctx context.Context, st *endpointState, out outcome, cause
 // changed notes a change of the breaker to state at now, unless it is in
 // state already, and reports whether the change needs [Sink.report]: no
 // writer runs for the endpoint. st.mu is held.
-func (st *endpointState) changed(state BreakerState, now time.Time) bool {
+func (st *endpointState) changed(state endpoints.BreakerState, now time.Time) bool {
 	if st.reported == state {
 		return false
 	}
@@ -215,7 +232,7 @@ func (s *Sink) report(st *endpointState) {
 			st.unwritten = false
 			st.mu.Unlock()
 			ctx, cancel := context.WithTimeout(context.Background(), breakerWriteTimeout)
-			err := s.reg.breaker(ctx, id, state, since, s.cfg.Instance)
+			err := s.reg.ReportBreaker(ctx, id, state, since, s.cfg.Instance)
 			cancel()
 			if err != nil {
 				s.log.Warn("webhook: recording the breaker's state in the registry failed", "endpoint", id, "state", state, "err", err)
@@ -233,7 +250,7 @@ func (s *Sink) disable(ctx context.Context, st *endpointState, reason string) {
 	if already {
 		return
 	}
-	if _, err := s.reg.db.Exec(ctx, s.reg.sql.disable, id, reason); err != nil {
+	if err := s.reg.Disable(ctx, id, reason); err != nil {
 		s.log.Warn("webhook: disabling an endpoint failed", "endpoint", id, "err", err)
 		return
 	}

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"net/http/httptest"
 	"net/netip"
-	"strconv"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -17,6 +15,8 @@ import (
 	"github.com/idemq/idemq/relay"
 	"github.com/idemq/idemq/testenv"
 	"github.com/idemq/idemq/transports/webhook"
+	"github.com/idemq/idemq/transports/webhook/endpoints"
+	"github.com/idemq/idemq/transports/webhook/signing"
 )
 
 // Example sends an event to a receiver built with the middleware, through
@@ -30,7 +30,7 @@ func Example() {
 	}
 	defer done()
 	ob, _ := outbox.New(pool, outbox.Config{})
-	reg, _ := webhook.NewRegistry(pool, webhook.RegistryConfig{})
+	reg, _ := endpoints.NewRegistry(pool, endpoints.RegistryConfig{})
 
 	// The receiving side: a consumer whose handler runs in the transaction
 	// that records the webhook-id in its inbox, behind a verifying Receiver.
@@ -49,14 +49,14 @@ func Example() {
 			return
 		}
 	}
-	secret := webhook.NewSecret()
+	secret := signing.NewSecret()
 	recv, _ := webhook.NewReceiver(c, webhook.ReceiverConfig{Keys: []string{secret}})
 	srv := httptest.NewServer(recv)
 	defer srv.Close()
 
 	// The sending side: an endpoint, a Sink behind a relay, and an event
 	// published in a business transaction.
-	if _, err := reg.Add(ctx, webhook.Endpoint{URL: srv.URL, Keys: []string{secret}, EventTypes: []string{"invoice.paid"}}); err != nil {
+	if _, err := reg.Add(ctx, endpoints.Endpoint{URL: srv.URL, Keys: []string{secret}, EventTypes: []string{"invoice.paid"}}); err != nil {
 		fmt.Println(err)
 		return
 	}
@@ -66,7 +66,7 @@ func Example() {
 		AllowedNetworks: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")},
 	})
 	router := relay.NewRouter()
-	_ = router.RoutePrefix(webhook.DestinationPrefix, sink)
+	_ = router.RoutePrefix(endpoints.DestinationPrefix, sink)
 	r, _ := relay.New(pool, ob, router, relay.Config{})
 	running, err := idemq.Start(ctx, r)
 	if err != nil {
@@ -75,10 +75,10 @@ func Example() {
 	}
 	defer running.Stop()
 
-	pub, _ := webhook.NewPublisher(reg, ob)
+	pub, _ := endpoints.NewPublisher(reg, ob)
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		// ... the business writes ...
-		n, err := pub.PublishTx(ctx, tx, webhook.Event{Type: "invoice.paid", Key: "inv_1", Data: json.RawMessage(`{"amount":42}`)})
+		n, err := pub.PublishTx(ctx, tx, endpoints.Event{Type: "invoice.paid", Key: "inv_1", Data: json.RawMessage(`{"amount":42}`)})
 		fmt.Println("deliveries:", n)
 		return err
 	})
@@ -90,24 +90,4 @@ func Example() {
 	// Output:
 	// deliveries: 1
 	// applied: invoice.paid
-}
-
-// ExampleVerify checks a webhook by hand, for a receiver that does not use
-// [webhook.Receiver]: here with the public half of an ed25519 key while the
-// sender signs with an HMAC secret and the private half.
-func ExampleVerify() {
-	secret := webhook.NewSecret()
-	private, public := webhook.NewSigningKey()
-	ring, _ := webhook.ParseKeys(secret, private) // the sender's key ring
-	body := []byte(`{"type":"invoice.paid","timestamp":"2026-11-23T18:00:00Z","data":{}}`)
-	now := time.Now()
-	signature := webhook.Sign(ring, "msg_1", now, body)
-
-	keys, _ := webhook.ParseKeys(public) // all the receiver holds
-	ts := strconv.FormatInt(now.Unix(), 10)
-	fmt.Println(webhook.Verify(keys, "msg_1", ts, signature, body, 5*time.Minute, now))
-	fmt.Println(webhook.Verify(keys, "msg_1", ts, signature, append(body, ' '), 5*time.Minute, now))
-	// Output:
-	// <nil>
-	// webhook: no signature matches
 }

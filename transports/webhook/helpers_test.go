@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/idemq/idemq"
 	"io"
 	"log/slog"
 	"net/http"
@@ -16,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemq/idemq"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -25,6 +26,8 @@ import (
 	"github.com/idemq/idemq/relay"
 	"github.com/idemq/idemq/testenv"
 	"github.com/idemq/idemq/transports/webhook"
+	"github.com/idemq/idemq/transports/webhook/endpoints"
+	"github.com/idemq/idemq/transports/webhook/signing"
 )
 
 // quiet discards logs unless WEBHOOK_TEST_LOG is set.
@@ -45,8 +48,8 @@ type bundle struct {
 	ctx   context.Context
 	pool  *pgxpool.Pool
 	ob    *outbox.Outbox
-	reg   *webhook.Registry
-	pub   *webhook.Publisher
+	reg   *endpoints.Registry
+	pub   *endpoints.Publisher
 	inbox *inbox.Store
 }
 
@@ -65,14 +68,14 @@ func setupOn(t testing.TB, pool *pgxpool.Pool) bundle {
 	if err := ob.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	reg, err := webhook.NewRegistry(pool, webhook.RegistryConfig{})
+	reg, err := endpoints.NewRegistry(pool, endpoints.RegistryConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := reg.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	pub, err := webhook.NewPublisher(reg, ob)
+	pub, err := endpoints.NewPublisher(reg, ob)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,14 +111,16 @@ func fastSink(t testing.TB, b bundle, cfg webhook.Config) *webhook.Sink {
 }
 
 // runRelay runs a relay that routes webhook rows to sink until the test
-// ends.
+// ends; it logs to cfg.Logger when set, nowhere otherwise.
 func runRelay(t testing.TB, b bundle, sink relay.Sink, cfg relay.Config) {
 	t.Helper()
 	router := relay.NewRouter()
-	if err := router.RoutePrefix(webhook.DestinationPrefix, sink); err != nil {
+	if err := router.RoutePrefix(endpoints.DestinationPrefix, sink); err != nil {
 		t.Fatal(err)
 	}
-	cfg.Logger = quiet
+	if cfg.Logger == nil {
+		cfg.Logger = quiet
+	}
 	if cfg.Retry.BaseDelay == 0 {
 		cfg.Retry.BaseDelay, cfg.Retry.MaxDelay = 10*time.Millisecond, 50*time.Millisecond
 	}
@@ -139,10 +144,10 @@ func runRelay(t testing.TB, b bundle, sink relay.Sink, cfg relay.Config) {
 
 // addEndpoint registers an endpoint for url with a fresh secret and
 // returns it with the secret.
-func addEndpoint(t testing.TB, b bundle, url string, tweak func(*webhook.Endpoint)) (webhook.Endpoint, string) {
+func addEndpoint(t testing.TB, b bundle, url string, tweak func(*endpoints.Endpoint)) (endpoints.Endpoint, string) {
 	t.Helper()
-	secret := webhook.NewSecret()
-	ep := webhook.Endpoint{URL: url, Keys: []string{secret}}
+	secret := signing.NewSecret()
+	ep := endpoints.Endpoint{URL: url, Keys: []string{secret}}
 	if tweak != nil {
 		tweak(&ep)
 	}
@@ -154,7 +159,7 @@ func addEndpoint(t testing.TB, b bundle, url string, tweak func(*webhook.Endpoin
 }
 
 // publish fans events out in one transaction.
-func publish(t testing.TB, b bundle, events ...webhook.Event) int {
+func publish(t testing.TB, b bundle, events ...endpoints.Event) int {
 	t.Helper()
 	var n int
 	err := pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
@@ -169,8 +174,8 @@ func publish(t testing.TB, b bundle, events ...webhook.Event) int {
 }
 
 // event returns an event of type "test.event" whose data is {"n": n}.
-func event(key string, n int) webhook.Event {
-	return webhook.Event{Type: "test.event", Key: key, Data: json.RawMessage(fmt.Sprintf(`{"n":%d}`, n))}
+func event(key string, n int) endpoints.Event {
+	return endpoints.Event{Type: "test.event", Key: key, Data: json.RawMessage(fmt.Sprintf(`{"n":%d}`, n))}
 }
 
 // hit is one request a receiver saw.
@@ -205,7 +210,7 @@ func (rc *receiver) serve(w http.ResponseWriter, r *http.Request) {
 	_ = json.Unmarshal(body, &p)
 	rc.mu.Lock()
 	i := len(rc.hits)
-	rc.hits = append(rc.hits, hit{id: r.Header.Get(webhook.HeaderID), header: r.Header.Clone(), body: body, n: p.Data.N})
+	rc.hits = append(rc.hits, hit{id: r.Header.Get(signing.HeaderID), header: r.Header.Clone(), body: body, n: p.Data.N})
 	rc.mu.Unlock()
 	if rc.respond != nil && rc.respond(i, w, r) {
 		return
@@ -236,7 +241,7 @@ func pending(t testing.TB, b bundle) (rows, attempts int) {
 func pendingFor(t testing.TB, b bundle, endpoint string) (rows, attempts int) {
 	t.Helper()
 	if err := b.pool.QueryRow(b.ctx, `SELECT count(*), coalesce(sum(attempts), 0) FROM idemq_outbox
-WHERE $1 = '' OR destination = $2`, endpoint, webhook.DestinationPrefix+endpoint).Scan(&rows, &attempts); err != nil {
+WHERE $1 = '' OR destination = $2`, endpoint, endpoints.DestinationPrefix+endpoint).Scan(&rows, &attempts); err != nil {
 		t.Fatal(err)
 	}
 	return rows, attempts

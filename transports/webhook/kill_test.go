@@ -15,6 +15,8 @@ import (
 	"github.com/idemq/idemq/relay/relaytest"
 	"github.com/idemq/idemq/testenv"
 	"github.com/idemq/idemq/transports/webhook"
+	"github.com/idemq/idemq/transports/webhook/endpoints"
+	"github.com/idemq/idemq/transports/webhook/signing"
 )
 
 // TestRelayKilledBetweenPostAndDelete runs the relay in a child process
@@ -37,7 +39,7 @@ func TestRelayKilledBetweenPostAndDelete(t *testing.T) {
 	t.Cleanup(pool.Close)
 	b := setupOn(t, pool)
 
-	secret := webhook.NewSecret()
+	secret := signing.NewSecret()
 	var applied atomic.Int64
 	app := newWebhookReceiver(t, b, secret, func(ctx context.Context, tx pgx.Tx, d webhook.Delivery) error {
 		applied.Add(1)
@@ -52,7 +54,7 @@ func TestRelayKilledBetweenPostAndDelete(t *testing.T) {
 		}
 		return true
 	})
-	if _, err := b.reg.Add(b.ctx, webhook.Endpoint{ID: "ep", URL: rc.srv.URL, Keys: []string{secret}}); err != nil {
+	if _, err := b.reg.Add(b.ctx, endpoints.Endpoint{ID: "ep", URL: rc.srv.URL, Keys: []string{secret}}); err != nil {
 		t.Fatal(err)
 	}
 

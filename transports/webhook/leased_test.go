@@ -14,6 +14,7 @@ import (
 	"github.com/idemq/idemq/idemqtest"
 	"github.com/idemq/idemq/inbox"
 	"github.com/idemq/idemq/transports/webhook"
+	"github.com/idemq/idemq/transports/webhook/signing"
 )
 
 // newLeasedReceiver serves a Receiver on a leased consumer of scope
@@ -36,8 +37,8 @@ func newLeasedReceiver(t *testing.T, b bundle, secret string, ttl time.Duration,
 func TestLeasedReceiver(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	secret := webhook.NewSecret()
-	keys, _ := webhook.ParseKeys(secret)
+	secret := signing.NewSecret()
+	keys, _ := signing.ParseKeys(secret)
 	var calls, effects atomic.Int64
 	inside, release := make(chan struct{}), make(chan struct{})
 	srv := newLeasedReceiver(t, b, secret, time.Hour, func(ctx context.Context, d webhook.Delivery, lease idemq.Lease) error {
@@ -56,7 +57,7 @@ func TestLeasedReceiver(t *testing.T) {
 	})
 	post := func(id, body string) *http.Response {
 		now := time.Now()
-		return postSigned(t, srv.URL, id, now, webhook.Sign(keys, id, now, []byte(body)), body)
+		return postSigned(t, srv.URL, id, now, signing.Sign(keys, id, now, []byte(body)), body)
 	}
 
 	if resp := post("m1", `{}`); resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
@@ -99,8 +100,8 @@ func TestLeasedReceiver(t *testing.T) {
 func TestLeasedReceiverRenewsItsLease(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	secret := webhook.NewSecret()
-	keys, _ := webhook.ParseKeys(secret)
+	secret := signing.NewSecret()
+	keys, _ := signing.ParseKeys(secret)
 	var calls atomic.Int64
 	inside, release := make(chan struct{}), make(chan struct{})
 	srv := newLeasedReceiver(t, b, secret, 200*time.Millisecond, func(ctx context.Context, d webhook.Delivery, lease idemq.Lease) error {
@@ -116,7 +117,7 @@ func TestLeasedReceiverRenewsItsLease(t *testing.T) {
 	})
 	post := func() *http.Response {
 		now := time.Now()
-		return postSigned(t, srv.URL, "slow", now, webhook.Sign(keys, "slow", now, []byte(`{}`)), `{}`)
+		return postSigned(t, srv.URL, "slow", now, signing.Sign(keys, "slow", now, []byte(`{}`)), `{}`)
 	}
 	first := make(chan int)
 	go func() { first <- post().StatusCode }()

@@ -15,6 +15,7 @@ import (
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/transports/internal/inbound"
+	"github.com/idemq/idemq/transports/webhook/signing"
 )
 
 // Defaults of [ReceiverConfig].
@@ -97,7 +98,7 @@ func (c ReceiverConfig) validate() error {
 	case c.MaxBody < 0:
 		return idemq.NewConfigError(component, "MaxBody", "%d is negative", c.MaxBody)
 	}
-	if _, err := ParseKeys(c.Keys...); err != nil {
+	if _, err := signing.ParseKeys(c.Keys...); err != nil {
 		return idemq.NewConfigError(component, "Keys", "%v", err)
 	}
 	return c.Retry.Validate(component)
@@ -205,7 +206,7 @@ func HandleLeased(h LeasedHandler) consumer.LeasedHandler {
 type Receiver struct {
 	c      *consumer.Consumer
 	cfg    ReceiverConfig
-	keys   []Key
+	keys   []signing.Key
 	kernel *inbound.Kernel
 }
 
@@ -220,7 +221,7 @@ func NewReceiver(c *consumer.Consumer, cfg ReceiverConfig) (*Receiver, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	keys, _ := ParseKeys(cfg.Keys...) // validated above
+	keys, _ := signing.ParseKeys(cfg.Keys...) // validated above
 	log := cfg.Logger.With(slog.String("scope", c.Scope()))
 	return &Receiver{c: c, cfg: cfg, keys: keys, kernel: inbound.New(inbound.Config{Retry: cfg.Retry, Logger: log})}, nil
 }
@@ -263,8 +264,8 @@ func (r *Receiver) verify(w http.ResponseWriter, req *http.Request) (Delivery, b
 		}
 		return Delivery{}, false
 	}
-	id, ts := req.Header.Get(HeaderID), req.Header.Get(HeaderTimestamp)
-	if err := Verify(r.keys, id, ts, req.Header.Get(HeaderSignature), body, r.cfg.Tolerance, time.Now()); err != nil {
+	id, ts := req.Header.Get(signing.HeaderID), req.Header.Get(signing.HeaderTimestamp)
+	if err := signing.Verify(r.keys, id, ts, req.Header.Get(signing.HeaderSignature), body, r.cfg.Tolerance, time.Now()); err != nil {
 		http.Error(w, err.Error(), http.StatusUnauthorized)
 		return Delivery{}, false
 	}

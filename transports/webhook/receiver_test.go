@@ -17,6 +17,7 @@ import (
 	"github.com/idemq/idemq/inbox"
 	"github.com/idemq/idemq/testenv"
 	"github.com/idemq/idemq/transports/webhook"
+	"github.com/idemq/idemq/transports/webhook/signing"
 )
 
 // TestReceiverHandlerSharesTheInboxTransaction: the handler's writes and
@@ -30,7 +31,7 @@ func TestReceiverHandlerSharesTheInboxTransaction(t *testing.T) {
 	if _, err := b.pool.Exec(b.ctx, `CREATE TABLE paid (invoice text PRIMARY KEY)`); err != nil {
 		t.Fatal(err)
 	}
-	secret := webhook.NewSecret()
+	secret := signing.NewSecret()
 	calls := 0
 	srv := httptest.NewServer(newWebhookReceiver(t, b, secret, func(ctx context.Context, tx pgx.Tx, d webhook.Delivery) error {
 		calls++
@@ -43,11 +44,11 @@ func TestReceiverHandlerSharesTheInboxTransaction(t *testing.T) {
 		return nil
 	}))
 	t.Cleanup(srv.Close)
-	keys, _ := webhook.ParseKeys(secret)
+	keys, _ := signing.ParseKeys(secret)
 	body := `{"type":"invoice.paid","data":{}}`
 	post := func() *http.Response {
 		now := time.Now()
-		return postSigned(t, srv.URL, "msg_1", now, webhook.Sign(keys, "msg_1", now, []byte(body)), body)
+		return postSigned(t, srv.URL, "msg_1", now, signing.Sign(keys, "msg_1", now, []byte(body)), body)
 	}
 	count := func() (paid, records int) {
 		if err := b.pool.QueryRow(b.ctx, `SELECT (SELECT count(*) FROM paid), (SELECT count(*) FROM idemq_inbox)`).Scan(&paid, &records); err != nil {
@@ -82,8 +83,8 @@ func TestReceiverHandlerSharesTheInboxTransaction(t *testing.T) {
 func TestReceiverCountsFailuresUpToADeadLetter(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	secret := webhook.NewSecret()
-	keys, _ := webhook.ParseKeys(secret)
+	secret := signing.NewSecret()
+	keys, _ := signing.ParseKeys(secret)
 	calls := 0
 	var dead []string
 	var outcomes []consumer.Outcome
@@ -114,7 +115,7 @@ func TestReceiverCountsFailuresUpToADeadLetter(t *testing.T) {
 	t.Cleanup(srv.Close)
 	post := func() *http.Response {
 		now := time.Now()
-		return postSigned(t, srv.URL, "msg_1", now, webhook.Sign(keys, "msg_1", now, []byte(`{}`)), `{}`)
+		return postSigned(t, srv.URL, "msg_1", now, signing.Sign(keys, "msg_1", now, []byte(`{}`)), `{}`)
 	}
 	for i := range 2 {
 		if resp := post(); resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
@@ -153,8 +154,8 @@ func TestReceiverDatabaseOutage(t *testing.T) {
 	if err := c.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	secret := webhook.NewSecret()
-	keys, _ := webhook.ParseKeys(secret)
+	secret := signing.NewSecret()
+	keys, _ := signing.ParseKeys(secret)
 	if _, err := webhook.NewReceiver(c, webhook.ReceiverConfig{Keys: []string{secret}, Retry: idemq.Retry{BaseDelay: -time.Second}}); !errors.Is(err, idemq.ErrConfig) {
 		t.Fatalf("negative Retry.BaseDelay: %v, want ErrConfig", err)
 	}
@@ -167,7 +168,7 @@ func TestReceiverDatabaseOutage(t *testing.T) {
 	defer srv.Close()
 	send := func(id string) *http.Response {
 		now := time.Now()
-		return postSigned(t, srv.URL, id, now, webhook.Sign(keys, id, now, []byte("{}")), "{}")
+		return postSigned(t, srv.URL, id, now, signing.Sign(keys, id, now, []byte("{}")), "{}")
 	}
 	if resp := send("msg_before"); resp.StatusCode != http.StatusOK {
 		t.Fatalf("before the outage: %d", resp.StatusCode)

@@ -17,6 +17,8 @@ import (
 	"github.com/idemq/idemq/relay"
 	"github.com/idemq/idemq/transports/transporttest"
 	"github.com/idemq/idemq/transports/webhook"
+	"github.com/idemq/idemq/transports/webhook/endpoints"
+	"github.com/idemq/idemq/transports/webhook/signing"
 )
 
 // TestReceiverConformance runs the transport conformance suite against the
@@ -27,12 +29,12 @@ import (
 // sender's position in that log; a subscription is a Receiver on its own
 // HTTP server, fed by the sender of its group.
 func TestReceiverConformance(t *testing.T) {
-	transporttest.Run(t, func(t *testing.T) transporttest.Harness { return newWebhookHarness(t, webhook.NewSecret()) })
+	transporttest.Run(t, func(t *testing.T) transporttest.Harness { return newWebhookHarness(t, signing.NewSecret()) })
 }
 
 type webhookHarness struct {
 	t    *testing.T
-	keys []webhook.Key
+	keys []signing.Key
 	ring string
 
 	mu    sync.Mutex
@@ -43,7 +45,7 @@ type webhookHarness struct {
 
 // newWebhookHarness returns a harness whose sender signs with secret.
 func newWebhookHarness(t *testing.T, secret string) *webhookHarness {
-	keys, err := webhook.ParseKeys(secret)
+	keys, err := signing.ParseKeys(secret)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +79,7 @@ func (h *webhookHarness) Sink() (relay.Sink, string) {
 			msgs[i] = transporttest.Message{ID: m.ID.String(), Key: m.Key, Payload: m.Payload}
 		}
 		return h.Publish(ctx, msgs...)
-	}), webhook.DestinationPrefix + "conformance"
+	}), endpoints.DestinationPrefix + "conformance"
 }
 
 func (h *webhookHarness) DeadLetters(context.Context) ([]string, error) {
@@ -177,10 +179,10 @@ func (h *webhookHarness) post(ctx context.Context, url string, m transporttest.M
 	}
 	now := time.Now()
 	if m.ID != "" {
-		req.Header.Set(webhook.HeaderID, m.ID)
+		req.Header.Set(signing.HeaderID, m.ID)
 	}
-	req.Header.Set(webhook.HeaderTimestamp, strconv.FormatInt(now.Unix(), 10))
-	req.Header.Set(webhook.HeaderSignature, webhook.Sign(h.keys, m.ID, now, m.Payload))
+	req.Header.Set(signing.HeaderTimestamp, strconv.FormatInt(now.Unix(), 10))
+	req.Header.Set(signing.HeaderSignature, signing.Sign(h.keys, m.ID, now, m.Payload))
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return false // no answer: send it again

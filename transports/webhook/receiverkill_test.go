@@ -17,6 +17,7 @@ import (
 	"github.com/idemq/idemq/testenv"
 	"github.com/idemq/idemq/transports/transporttest"
 	"github.com/idemq/idemq/transports/webhook"
+	"github.com/idemq/idemq/transports/webhook/signing"
 )
 
 // TestReceiverKilledProcesses: a sender posts five webhooks, one after
@@ -34,7 +35,7 @@ func TestReceiverKilledProcesses(t *testing.T) {
 	}
 	defer pool.Close()
 	transporttest.CreateEffects(t, pool)
-	spec := transporttest.ChildSpec{DatabaseURL: url, Params: map[string]string{"addr": freeAddr(t), "secret": webhook.NewSecret()}}
+	spec := transporttest.ChildSpec{DatabaseURL: url, Params: map[string]string{"addr": freeAddr(t), "secret": signing.NewSecret()}}
 	h := newWebhookHarness(t, spec.Params["secret"])
 	var ids []string
 	for i := range 5 {

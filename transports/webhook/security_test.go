@@ -21,6 +21,8 @@ import (
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
 	"github.com/idemq/idemq/transports/webhook"
+	"github.com/idemq/idemq/transports/webhook/endpoints"
+	"github.com/idemq/idemq/transports/webhook/signing"
 )
 
 // TestKeyRotationOverlap: after a rotation with a grace period, every
@@ -36,7 +38,7 @@ func TestKeyRotationOverlap(t *testing.T) {
 	publish(t, b, event("k", 0))
 	idemqtest.WaitFor(t, "the first delivery", func() bool { return rc.count() == 1 })
 
-	newPrivate, newPublic := webhook.NewSigningKey()
+	newPrivate, newPublic := signing.NewSigningKey()
 	if err := b.reg.RotateKey(b.ctx, ep.ID, newPrivate, time.Hour); err != nil {
 		t.Fatal(err)
 	}
@@ -52,21 +54,21 @@ func TestKeyRotationOverlap(t *testing.T) {
 	idemqtest.WaitFor(t, "the second delivery", func() bool { return rc.count() == 2 })
 
 	verifies := func(h hit, key string) bool {
-		keys, err := webhook.ParseKeys(key)
+		keys, err := signing.ParseKeys(key)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return webhook.Verify(keys, h.id, h.header.Get(webhook.HeaderTimestamp), h.header.Get(webhook.HeaderSignature), h.body, time.Minute, time.Now()) == nil
+		return signing.Verify(keys, h.id, h.header.Get(signing.HeaderTimestamp), h.header.Get(signing.HeaderSignature), h.body, time.Minute, time.Now()) == nil
 	}
 	hits := rc.all()
 	if !verifies(hits[0], old) || verifies(hits[0], newPublic) {
 		t.Fatal("before the rotation: want the old key only")
 	}
 	if !verifies(hits[1], old) || !verifies(hits[1], newPublic) {
-		t.Fatalf("during the overlap: want both keys to verify %q", hits[1].header.Get(webhook.HeaderSignature))
+		t.Fatalf("during the overlap: want both keys to verify %q", hits[1].header.Get(signing.HeaderSignature))
 	}
 	// A rotation with no grace retires the old keys at once.
-	if err := b.reg.RotateKey(b.ctx, ep.ID, webhook.NewSecret(), 0); err != nil {
+	if err := b.reg.RotateKey(b.ctx, ep.ID, signing.NewSecret(), 0); err != nil {
 		t.Fatal(err)
 	}
 	if got, _ := b.reg.Get(b.ctx, ep.ID); len(got.Keys) != 2 {
@@ -80,25 +82,25 @@ func TestKeyRotationOverlap(t *testing.T) {
 func TestReceiverRejectsAndRecordsNothing(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	secret := webhook.NewSecret()
+	secret := signing.NewSecret()
 	applied := 0
 	srv := httptest.NewServer(newWebhookReceiver(t, b, secret, func(ctx context.Context, tx pgx.Tx, d webhook.Delivery) error {
 		applied++
 		return nil
 	}))
 	t.Cleanup(srv.Close)
-	keys, _ := webhook.ParseKeys(secret)
-	wrong, _ := webhook.ParseKeys(webhook.NewSecret())
+	keys, _ := signing.ParseKeys(secret)
+	wrong, _ := signing.ParseKeys(signing.NewSecret())
 	body := `{"type":"a.b","data":{}}`
 	post := func(id string, at time.Time, sig, body string) int {
 		return postSigned(t, srv.URL, id, at, sig, body).StatusCode
 	}
 	now := time.Now()
 	for name, status := range map[string]int{
-		"bad signature": post("m1", now, webhook.Sign(wrong, "m1", now, []byte(body)), body),
-		"stale":         post("m2", now.Add(-6*time.Minute), webhook.Sign(keys, "m2", now.Add(-6*time.Minute), []byte(body)), body),
-		"future":        post("m3", now.Add(6*time.Minute), webhook.Sign(keys, "m3", now.Add(6*time.Minute), []byte(body)), body),
-		"tampered body": post("m4", now, webhook.Sign(keys, "m4", now, []byte(body)), body+" "),
+		"bad signature": post("m1", now, signing.Sign(wrong, "m1", now, []byte(body)), body),
+		"stale":         post("m2", now.Add(-6*time.Minute), signing.Sign(keys, "m2", now.Add(-6*time.Minute), []byte(body)), body),
+		"future":        post("m3", now.Add(6*time.Minute), signing.Sign(keys, "m3", now.Add(6*time.Minute), []byte(body)), body),
+		"tampered body": post("m4", now, signing.Sign(keys, "m4", now, []byte(body)), body+" "),
 		"no signature":  post("m5", now, "", body),
 	} {
 		if status != http.StatusUnauthorized {
@@ -112,7 +114,7 @@ func TestReceiverRejectsAndRecordsNothing(t *testing.T) {
 	if applied != 0 || records != 0 {
 		t.Fatalf("after rejected requests: applied %d, %d inbox records; want none", applied, records)
 	}
-	good := webhook.Sign(keys, "m6", now, []byte(body))
+	good := signing.Sign(keys, "m6", now, []byte(body))
 	for range 2 {
 		if status := post("m6", now, good, body); status != http.StatusOK {
 			t.Fatalf("genuine message: status %d", status)
@@ -123,7 +125,7 @@ func TestReceiverRejectsAndRecordsNothing(t *testing.T) {
 	}
 	// The same id with another (correctly signed) body is a conflict.
 	other := `{"type":"a.b","data":{"x":1}}`
-	if resp := postSigned(t, srv.URL, "m6", now, webhook.Sign(keys, "m6", now, []byte(other)), other); resp.StatusCode != http.StatusConflict ||
+	if resp := postSigned(t, srv.URL, "m6", now, signing.Sign(keys, "m6", now, []byte(other)), other); resp.StatusCode != http.StatusConflict ||
 		resp.Header.Get(webhook.HeaderDelivery) != webhook.AbortMessage {
 		t.Fatalf("reused id with another body: status %d, %q; want 409 with abort-message", resp.StatusCode, resp.Header.Get(webhook.HeaderDelivery))
 	}
@@ -159,8 +161,8 @@ func TestSSRFRefusedByDefault(t *testing.T) {
 	}
 	var batch []relay.Message
 	for i, u := range urls {
-		ep, _ := addEndpoint(t, b, u, func(e *webhook.Endpoint) { e.ID = fmt.Sprint("ep", i) })
-		batch = append(batch, relay.Message{Message: outbox.Message{ID: uuid.Must(uuid.NewV7()), Destination: webhook.DestinationPrefix + ep.ID, Payload: []byte(`{}`)}})
+		ep, _ := addEndpoint(t, b, u, func(e *endpoints.Endpoint) { e.ID = fmt.Sprint("ep", i) })
+		batch = append(batch, relay.Message{Message: outbox.Message{ID: uuid.Must(uuid.NewV7()), Destination: endpoints.DestinationPrefix + ep.ID, Payload: []byte(`{}`)}})
 	}
 	err = sink.Publish(b.ctx, 0, batch)
 	var pe *relay.PublishError
@@ -182,12 +184,12 @@ func TestSSRFRefusedByDefault(t *testing.T) {
 		http.Redirect(w, r, "http://[::1]:"+v6port+"/", http.StatusTemporaryRedirect)
 		return true
 	})
-	ep, _ := addEndpoint(t, b, redirect.srv.URL, func(e *webhook.Endpoint) { e.ID = "redirect" })
+	ep, _ := addEndpoint(t, b, redirect.srv.URL, func(e *endpoints.Endpoint) { e.ID = "redirect" })
 	allowV4, err := webhook.NewSink(b.reg, webhook.Config{Logger: quiet, AllowedNetworks: loopback[:1]})
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = allowV4.Publish(b.ctx, 0, []relay.Message{{Message: outbox.Message{ID: uuid.Must(uuid.NewV7()), Destination: webhook.DestinationPrefix + ep.ID, Payload: []byte(`{}`)}}})
+	err = allowV4.Publish(b.ctx, 0, []relay.Message{{Message: outbox.Message{ID: uuid.Must(uuid.NewV7()), Destination: endpoints.DestinationPrefix + ep.ID, Payload: []byte(`{}`)}}})
 	var de *webhook.DeliveryError
 	if !errors.As(err, &pe) || !errors.As(pe.Failed[0], &de) || de.Status != http.StatusTemporaryRedirect || idemq.IsPermanent(pe.Failed[0]) {
 		t.Fatalf("redirect: %v, want a retryable 307 failure", err)
@@ -201,9 +203,9 @@ func TestSSRFRefusedByDefault(t *testing.T) {
 func postSigned(t *testing.T, url, id string, at time.Time, sig, body string) *http.Response {
 	t.Helper()
 	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
-	req.Header.Set(webhook.HeaderID, id)
-	req.Header.Set(webhook.HeaderTimestamp, strconv.FormatInt(at.Unix(), 10))
-	req.Header.Set(webhook.HeaderSignature, sig)
+	req.Header.Set(signing.HeaderID, id)
+	req.Header.Set(signing.HeaderTimestamp, strconv.FormatInt(at.Unix(), 10))
+	req.Header.Set(signing.HeaderSignature, sig)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)

@@ -16,6 +16,7 @@ import (
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/internal/lifecycle"
 	"github.com/idemq/idemq/relay"
+	"github.com/idemq/idemq/transports/webhook/endpoints"
 )
 
 // Defaults of [Config].
@@ -27,7 +28,7 @@ const (
 	DisableAfterDefault    = 5 * 24 * time.Hour
 	MaxRetryAfterDefault   = time.Hour
 	BreakerFailuresDefault = 5
-	BreakerCooldownDefault = 30 * time.Second
+	BreakerCooldownDefault = 5 * time.Second
 	HoldIntervalDefault    = time.Minute
 	RefreshIntervalDefault = 5 * time.Second
 	UserAgentDefault       = "idemq-webhook/1"
@@ -60,14 +61,20 @@ type Config struct {
 	// without burning attempts, for BreakerCooldown, then one delivery
 	// probes it. Defaults to 5.
 	BreakerFailures int
-	// BreakerCooldown is how long an open breaker holds; it doubles with
-	// every failed probe, up to 16 times its value, until a delivery
-	// succeeds. Defaults to 30 seconds.
+	// BreakerCooldown is how long an open breaker holds the endpoint's
+	// rows: they come back when it half-opens, and the first of them
+	// probes the endpoint while the others wait (a second at most, or the
+	// cooldown if shorter) for its answer. It doubles with every failed
+	// probe, up to 64 times its value (5m20s on the default), until a
+	// delivery succeeds. Deliveries already in flight when the breaker
+	// opened do not stretch it. So an outage shorter than the cooldown
+	// delays the endpoint's rows by about one cooldown. Defaults to 5
+	// seconds.
 	BreakerCooldown time.Duration
 	// HoldInterval is how often the rows of a disabled endpoint come back
 	// to see whether it was re-enabled: each time the relay claims and puts
 	// back the head of every held key and every held unkeyed row. After
-	// [Registry.Enable], Outbox.RetryNow on the endpoint's destination
+	// [endpoints.Registry.Enable], Outbox.RetryNow on the endpoint's destination
 	// sends them at once. Defaults to 1 minute.
 	HoldInterval time.Duration
 	// RefreshInterval is how long the Sink trusts its copy of an endpoint
@@ -83,12 +90,12 @@ type Config struct {
 	// UserAgent is sent with every delivery. Defaults to "idemq-webhook/1".
 	UserAgent string
 	// Instance names this Sink where it reports its breakers' changes
-	// (Endpoint.BreakerRelay). Defaults to "<hostname>/<pid>".
+	// ([endpoints.Endpoint].BreakerRelay). Defaults to "<hostname>/<pid>".
 	Instance string
 	// Hooks receive delivery events. All optional.
 	Hooks Hooks
 	// Logger receives endpoint state changes, breaker changes among them,
-	// which the Sink also records in the registry (Endpoint.Breaker).
+	// which the Sink also records in the registry ([endpoints.Endpoint].Breaker).
 	// Defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -189,15 +196,15 @@ func (c Config) validate() error {
 }
 
 // Sink delivers the webhook rows of an outbox (destination
-// "webhook/<endpoint id>", written by [Publisher.PublishTx]) as Standard
-// Webhooks POSTs. Route [DestinationPrefix] to it on the relay's Router.
+// "webhook/<endpoint id>", written by [endpoints.Publisher.PublishTx]) as Standard
+// Webhooks POSTs. Route [endpoints.DestinationPrefix] to it on the relay's Router.
 //
 // Each endpoint is isolated: its own concurrency bound, rate limit,
 // breaker and failure clock, and a slow endpoint holds up a batch at most
 // for its Timeout, after which its breaker holds its rows out of later
 // batches. It is safe for concurrent use.
 type Sink struct {
-	reg    *Registry
+	reg    *endpoints.Registry
 	cfg    Config
 	client *http.Client
 	log    *slog.Logger
@@ -208,7 +215,7 @@ type Sink struct {
 
 // NewSink validates cfg and returns a Sink delivering to the endpoints of
 // reg.
-func NewSink(reg *Registry, cfg Config) (*Sink, error) {
+func NewSink(reg *endpoints.Registry, cfg Config) (*Sink, error) {
 	if reg == nil {
 		return nil, idemq.NewConfigError("webhook.Sink", "reg", "is nil")
 	}
@@ -226,10 +233,21 @@ func NewSink(reg *Registry, cfg Config) (*Sink, error) {
 }
 
 // ErrHeld is wrapped by the error of a row the Sink held back without
-// attempting it (disabled endpoint, open breaker, rate limit). It wraps
+// attempting it (disabled endpoint, open breaker, rate limit). It matches
 // relay.ErrSkipped, and the error carries an idemq.RetryAfter hint: the
-// relay puts the row back for that long without counting an attempt.
-var ErrHeld = fmt.Errorf("webhook: held: %w", relay.ErrSkipped)
+// relay puts the row back for that long without counting an attempt. Its
+// text is the row's recorded reason, so it says why the row waits (the
+// endpoint) and never ErrSkipped's "an earlier message of its key failed".
+var ErrHeld error = heldError{}
+
+// heldError is [ErrHeld]'s type: it matches relay.ErrSkipped without
+// carrying its text.
+type heldError struct{}
+
+func (heldError) Error() string { return "webhook: held, not attempted" }
+
+// Is makes a held row relay.ErrSkipped to the relay.
+func (heldError) Is(target error) bool { return target == relay.ErrSkipped }
 
 // hold returns the error that holds a row back for d.
 func hold(d time.Duration, format string, args ...any) error {
@@ -266,15 +284,15 @@ func (s *Sink) Publish(ctx context.Context, _ relay.BatchID, batch []relay.Messa
 					continue
 				}
 				m := batch[i]
-				id, ok := strings.CutPrefix(m.Destination, DestinationPrefix)
+				id, ok := strings.CutPrefix(m.Destination, endpoints.DestinationPrefix)
 				var err error
 				switch st := states[id]; {
 				case !ok:
-					err = idemq.Permanent(fmt.Errorf("webhook: destination %q does not start with %q", m.Destination, DestinationPrefix))
+					err = idemq.Permanent(fmt.Errorf("webhook: destination %q does not start with %q", m.Destination, endpoints.DestinationPrefix))
 				case st == nil && loadErr != nil:
 					err = hold(time.Second, "reading endpoint %s: %v", id, loadErr)
 				case st == nil:
-					err = idemq.Permanent(fmt.Errorf("webhook: %w: %s", ErrEndpointNotFound, id))
+					err = idemq.Permanent(fmt.Errorf("webhook: %w: %s", endpoints.ErrEndpointNotFound, id))
 				default:
 					err = s.deliver(ctx, st, m)
 				}
@@ -296,7 +314,7 @@ func (s *Sink) states(ctx context.Context, batch []relay.Message) (map[string]*e
 	var stale []string
 	s.mu.Lock()
 	for _, m := range batch {
-		id, ok := strings.CutPrefix(m.Destination, DestinationPrefix)
+		id, ok := strings.CutPrefix(m.Destination, endpoints.DestinationPrefix)
 		if _, seen := out[id]; !ok || seen {
 			continue
 		}
@@ -313,7 +331,7 @@ func (s *Sink) states(ctx context.Context, batch []relay.Message) (map[string]*e
 	if len(stale) == 0 {
 		return out, nil
 	}
-	eps, err := s.reg.get(ctx, stale)
+	eps, err := s.reg.List(ctx, stale...)
 	if err != nil {
 		return out, err
 	}

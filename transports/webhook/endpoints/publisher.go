@@ -1,4 +1,4 @@
-package webhook
+package endpoints
 
 import (
 	"context"
@@ -67,9 +67,9 @@ type Publisher struct {
 func NewPublisher(reg *Registry, ob *outbox.Outbox) (*Publisher, error) {
 	switch {
 	case reg == nil:
-		return nil, idemq.NewConfigError("webhook.Publisher", "reg", "is nil: pass the Registry of the endpoints")
+		return nil, idemq.NewConfigError("endpoints.Publisher", "reg", "is nil: pass the Registry of the endpoints")
 	case ob == nil:
-		return nil, idemq.NewConfigError("webhook.Publisher", "ob", "is nil: pass the Outbox the deliveries go through")
+		return nil, idemq.NewConfigError("endpoints.Publisher", "ob", "is nil: pass the Outbox the deliveries go through")
 	}
 	return &Publisher{reg: reg, ob: ob}, nil
 }
@@ -84,7 +84,7 @@ func NewPublisher(reg *Registry, ob *outbox.Outbox) (*Publisher, error) {
 // events; either way nothing is written.
 func (p *Publisher) PublishTx(ctx context.Context, tx pgx.Tx, events ...Event) (int, error) {
 	if pgtx.IsNil(tx) {
-		return 0, idemq.NewConfigError("webhook.Publisher", "tx", "is nil: PublishTx needs the business transaction the events belong to")
+		return 0, idemq.NewConfigError("endpoints.Publisher", "tx", "is nil: PublishTx needs the business transaction the events belong to")
 	}
 	if len(events) == 0 {
 		return 0, nil
@@ -119,7 +119,7 @@ func (p *Publisher) PublishTx(ctx context.Context, tx pgx.Tx, events ...Event) (
 	}
 	rows, err := tx.Query(ctx, p.reg.sql.enabled, types)
 	if err != nil {
-		return 0, fmt.Errorf("webhook: read subscriptions: %w", err)
+		return 0, dbError("read subscriptions", err)
 	}
 	type sub struct {
 		id    string
@@ -130,7 +130,7 @@ func (p *Publisher) PublishTx(ctx context.Context, tx pgx.Tx, events ...Event) (
 		return s, row.Scan(&s.id, &s.types)
 	})
 	if err != nil {
-		return 0, fmt.Errorf("webhook: read subscriptions: %w", err)
+		return 0, dbError("read subscriptions", err)
 	}
 	var msgs []outbox.Message
 	var eventOf []int // msgs[j] delivers events[eventOf[j]]

@@ -1,4 +1,4 @@
-package webhook
+package signing
 
 import (
 	"bytes"
@@ -26,18 +26,18 @@ const (
 	PublicKeyPrefix = "whpk_"
 )
 
-// Header names of Standard Webhooks, plus the Idempotency-Key that idemq
-// stamps on every outbound message.
+// Header names of Standard Webhooks: the three values [Verify] checks.
 const (
-	HeaderID             = "webhook-id"
-	HeaderTimestamp      = "webhook-timestamp"
-	HeaderSignature      = "webhook-signature"
-	HeaderIdempotencyKey = "Idempotency-Key"
+	HeaderID        = "webhook-id"
+	HeaderTimestamp = "webhook-timestamp"
+	HeaderSignature = "webhook-signature"
 )
 
-// ErrInvalidKey is matched by the errors of [ParseKey] and of everything
-// that parses keys.
-var ErrInvalidKey = errors.New("webhook: invalid key")
+// ErrInvalidSigningKey is matched by the errors of [ParseKey] and of
+// everything that parses a key ring (the registry, the Receiver's
+// config). The name says which key: a whsec_, whsk_ or whpk_ key of a
+// ring, never an idempotency key (request.ErrInvalidKey).
+var ErrInvalidSigningKey = errors.New("webhook: invalid signing key")
 
 // Key is one parsed signing or verification key. Its zero value is not a
 // key; build one with [ParseKey], [NewSecret] or [NewSigningKey].
@@ -54,7 +54,7 @@ func ParseKey(s string) (Key, error) {
 	decode := func(prefix string) ([]byte, error) {
 		b, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(s, prefix))
 		if err != nil {
-			return nil, fmt.Errorf("%w: %s key is not base64: %v", ErrInvalidKey, prefix, err)
+			return nil, fmt.Errorf("%w: %s key is not base64: %v", ErrInvalidSigningKey, prefix, err)
 		}
 		return b, nil
 	}
@@ -65,7 +65,7 @@ func ParseKey(s string) (Key, error) {
 			return Key{}, err
 		}
 		if len(b) < 24 || len(b) > 64 {
-			return Key{}, fmt.Errorf("%w: %s secret has %d bytes, want 24 to 64", ErrInvalidKey, SecretPrefix, len(b))
+			return Key{}, fmt.Errorf("%w: %s secret has %d bytes, want 24 to 64", ErrInvalidSigningKey, SecretPrefix, len(b))
 		}
 		return Key{hmac: b}, nil
 	case strings.HasPrefix(s, PrivateKeyPrefix):
@@ -82,22 +82,22 @@ func ParseKey(s string) (Key, error) {
 			// signatures would fail at every receiver.
 			priv := ed25519.NewKeyFromSeed(b[:ed25519.SeedSize])
 			if !bytes.Equal(priv[ed25519.SeedSize:], b[ed25519.SeedSize:]) {
-				return Key{}, fmt.Errorf("%w: %s key's public half is not its seed's: the key is corrupt or spliced from two keys", ErrInvalidKey, PrivateKeyPrefix)
+				return Key{}, fmt.Errorf("%w: %s key's public half is not its seed's: the key is corrupt or spliced from two keys", ErrInvalidSigningKey, PrivateKeyPrefix)
 			}
 			return Key{priv: priv, pub: priv.Public().(ed25519.PublicKey)}, nil
 		}
-		return Key{}, fmt.Errorf("%w: %s key has %d bytes, want %d or %d", ErrInvalidKey, PrivateKeyPrefix, len(b), ed25519.SeedSize, ed25519.PrivateKeySize)
+		return Key{}, fmt.Errorf("%w: %s key has %d bytes, want %d or %d", ErrInvalidSigningKey, PrivateKeyPrefix, len(b), ed25519.SeedSize, ed25519.PrivateKeySize)
 	case strings.HasPrefix(s, PublicKeyPrefix):
 		b, err := decode(PublicKeyPrefix)
 		if err != nil {
 			return Key{}, err
 		}
 		if len(b) != ed25519.PublicKeySize {
-			return Key{}, fmt.Errorf("%w: %s key has %d bytes, want %d", ErrInvalidKey, PublicKeyPrefix, len(b), ed25519.PublicKeySize)
+			return Key{}, fmt.Errorf("%w: %s key has %d bytes, want %d", ErrInvalidSigningKey, PublicKeyPrefix, len(b), ed25519.PublicKeySize)
 		}
 		return Key{pub: b}, nil
 	}
-	return Key{}, fmt.Errorf("%w: want a %s, %s or %s prefix", ErrInvalidKey, SecretPrefix, PrivateKeyPrefix, PublicKeyPrefix)
+	return Key{}, fmt.Errorf("%w: want a %s, %s or %s prefix", ErrInvalidSigningKey, SecretPrefix, PrivateKeyPrefix, PublicKeyPrefix)
 }
 
 // NewSecret returns a fresh "whsec_" secret of 32 random bytes.
@@ -114,6 +114,11 @@ func NewSigningKey() (private, public string) {
 	return PrivateKeyPrefix + base64.StdEncoding.EncodeToString(priv.Seed()),
 		PublicKeyPrefix + base64.StdEncoding.EncodeToString(pub)
 }
+
+// Signs reports whether k can sign: an HMAC secret or an ed25519 private
+// key. A ring that no key of can sign fails every delivery, so the
+// registry refuses it.
+func (k Key) Signs() bool { return k.hmac != nil || k.priv != nil }
 
 // Public returns the "whpk_" form of an ed25519 key, "" for an HMAC secret.
 func (k Key) Public() string {

@@ -1,4 +1,4 @@
-package webhook
+package endpoints
 
 import (
 	"cmp"
@@ -13,11 +13,13 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/internal/pgtx"
 	"github.com/idemq/idemq/internal/pgutil"
 	"github.com/idemq/idemq/migrate"
+	"github.com/idemq/idemq/transports/webhook/signing"
 )
 
 //go:embed migrations/*.sql
@@ -59,7 +61,8 @@ type Endpoint struct {
 	// EventTypes filters the events fanned out to the endpoint; empty
 	// means every type.
 	EventTypes []string
-	// Keys sign every delivery (see [ParseKey]); at least one on Add.
+	// Keys sign every delivery (see signing.ParseKey); at least one that
+	// signs on Add.
 	// Reading an endpoint returns the keys that sign now.
 	Keys []string
 	// Timeout bounds one delivery; 0 takes the Sink's Config.Timeout.
@@ -86,13 +89,14 @@ type Endpoint struct {
 	// Breaker, by that relay's clock; zero when Breaker is "".
 	BreakerSince time.Time
 	// BreakerRelay names the Sink that reported Breaker: its
-	// [Config.Instance].
+	// webhook.Config.Instance.
 	BreakerRelay string
 	// CreatedAt and UpdatedAt are kept by the registry.
 	CreatedAt, UpdatedAt time.Time
 }
 
-// BreakerState is a state of an endpoint's breaker (see [Config.BreakerFailures]).
+// BreakerState is a state of an endpoint's breaker (see
+// webhook.Config.BreakerFailures).
 type BreakerState string
 
 // The states of a breaker.
@@ -110,6 +114,22 @@ const (
 
 // Enabled reports whether deliveries flow to the endpoint.
 func (e Endpoint) Enabled() bool { return e.DisabledAt.IsZero() }
+
+// ErrNotMigrated is matched by the error of a registry call on a database
+// whose registry tables are missing or older than this code (Postgres's
+// undefined table, column or schema): it says what is missing and the
+// command that creates it, and wraps Postgres's own error.
+var ErrNotMigrated = errors.New("webhook: the endpoint registry's tables are missing or out of date: " +
+	"run `idemq migrate --components webhook` (with the registry's --schema and --webhook-table) or Registry.Migrate first")
+
+// dbError wraps err, the database's error for the registry's call what,
+// marking a missing table, column or schema with [ErrNotMigrated].
+func dbError(what string, err error) error {
+	if pg := (*pgconn.PgError)(nil); errors.As(err, &pg) && (pg.Code == "42P01" || pg.Code == "42703" || pg.Code == "3F000") {
+		return fmt.Errorf("%w (%s): %w", ErrNotMigrated, what, err)
+	}
+	return fmt.Errorf("webhook: %s: %w", what, err)
+}
 
 // ErrEndpointNotFound is returned for an endpoint id the registry does not
 // hold. The Sink dead-letters rows of such an endpoint.
@@ -129,10 +149,10 @@ type Registry struct {
 // [Registry.Migrate] once before use.
 func NewRegistry(db DB, cfg RegistryConfig) (*Registry, error) {
 	if pgtx.IsNil(db) {
-		return nil, idemq.NewConfigError("webhook.Registry", "db", "is nil")
+		return nil, idemq.NewConfigError("endpoints.Registry", "db", "is nil")
 	}
 	cfg = cfg.withDefaults()
-	t, err := pgutil.ConfigTable("webhook.Registry", cfg.Schema, cfg.Table)
+	t, err := pgutil.ConfigTable("endpoints.Registry", cfg.Schema, cfg.Table)
 	if err != nil {
 		return nil, err
 	}
@@ -253,11 +273,11 @@ func (r *Registry) Add(ctx context.Context, ep Endpoint) (Endpoint, error) {
 	}
 	err := pgx.BeginFunc(ctx, r.db, func(tx pgx.Tx) error {
 		if err := tx.QueryRow(ctx, r.sql.insert, ep.ID, ep.URL, eventTypes(ep), ep.Timeout.Milliseconds(), ep.Concurrency, ep.RateLimit).Scan(&ep.CreatedAt); err != nil {
-			return fmt.Errorf("webhook: add endpoint %s: %w", ep.ID, err)
+			return dbError("add endpoint "+ep.ID, err)
 		}
 		for _, k := range ep.Keys {
 			if _, err := tx.Exec(ctx, r.sql.insertKey, ep.ID, k); err != nil {
-				return fmt.Errorf("webhook: add endpoint %s: key: %w", ep.ID, err)
+				return dbError("add endpoint "+ep.ID+": key", err)
 			}
 		}
 		return nil
@@ -273,16 +293,16 @@ func (r *Registry) Add(ctx context.Context, ep Endpoint) (Endpoint, error) {
 
 // signingKeys checks that keys parse and that at least one of them signs.
 func signingKeys(keys []string) error {
-	parsed, err := ParseKeys(keys...)
+	parsed, err := signing.ParseKeys(keys...)
 	if err != nil {
 		return err
 	}
 	for _, k := range parsed {
-		if k.hmac != nil || k.priv != nil {
+		if k.Signs() {
 			return nil
 		}
 	}
-	return fmt.Errorf("%w: no key that signs (want a %s or %s key)", ErrInvalidKey, SecretPrefix, PrivateKeyPrefix)
+	return fmt.Errorf("%w: no key that signs (want a %s or %s key)", signing.ErrInvalidSigningKey, signing.SecretPrefix, signing.PrivateKeyPrefix)
 }
 
 // Update replaces the URL, event types, timeout, concurrency and rate limit
@@ -298,7 +318,7 @@ func (r *Registry) Update(ctx context.Context, ep Endpoint) error {
 
 func affected(n int64, err error, what, id string) error {
 	if err != nil {
-		return fmt.Errorf("webhook: %s endpoint %s: %w", what, id, err)
+		return dbError(what+" endpoint "+id, err)
 	}
 	if n == 0 {
 		return fmt.Errorf("webhook: %s endpoint %s: %w", what, id, ErrEndpointNotFound)
@@ -319,7 +339,7 @@ func (r *Registry) RotateKey(ctx context.Context, id, key string, grace time.Dur
 	}
 	return pgx.BeginFunc(ctx, r.db, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, r.sql.expireKeys, id, grace.Microseconds()); err != nil {
-			return fmt.Errorf("webhook: rotate key of %s: %w", id, err)
+			return dbError("rotate key of "+id, err)
 		}
 		_, err := tx.Exec(ctx, r.sql.insertKey, id, key)
 		var pgErr interface{ SQLState() string }
@@ -336,7 +356,7 @@ func (r *Registry) RotateKey(ctx context.Context, id, key string, grace time.Dur
 // endpoint keeps the first reason.
 func (r *Registry) Disable(ctx context.Context, id, reason string) error {
 	if _, err := r.db.Exec(ctx, r.sql.disable, id, reason); err != nil {
-		return fmt.Errorf("webhook: disable endpoint %s: %w", id, err)
+		return dbError("disable endpoint "+id, err)
 	}
 	_, err := r.Get(ctx, id)
 	return err
@@ -360,7 +380,7 @@ func (r *Registry) Remove(ctx context.Context, id string) error {
 
 // Get returns one endpoint with its signing keys.
 func (r *Registry) Get(ctx context.Context, id string) (Endpoint, error) {
-	eps, err := r.get(ctx, []string{id})
+	eps, err := r.List(ctx, id)
 	if err != nil {
 		return Endpoint{}, err
 	}
@@ -370,15 +390,16 @@ func (r *Registry) Get(ctx context.Context, id string) (Endpoint, error) {
 	return eps[0], nil
 }
 
-// List returns every endpoint, enabled or not, ordered by id.
-func (r *Registry) List(ctx context.Context) ([]Endpoint, error) {
-	return r.get(ctx, nil)
-}
-
-func (r *Registry) get(ctx context.Context, ids []string) ([]Endpoint, error) {
+// List returns the endpoints of ids, or every endpoint when ids is empty,
+// enabled or not, ordered by id. An id the registry does not hold is left
+// out, not an error: one read serves a Sink's batch of many endpoints.
+func (r *Registry) List(ctx context.Context, ids ...string) ([]Endpoint, error) {
+	if len(ids) == 0 {
+		ids = nil // NULL: every endpoint
+	}
 	rows, err := r.db.Query(ctx, r.sql.get, ids)
 	if err != nil {
-		return nil, fmt.Errorf("webhook: read endpoints: %w", err)
+		return nil, dbError("read endpoints", err)
 	}
 	eps, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Endpoint, error) {
 		var e Endpoint
@@ -406,27 +427,41 @@ func (r *Registry) get(ctx context.Context, ids []string) ([]Endpoint, error) {
 		return e, err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("webhook: read endpoints: %w", err)
+		return nil, dbError("read endpoints", err)
 	}
 	return eps, nil
 }
 
-// failing starts the endpoint's failure clock unless it runs, and returns
-// when it started.
-func (r *Registry) failing(ctx context.Context, id string) (time.Time, error) {
+// The calls below are how a delivering Sink (package webhook) reports what
+// it saw; they are exported for it, and an operator's tool has no reason
+// to call them.
+
+// MarkFailing starts the endpoint's failure clock (Endpoint.FailingSince)
+// unless it runs, and returns when it started: the Sink disables the
+// endpoint once it has run for its DisableAfter.
+func (r *Registry) MarkFailing(ctx context.Context, id string) (time.Time, error) {
 	var since time.Time
-	err := r.db.QueryRow(ctx, r.sql.failing, id).Scan(&since)
-	return since, err
+	if err := r.db.QueryRow(ctx, r.sql.failing, id).Scan(&since); err != nil {
+		return time.Time{}, dbError("start the failure clock of endpoint "+id, err)
+	}
+	return since, nil
 }
 
-// succeeded stops the endpoint's failure clock.
-func (r *Registry) succeeded(ctx context.Context, id string) error {
-	_, err := r.db.Exec(ctx, r.sql.succeeded, id)
-	return err
+// MarkSucceeded stops the endpoint's failure clock after a delivery got a
+// 2xx.
+func (r *Registry) MarkSucceeded(ctx context.Context, id string) error {
+	if _, err := r.db.Exec(ctx, r.sql.succeeded, id); err != nil {
+		return dbError("stop the failure clock of endpoint "+id, err)
+	}
+	return nil
 }
 
-// breaker records a Sink's report of the endpoint's breaker.
-func (r *Registry) breaker(ctx context.Context, id string, state BreakerState, since time.Time, relay string) error {
-	_, err := r.db.Exec(ctx, r.sql.breaker, id, string(state), since, relay)
-	return err
+// ReportBreaker records that the breaker of the Sink named relay changed
+// to state at since (Endpoint.Breaker, BreakerSince, BreakerRelay). With
+// several relays the last report wins.
+func (r *Registry) ReportBreaker(ctx context.Context, id string, state BreakerState, since time.Time, relay string) error {
+	if _, err := r.db.Exec(ctx, r.sql.breaker, id, string(state), since, relay); err != nil {
+		return dbError("record the breaker of endpoint "+id, err)
+	}
+	return nil
 }
