@@ -156,8 +156,9 @@ type Queries struct {
 	// last_error.
 	ByKey string
 
-	// Audit writes an entry of the audit log (migration 0004): $1 actor,
-	// $2 action, $3 target, $4 filter (JSON text), $5 rows. AuditLog
+	// Audit writes an entry of the audit log (migrations 0004 and 0005):
+	// $1 actor, $2 action, $3 target, $4 filter (JSON text), $5 rows, $6
+	// outcome. AuditLog
 	// reads up to $2 entries older than id $1 (NULL: the latest), latest
 	// first.
 	Audit, AuditLog string
@@ -454,8 +455,8 @@ FROM (SELECT * FROM ` + table + ` WHERE ` + partition + ` = ` + fmt.Sprintf(part
 WHERE key = $1 ORDER BY seq LIMIT $2`,
 		// The relay workers and when their liveness runs out.
 		GaugeRelays: `SELECT owner, expires_at, expires_at > now() FROM ` + relays + ` ORDER BY owner`,
-		Audit:       `INSERT INTO ` + audit + ` (actor, action, target, filter, rows) VALUES ($1, $2, $3, $4::jsonb, $5)`,
-		AuditLog: `SELECT id, at, actor, action, target, filter, rows FROM ` + audit + `
+		Audit:       `INSERT INTO ` + audit + ` (actor, action, target, filter, rows, outcome) VALUES ($1, $2, $3, $4::jsonb, $5, $6)`,
+		AuditLog: `SELECT id, at, actor, action, target, filter, rows, outcome FROM ` + audit + `
 WHERE $1::int8 IS NULL OR id < $1 ORDER BY id DESC LIMIT $2`,
 		LockPartitions: `UPDATE ` + lease + ` AS t SET gen = t.gen + 1
 FROM (SELECT part FROM ` + lease + `
