@@ -226,24 +226,21 @@ func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	recent, err := h.cfg.Outbox.DeadGroups(ctx, outbox.DeadFilter{FailedAfter: time.Now().Add(-time.Hour), Limit: 1000})
-	if err != nil {
-		h.fail(w, r, err)
-		return
-	}
 	now := time.Now()
-	rates := h.rates.observe(now, g)
-	window, err := h.cfg.Outbox.DeadGroups(ctx, outbox.DeadFilter{FailedAfter: now.Add(-rateWindow), Limit: 1000})
+	failed, err := h.cfg.Outbox.DeadSince(ctx, now.Add(-time.Hour))
 	if err != nil {
 		h.fail(w, r, err)
 		return
 	}
-	failed, deadRate := map[string]int64{}, map[string]float64{}
-	for _, grp := range recent {
-		failed[grp.Destination] += grp.Count
+	rates := h.rates.observe(now, g)
+	window, err := h.cfg.Outbox.DeadSince(ctx, now.Add(-rateWindow))
+	if err != nil {
+		h.fail(w, r, err)
+		return
 	}
-	for _, grp := range window {
-		deadRate[grp.Destination] += float64(grp.Count) / rateWindow.Minutes()
+	deadRate := map[string]float64{}
+	for dest, n := range window {
+		deadRate[dest] = float64(n) / rateWindow.Minutes()
 	}
 	var rows []destinationRow
 	for _, d := range g.Destinations {

@@ -70,8 +70,9 @@ var variable = []struct {
 	// UUIDs.
 	{regexp.MustCompile(`(?i)\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b`), "<uuid>"},
 	// Network addresses: IPv6 in brackets and IPv4, with a port; a host
-	// name with a port.
-	{regexp.MustCompile(`\[[0-9A-Fa-f.]*:[0-9A-Fa-f:.]*\](?::[0-9]+)?|\b[0-9]{1,3}(?:\.[0-9]{1,3}){3}(?::[0-9]+)?\b|\b[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*:[0-9]{2,5}\b`), "<addr>"},
+	// name (with a dot, or localhost) with a port. A word and a number
+	// ("jobs:7919") are not an address: the number is a number.
+	{regexp.MustCompile(`\[[0-9A-Fa-f.]*:[0-9A-Fa-f:.]*\](?::[0-9]+)?|\b[0-9]{1,3}(?:\.[0-9]{1,3}){3}(?::[0-9]+)?\b|\b(?:[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+|localhost):[0-9]{2,5}\b`), "<addr>"},
 	// Query strings of URLs.
 	{regexp.MustCompile(`\?[^\s"']*`), "?<query>"},
 	// Hex: 0x literals (runs of 8 or more hex digits are hex below).

@@ -21,6 +21,8 @@ func TestOf(t *testing.T) {
 		{"ipv4", "dial tcp 10.0.0.7:9092: connect: connection refused", "dial tcp <addr>: connect: connection refused"},
 		{"ipv6", "dial tcp [::1]:5432: i/o timeout", "dial tcp <addr>: i/o timeout"},
 		{"host port", "dial tcp kafka-0.kafka.svc:9092: no such host", "dial tcp <addr>: no such host"},
+		{"localhost port", "dial tcp localhost:5432: refused", "dial tcp <addr>: refused"},
+		{"word and number", "key jobs:7919 and jobs:1", "key jobs:<n> and jobs:<n>"},
 		{"query", "GET https://a.example/hook?token=abc&n=3 failed", "GET https://a.example/hook?<query> failed"},
 		{"http 5xx", "webhook: endpoint ep-1: HTTP 503: busy", "http 5xx: webhook: endpoint ep-<n>: HTTP <n>: busy"},
 		{"http 4xx", "unexpected status code: 404", "http 4xx: unexpected status code: <n>"},
