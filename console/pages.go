@@ -210,66 +210,6 @@ func (h *handler) components() string {
 	return strings.Join(c, ",")
 }
 
-// destinationRow is one row of the overview's destinations table.
-type destinationRow struct {
-	outbox.DestinationGauge
-	FailedLastHour int64
-	// DeadPerMin is its dead letters per minute over the last rateWindow;
-	// DepthPerMin the change of its depth per minute, when Rates.Known.
-	DeadPerMin, DepthPerMin float64
-}
-
-func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
-	ctx := r.Context()
-	g, err := h.cfg.Outbox.Gauges(ctx)
-	if err != nil {
-		h.fail(w, r, err)
-		return
-	}
-	now := time.Now()
-	failed, err := h.cfg.Outbox.DeadSince(ctx, now.Add(-time.Hour))
-	if err != nil {
-		h.fail(w, r, err)
-		return
-	}
-	rates := h.rates.observe(now, g)
-	window, err := h.cfg.Outbox.DeadSince(ctx, now.Add(-rateWindow))
-	if err != nil {
-		h.fail(w, r, err)
-		return
-	}
-	deadRate := map[string]float64{}
-	for dest, n := range window {
-		deadRate[dest] = float64(n) / rateWindow.Minutes()
-	}
-	var rows []destinationRow
-	for _, d := range g.Destinations {
-		rows = append(rows, destinationRow{DestinationGauge: d, FailedLastHour: failed[d.Destination],
-			DeadPerMin: deadRate[d.Destination], DepthPerMin: rates.DepthChangePerMin[d.Destination]})
-		delete(failed, d.Destination)
-	}
-	for dest, n := range failed { // failing destinations with no backlog
-		rows = append(rows, destinationRow{DestinationGauge: outbox.DestinationGauge{Destination: dest}, FailedLastHour: n,
-			DeadPerMin: deadRate[dest], DepthPerMin: rates.DepthChangePerMin[dest]})
-		delete(rates.DepthChangePerMin, dest)
-	}
-	for _, d := range g.Destinations {
-		delete(rates.DepthChangePerMin, d.Destination)
-	}
-	for dest, change := range rates.DepthChangePerMin { // drained empty in the window
-		rows = append(rows, destinationRow{DestinationGauge: outbox.DestinationGauge{Destination: dest}, DepthPerMin: change})
-	}
-	sort.Slice(rows, func(i, j int) bool { return rows[i].Destination < rows[j].Destination })
-	owned := 0
-	for _, p := range g.Partitions {
-		if p.Owner != uuid.Nil {
-			owned++
-		}
-	}
-	h.render(w, r, "overview", "Overview", map[string]any{"Gauges": g, "Destinations": rows, "Owned": owned, "Sample": outbox.GaugeSample,
-		"Rates": rates, "RateWindow": rateWindow})
-}
-
 // notFound answers a page the console does not have (or not with this
 // configuration) in its layout.
 func (h *handler) notFound(w http.ResponseWriter, r *http.Request) {

@@ -63,7 +63,7 @@ func Example() {
 		return
 	}
 	// Output:
-	// pending: 13
+	// pending: 14
 	// applied inbox 0001_inbox
 	// applied inbox 0002_failures
 	// applied inbox 0003_conflicts
@@ -77,6 +77,7 @@ func Example() {
 	// applied outbox 0004_audit
 	// applied outbox 0005_audit_outcome
 	// applied outbox 0006_dead_groups
+	// applied outbox 0007_parked
 	// current: true
-	// undone outbox 0006_dead_groups
+	// undone outbox 0007_parked
 }

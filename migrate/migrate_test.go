@@ -301,7 +301,7 @@ func TestListValidateAndUnknownVersions(t *testing.T) {
 
 	err := m.Validate(ctx)
 	var pending *migrate.PendingError
-	if !errors.As(err, &pending) || ids(pending.Pending) != "outbox:0001_outbox outbox:0002_partitions outbox:0003_error_class outbox:0004_audit outbox:0005_audit_outcome outbox:0006_dead_groups inbox:0001_inbox inbox:0002_failures inbox:0003_conflicts inbox:0004_superseded inbox:0005_token inbox:0006_error_class inbox:0007_expired_leases" {
+	if !errors.As(err, &pending) || ids(pending.Pending) != "outbox:0001_outbox outbox:0002_partitions outbox:0003_error_class outbox:0004_audit outbox:0005_audit_outcome outbox:0006_dead_groups outbox:0007_parked inbox:0001_inbox inbox:0002_failures inbox:0003_conflicts inbox:0004_superseded inbox:0005_token inbox:0006_error_class inbox:0007_expired_leases" {
 		t.Fatalf("Validate on an empty database: %v", err)
 	}
 	if list := must(m.List(ctx))(t); ids(list) != ids(pending.Pending) || !list[0].AppliedAt.IsZero() || !strings.Contains(list[0].Up, `CREATE TABLE "other"."idemq_outbox"`) {
@@ -348,7 +348,7 @@ func TestStoresPendingMigrations(t *testing.T) {
 		want  string
 	}{
 		{must(inbox.New(pool, inbox.Config{}))(t), "inbox:0001_inbox inbox:0002_failures inbox:0003_conflicts inbox:0004_superseded inbox:0005_token inbox:0006_error_class inbox:0007_expired_leases"},
-		{must(outbox.New(pool, outbox.Config{}))(t), "outbox:0001_outbox outbox:0002_partitions outbox:0003_error_class outbox:0004_audit outbox:0005_audit_outcome outbox:0006_dead_groups"},
+		{must(outbox.New(pool, outbox.Config{}))(t), "outbox:0001_outbox outbox:0002_partitions outbox:0003_error_class outbox:0004_audit outbox:0005_audit_outcome outbox:0006_dead_groups outbox:0007_parked"},
 		{must(webhook.NewRegistry(pool, webhook.RegistryConfig{}))(t), "webhook:0001_endpoints webhook:0002_breaker"},
 		{must(pgstore.New(pool, pgstore.Config{}))(t), "inbox:0001_inbox inbox:0002_failures inbox:0003_conflicts inbox:0004_superseded inbox:0005_token inbox:0006_error_class inbox:0007_expired_leases"},
 	} {

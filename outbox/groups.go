@@ -103,9 +103,22 @@ func (o *Outbox) DeadGroups(ctx context.Context, f DeadFilter) ([]DeadGroup, err
 // (failed_at) INCLUDE (destination) index of migration 0006 for the rows
 // since then, not the rows themselves: cheap for the recent past.
 func (o *Outbox) DeadSince(ctx context.Context, since time.Time) (map[string]int64, error) {
-	rows, err := o.db.Query(ctx, o.q.DeadSince, since)
+	return o.countBy(ctx, "count recent dead letters", o.q.DeadSince, since)
+}
+
+// Parked counts the rows parked behind a dead letter of their key (relay
+// option ParkFollowers), per destination (destinations with none are left
+// out): exactly, from the partial index of migration 0007 that holds only
+// parked rows, where [Gauges] counts those of its sample.
+func (o *Outbox) Parked(ctx context.Context) (map[string]int64, error) {
+	return o.countBy(ctx, "count parked rows", o.q.Parked)
+}
+
+// countBy runs stmt, which returns (destination, count) rows.
+func (o *Outbox) countBy(ctx context.Context, what, stmt string, args ...any) (map[string]int64, error) {
+	rows, err := o.db.Query(ctx, stmt, args...)
 	if err != nil {
-		return nil, fmt.Errorf("outbox: count recent dead letters: %w", err)
+		return nil, fmt.Errorf("outbox: %s: %w", what, err)
 	}
 	out := map[string]int64{}
 	var dest string
@@ -114,7 +127,7 @@ func (o *Outbox) DeadSince(ctx context.Context, since time.Time) (map[string]int
 		out[dest] = n
 		return nil
 	}); err != nil {
-		return nil, fmt.Errorf("outbox: count recent dead letters: %w", err)
+		return nil, fmt.Errorf("outbox: %s: %w", what, err)
 	}
 	return out, nil
 }

@@ -78,12 +78,9 @@ func fill(text string, i int) string {
 // relay computes it; then vacuums the table, as autovacuum leaves it at
 // rest.
 func DeadLetters(ctx context.Context, db outbox.DB, n int) error {
-	classes := make([]string, len(errorTexts))
-	for j, text := range errorTexts {
-		classes[j] = errclass.Of(fill(text, 1))
-		if other := errclass.Of(fill(text, 7919)); other != classes[j] {
-			return fmt.Errorf("benchseed: %q has two classes: %q and %q", text, classes[j], other)
-		}
+	cls, err := classes()
+	if err != nil {
+		return err
 	}
 	if _, err := db.Exec(ctx, `INSERT INTO idemq_outbox_dead (seq, id, created_at, failed_at, attempts, destination, payload, key, last_error, error_class)
 SELECT 1000000000 + i, gen_random_uuid(), now() - interval '1 day', now() - (i % 86400) * interval '1 second', 5,
@@ -91,10 +88,49 @@ SELECT 1000000000 + i, gen_random_uuid(), now() - interval '1 day', now() - (i %
        replace(replace(replace(t.texts[1 + i % $4], '{i}', i::text), '{hex}', md5(i::text)),
                '{HEX}', upper(md5(i::text) || left(md5(i::text), 20))),
        t.classes[1 + i % $4]
-FROM generate_series(1, $1) AS i, (SELECT $2::text[] AS texts, $3::text[] AS classes) AS t`, n, errorTexts, classes, len(errorTexts)); err != nil {
+FROM generate_series(1, $1) AS i, (SELECT $2::text[] AS texts, $3::text[] AS classes) AS t`, n, errorTexts, cls, len(errorTexts)); err != nil {
 		return err
 	}
-	_, err := db.Exec(ctx, `VACUUM ANALYZE idemq_outbox_dead`)
+	_, err = db.Exec(ctx, `VACUUM ANALYZE idemq_outbox_dead`)
+	return err
+}
+
+// classes returns the class of each of errorTexts, checking that each text
+// has one whatever its variable parts.
+func classes() ([]string, error) {
+	out := make([]string, len(errorTexts))
+	for j, text := range errorTexts {
+		out[j] = errclass.Of(fill(text, 1))
+		if other := errclass.Of(fill(text, 7919)); other != out[j] {
+			return nil, fmt.Errorf("benchseed: %q has two classes: %q and %q", text, out[j], other)
+		}
+	}
+	return out, nil
+}
+
+// InboxDeadLetters inserts n dead letters (FAILED_FINAL records) into the
+// default inbox table (public.idemq_inbox, migrated): 8 scopes, the texts
+// and classes of DeadLetters (184 groups), failed within the last day;
+// then vacuums the table.
+func InboxDeadLetters(ctx context.Context, db outbox.DB, n int) error {
+	cls, err := classes()
+	if err != nil {
+		return err
+	}
+	if _, err := db.Exec(ctx, `INSERT INTO idemq_inbox_scopes (name) SELECT 'consumer-' || i FROM generate_series(0, 7) AS i`); err != nil {
+		return err
+	}
+	if _, err := db.Exec(ctx, `INSERT INTO idemq_inbox (created_at, updated_at, expires_at, key_id, scope_id, attempts, status, fingerprint,
+       key_text, last_error, failures, error_class)
+SELECT now() - interval '1 day', now() - (i % 86400) * interval '1 second', now() + interval '7 days', gen_random_uuid(),
+       (SELECT id FROM idemq_inbox_scopes WHERE name = 'consumer-' || (i % 8)), 5, 4, '\x00', 'msg-' || i,
+       replace(replace(replace(t.texts[1 + i % $4], '{i}', i::text), '{hex}', md5(i::text)),
+               '{HEX}', upper(md5(i::text) || left(md5(i::text), 20))),
+       5, t.classes[1 + i % $4]
+FROM generate_series(1, $1) AS i, (SELECT $2::text[] AS texts, $3::text[] AS classes) AS t`, n, errorTexts, cls, len(errorTexts)); err != nil {
+		return err
+	}
+	_, err = db.Exec(ctx, `VACUUM ANALYZE idemq_inbox`)
 	return err
 }
 

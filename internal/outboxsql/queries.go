@@ -146,6 +146,9 @@ type Queries struct {
 	// destination, from the (failed_at) INCLUDE (destination) index of
 	// migration 0006.
 	DeadSince string
+	// Parked counts the parked rows by destination, from the partial
+	// index of migration 0007.
+	Parked string
 	// Unclassified returns up to $1 dead letters (seq, last_error) stored
 	// without an error class; Classify sets the classes $2 of seqs $1.
 	Unclassified, Classify string
@@ -434,6 +437,7 @@ WHERE ($1::text IS NULL OR g.destination = $1)
   AND ($3::text IS NULL OR g.class = $3 OR ($3 = '` + Unclassified + `' AND g.class = ''))
 ORDER BY g.n DESC, nullif(g.class, ''), g.destination
 LIMIT $4`,
+		Parked:       `SELECT destination, count(*) FROM ` + table + ` WHERE available_at = 'infinity' GROUP BY destination ORDER BY destination`,
 		DeadSince:    `SELECT destination, count(*) FROM ` + dead + ` WHERE failed_at >= $1 GROUP BY destination ORDER BY destination`,
 		Unclassified: `SELECT seq, last_error FROM ` + dead + ` WHERE error_class IS NULL ORDER BY error_class, destination, seq LIMIT $1`,
 		Classify: `UPDATE ` + dead + ` AS d SET error_class = u.c
