@@ -216,7 +216,7 @@ func TestRealClientErrors(t *testing.T) {
 			return resp.Error
 		}},
 		{"franz-go", "connection refused", func(int) error {
-			c, err := kgo.NewClient(kgo.SeedBrokers(closedAddr(t)), kgo.RecordRetries(1), kgo.RecordDeliveryTimeout(2*time.Second))
+			c, err := kgo.NewClient(kgo.SeedBrokers(closedAddr(t)), kgo.RecordRetries(1), kgo.RecordDeliveryTimeout(time.Second))
 			if err != nil {
 				return err
 			}
