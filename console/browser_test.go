@@ -20,8 +20,10 @@ import (
 
 // TestBrowser drives the console in a real headless Chromium as an
 // operator would: the overview while a relay drains, a group of dead
-// letters appearing when a sink fails, its replay once the sink works
-// again (the rows get delivered, with their ids), the audit entry; and a
+// letters appearing when a sink fails, a purge that asks first (rows,
+// filter) and is cancelled, the group's replay once the sink works again,
+// confirmed on its second page (the rows get delivered, with their ids),
+// the audit entry; and a
 // browser without credentials sent to the login page. It saves a
 // screenshot of each page in IDEMQ_SCREENSHOT_DIR, or a temporary
 // directory.
@@ -103,10 +105,33 @@ func TestBrowser(t *testing.T) {
 		t.Fatalf("the groups table shows:\n%s", groupsText)
 	}
 
+	// A purge asks first: the confirm page says how many rows and which
+	// filter; cancelling changes nothing.
+	var confirmText string
+	if err := chromedp.Run(ctx,
+		chromedp.Click(`#purge-`+groups[0].ID, chromedp.ByQuery),
+		chromedp.WaitVisible(`#confirm`, chromedp.ByQuery),
+		chromedp.Text(`main`, &confirmText, chromedp.ByQuery),
+		shot("confirm-purge"),
+		chromedp.Click(`#cancel`, chromedp.ByQuery),
+		chromedp.WaitVisible(`#groups`, chromedp.ByQuery),
+	); err != nil {
+		t.Fatalf("purge, then cancel: %v", err)
+	}
+	if !strings.Contains(confirmText, "5 rows match now") || !strings.Contains(confirmText, "deleted for good") || !strings.Contains(confirmText, "hooks") {
+		t.Fatalf("the purge's confirm page shows:\n%s", confirmText)
+	}
+	if st, err := e.ob.Stats(e.ctx); err != nil || st.Dead != 5 {
+		t.Fatalf("after a cancelled purge: %+v, %v; want the 5 dead letters", st, err)
+	}
+
 	s.heal("hooks")
 	var flash string
 	if err := chromedp.Run(ctx,
 		chromedp.Click(`#replay-`+groups[0].ID, chromedp.ByQuery),
+		chromedp.WaitVisible(`#confirm`, chromedp.ByQuery),
+		shot("confirm-replay"),
+		chromedp.Click(`#confirm`, chromedp.ByQuery),
 		chromedp.WaitVisible(`#flash`, chromedp.ByQuery),
 		chromedp.Text(`#flash`, &flash, chromedp.ByQuery),
 		shot("replayed"),

@@ -8,12 +8,15 @@ import (
 	"crypto/subtle"
 	"embed"
 	"encoding/hex"
+	"fmt"
 	"html/template"
 	"io/fs"
 	"log/slog"
 	"net/http"
+	"regexp"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/inbox"
@@ -51,13 +54,25 @@ type Config struct {
 	AllowActions bool
 	// Token is a bearer token: requests carry it in an Authorization
 	// header, browsers through the login page's cookie. Empty: no token.
+	// Its user is "token" (the audit log's "ui:token") unless TokenName
+	// names it.
 	Token string
+	// TokenName is who Token's user is in the page header and the audit
+	// log ("ui:" + TokenName). Defaults to "token".
+	TokenName string
+	// Tokens are more bearer tokens, by the name of whoever holds each:
+	// the audit log records "ui:" + name, so each operator's actions are
+	// theirs. A name or token that is empty or blank, or a token given
+	// twice, is refused.
+	Tokens map[string]string
 	// User and Password enable basic auth. Both or neither.
 	User, Password string
 
-	// Prefix is the path the handler is mounted under, for its links:
-	// "/console" when mounted with http.StripPrefix("/console", h).
-	// Defaults to "" (the root).
+	// Prefix is the path the handler is mounted under, for its links and
+	// redirects: "/console" when mounted with http.StripPrefix("/console",
+	// h). Defaults to "" (the root). It is a path of segments of letters,
+	// digits and -._~ ("/ops/console"): no query, no "//", nothing a
+	// redirect could take to another host.
 	Prefix string
 	// Logger receives page and action errors. Defaults to slog.Default().
 	Logger *slog.Logger
@@ -84,6 +99,9 @@ type handler struct {
 // (no Outbox, half of basic auth, actions allowed with nobody to
 // authenticate) match idemq.ErrConfig.
 func NewHandler(cfg Config) (http.Handler, error) {
+	if err := checkCredentials(cfg); err != nil {
+		return nil, err
+	}
 	switch {
 	case nilcheck.IsNil(cfg.Outbox):
 		return nil, idemq.NewConfigError("console", "Outbox", "is required: the console shows an outbox")
@@ -91,10 +109,13 @@ func NewHandler(cfg Config) (http.Handler, error) {
 		return nil, idemq.NewConfigError("console", "User", "and Password go together: set both for basic auth, or neither")
 	case cfg.AllowActions && nilcheck.IsNil(cfg.DB):
 		return nil, idemq.NewConfigError("console", "DB", "is required with AllowActions: actions and their audit entries commit in one transaction")
-	case cfg.AllowActions && cfg.Token == "" && cfg.User == "":
-		return nil, idemq.NewConfigError("console", "AllowActions", "needs a Token or a User and Password: actions need an authenticated user")
-	case cfg.Prefix != "" && (!strings.HasPrefix(cfg.Prefix, "/") || strings.HasSuffix(cfg.Prefix, "/")):
-		return nil, idemq.NewConfigError("console", "Prefix", "%q: want a path such as /console, without a trailing slash", cfg.Prefix)
+	case cfg.AllowActions && cfg.Token == "" && len(cfg.Tokens) == 0 && cfg.User == "":
+		return nil, idemq.NewConfigError("console", "AllowActions", "needs a Token, Tokens or a User and Password: actions need an authenticated user")
+	case cfg.Prefix != "" && !prefixPath.MatchString(cfg.Prefix):
+		return nil, idemq.NewConfigError("console", "Prefix", "%q: want a path such as /console: segments of letters, digits and -._~, no trailing slash, query or //", cfg.Prefix)
+	}
+	if cfg.TokenName == "" {
+		cfg.TokenName = "token"
 	}
 	if nilcheck.IsNil(cfg.Inbox) {
 		cfg.Inbox = nil
@@ -112,7 +133,7 @@ func NewHandler(cfg Config) (http.Handler, error) {
 	if _, err := rand.Read(h.secret); err != nil {
 		return nil, err
 	}
-	for _, page := range []string{"overview", "dead", "message", "inbox", "webhooks", "lookup", "audit", "login"} {
+	for _, page := range []string{"overview", "dead", "message", "inbox", "webhooks", "lookup", "audit", "login", "problem", "confirm"} {
 		t, err := template.New("layout.html").Funcs(funcs).ParseFS(assets, "templates/layout.html", "templates/"+page+".html")
 		if err != nil {
 			return nil, err
@@ -134,10 +155,42 @@ func NewHandler(cfg Config) (http.Handler, error) {
 	h.mux.HandleFunc("GET /login", h.loginPage)
 	h.mux.HandleFunc("POST /login", h.login)
 	h.mux.HandleFunc("POST /actions/{action}", h.act)
+	h.mux.HandleFunc("/", h.notFound)
 	// CrossOriginProtection refuses non-safe requests a browser marks
 	// cross-site (Sec-Fetch-Site) or whose Origin is another host; the
 	// form token (csrfToken) covers browsers that send neither.
 	return http.NewCrossOriginProtection().Handler(h), nil
+}
+
+// prefixPath is a valid Config.Prefix.
+var prefixPath = regexp.MustCompile(`^(?:/[A-Za-z0-9._~-]+)+$`)
+
+// checkCredentials refuses blank tokens, names and passwords, a name
+// without a token and a token given twice: each would let nobody in, or
+// anybody, or record the wrong person.
+func checkCredentials(cfg Config) error {
+	blank := func(s string) bool { return s != "" && strings.TrimSpace(s) == "" }
+	switch {
+	case blank(cfg.Token):
+		return idemq.NewConfigError("console", "Token", "is blank: give a real token, or none")
+	case blank(cfg.User) || blank(cfg.Password):
+		return idemq.NewConfigError("console", "User", "or Password is blank: give real ones, or neither")
+	case cfg.TokenName != "" && (cfg.Token == "" || strings.TrimSpace(cfg.TokenName) == ""):
+		return idemq.NewConfigError("console", "TokenName", "%q names no Token, or is blank", cfg.TokenName)
+	}
+	seen := map[string]bool{cfg.Token: cfg.Token != ""}
+	for name, tok := range cfg.Tokens {
+		switch {
+		case strings.TrimSpace(name) == "":
+			return idemq.NewConfigError("console", "Tokens", "has a token without a name: the audit log records the name")
+		case strings.TrimSpace(tok) == "":
+			return idemq.NewConfigError("console", "Tokens", "%q has an empty or blank token", name)
+		case seen[tok]:
+			return idemq.NewConfigError("console", "Tokens", "%q: a token is given twice: the audit log could not tell who acted", name)
+		}
+		seen[tok] = true
+	}
+	return nil
 }
 
 // ServeHTTP authenticates, then routes.
@@ -150,32 +203,59 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if h.cfg.User != "" {
 			w.Header().Set("WWW-Authenticate", `Basic realm="idemq console", charset="UTF-8"`)
 		}
-		if h.cfg.Token != "" && r.Method == http.MethodGet && !strings.Contains(r.Header.Get("Authorization"), " ") {
+		if h.tokens() && r.Method == http.MethodGet && !strings.Contains(r.Header.Get("Authorization"), " ") {
 			http.Redirect(w, r, h.cfg.Prefix+"/login", http.StatusSeeOther)
 			return
 		}
-		http.Error(w, "authentication required", http.StatusUnauthorized)
+		h.problem(w, r, http.StatusUnauthorized, "Authentication required", "Sign in: this console needs a token or a user and password.")
+		return
+	}
+	if err := checkInput(r); err != nil {
+		h.problem(w, r, http.StatusBadRequest, "Bad request", err.Error())
 		return
 	}
 	h.mux.ServeHTTP(w, r)
 }
 
+// tokens reports whether bearer tokens are configured.
+func (h *handler) tokens() bool { return h.cfg.Token != "" || len(h.cfg.Tokens) > 0 }
+
 // authRequired reports whether a token or basic auth is configured: then
 // every page needs it.
-func (h *handler) authRequired() bool { return h.cfg.Token != "" || h.cfg.User != "" }
+func (h *handler) authRequired() bool { return h.tokens() || h.cfg.User != "" }
+
+// checkInput refuses a query or form value that is not valid UTF-8 or
+// holds a NUL byte (%ff, %00): Postgres refuses both in text, and the
+// page would fail with its raw error.
+func checkInput(r *http.Request) error {
+	if err := r.ParseForm(); err != nil {
+		return fmt.Errorf("unreadable query or form: %v", err)
+	}
+	for name, values := range r.Form {
+		for _, v := range append([]string{name}, values...) {
+			if !utf8.ValidString(v) || strings.ContainsRune(v, 0) {
+				return fmt.Errorf("parameter %q: not valid UTF-8 text (a NUL byte or an invalid byte sequence)", strings.ToValidUTF8(name, "?"))
+			}
+		}
+	}
+	return nil
+}
 
 // tokenCookie holds the bearer token a browser gave the login page.
 const tokenCookie = "idemq_console_token"
 
 // user returns the authenticated user of r, "" for none: the basic-auth
-// user, or "token" for the bearer token (header or cookie).
+// user, or the name of the bearer token (header or cookie).
 func (h *handler) user(r *http.Request) string {
-	if h.cfg.Token != "" {
-		if tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok && equal(tok, h.cfg.Token) {
-			return "token"
+	if h.tokens() {
+		tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok {
+			if c, err := r.Cookie(tokenCookie); err == nil {
+				tok, ok = c.Value, true
+			}
 		}
-		if c, err := r.Cookie(tokenCookie); err == nil && equal(c.Value, h.cfg.Token) {
-			return "token"
+		if name := h.tokenName(tok); ok && name != "" {
+			return name
 		}
 	}
 	if h.cfg.User != "" {
@@ -184,6 +264,21 @@ func (h *handler) user(r *http.Request) string {
 		}
 	}
 	return ""
+}
+
+// tokenName returns the name of token tok, "" for none. It compares tok
+// with every token, each in constant time.
+func (h *handler) tokenName(tok string) string {
+	name := ""
+	if h.cfg.Token != "" && equal(tok, h.cfg.Token) {
+		name = h.cfg.TokenName
+	}
+	for n, t := range h.cfg.Tokens {
+		if equal(tok, t) {
+			name = n
+		}
+	}
+	return name
 }
 
 // equal compares secrets in constant time.
@@ -202,18 +297,19 @@ func (h *handler) csrfToken(user string) string {
 func (h *handler) canAct(r *http.Request) bool { return h.cfg.AllowActions && h.user(r) != "" }
 
 func (h *handler) loginPage(w http.ResponseWriter, r *http.Request) {
-	h.render(w, r, "login", "Sign in", map[string]any{"TokenLogin": h.cfg.Token != ""})
+	h.render(w, r, "login", "Sign in", map[string]any{"TokenLogin": h.tokens()})
 }
 
 // login checks the token posted by the login form and keeps it in an
 // HttpOnly, SameSite=Strict cookie.
 func (h *handler) login(w http.ResponseWriter, r *http.Request) {
-	if h.cfg.Token == "" || !equal(r.PostFormValue("token"), h.cfg.Token) {
+	tok := r.PostFormValue("token")
+	if h.tokenName(tok) == "" {
 		time.Sleep(500 * time.Millisecond) // slow down guessing
-		http.Error(w, "wrong token", http.StatusUnauthorized)
+		h.problem(w, r, http.StatusUnauthorized, "Sign in", "wrong token")
 		return
 	}
-	http.SetCookie(w, &http.Cookie{Name: tokenCookie, Value: h.cfg.Token, Path: cmpOr(h.cfg.Prefix, "/"), HttpOnly: true,
+	http.SetCookie(w, &http.Cookie{Name: tokenCookie, Value: tok, Path: cmpOr(h.cfg.Prefix, "/"), HttpOnly: true,
 		Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode, MaxAge: 12 * 3600})
 	http.Redirect(w, r, h.cfg.Prefix+"/", http.StatusSeeOther)
 }

@@ -36,15 +36,35 @@
 // # Safety
 //
 // The console is read-only unless [Config.AllowActions] is set, and even
-// then every action (replay a group, replay everything failed since a
-// time, purge a group, release inbox dead letters, enable a webhook
-// endpoint) needs an authenticated user: a bearer token
-// ([Config.Token], in an Authorization header or through the login page's
-// cookie) or basic auth ([Config.User] and [Config.Password]). When either
-// is configured, every page needs it too. Every POST is checked twice
-// against cross-site request forgery: net/http's CrossOriginProtection
-// (Sec-Fetch-Site and Origin) and a per-user token in the form. Every
-// action is written to the outbox's audit log (outbox migration 0004) in
-// the transaction that acts, and shown on the Audit page. Replays keep each
-// message's id, so a replay done twice is absorbed by the receiving inbox.
+// then every action (replay a group, one message or everything failed
+// since a time, purge a group or one message, release or purge inbox dead
+// letters, enable a webhook endpoint) needs an authenticated user: a
+// bearer token ([Config.Token], [Config.Tokens], in an Authorization
+// header or through the login page's cookie) or basic auth ([Config.User]
+// and [Config.Password]). When either is configured, every page needs it
+// too. Every POST is checked twice against cross-site request forgery:
+// net/http's CrossOriginProtection (Sec-Fetch-Site and Origin) and a
+// per-user token in the form.
+//
+// An action that replays, releases or purges takes two steps: the first
+// answers a page that says what it will do, to how many rows, with which
+// filter; the second, with that page's signed token, acts on the rows that
+// had failed when the page counted them, never on rows that failed since.
+// An empty or blank form field is refused, never read as "all"; "replay
+// everything since" names a destination or says all destinations
+// explicitly. What an action did reaches the next page in a signed cookie,
+// never in the URL.
+//
+// Every action a user confirmed, and every one that matched nothing, is
+// written to the outbox's audit log (outbox migrations 0004 and 0005): who
+// ("ui:" and the basic-auth user or the token's name), what, the target,
+// the filter, the rows and the outcome (done, nothing to do, failed), in
+// the transaction that acts, and shown on the Audit page. Replays keep
+// each message's id, so a replay done twice is absorbed by the receiving
+// inbox.
+//
+// Pages answer bad input (a NUL byte or invalid UTF-8 in a parameter, a
+// blank filter, a time that does not parse) with a 400 page, and a
+// database whose idemq tables are missing with a page that names the
+// missing table and the idemq migrate command that creates it.
 package console

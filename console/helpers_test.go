@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"html"
 	"io"
 	"net/http"
+	"net/http/cookiejar"
 	"net/http/httptest"
 	"net/url"
 	"regexp"
@@ -152,15 +154,21 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	idemqtest.WaitFor(t, what, cond, idemqtest.Within(30*time.Second))
 }
 
-// client makes requests to the console as someone.
+// client makes requests to the console as someone, keeping the cookies
+// the console sets (the flash message).
 type client struct {
 	t    *testing.T
 	base string
 	auth func(*http.Request)
+	jar  http.CookieJar
 }
 
 func (e *env) as(t *testing.T, auth func(*http.Request)) *client {
-	return &client{t: t, base: e.srv.URL, auth: auth}
+	jar, err := cookiejar.New(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &client{t: t, base: e.srv.URL, auth: auth, jar: jar}
 }
 
 func basic(r *http.Request)  { r.SetBasicAuth(user, password) }
@@ -192,7 +200,7 @@ func (c *client) post(path string, form url.Values, extra ...func(*http.Request)
 
 func (c *client) do(req *http.Request) (int, string) {
 	c.t.Helper()
-	hc := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	hc := &http.Client{Jar: c.jar, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	resp, err := hc.Do(req)
 	if err != nil {
 		c.t.Fatal(err)
@@ -205,7 +213,71 @@ func (c *client) do(req *http.Request) (int, string) {
 	return resp.StatusCode, string(body)
 }
 
-var csrfField = regexp.MustCompile(`name="csrf" value="([0-9a-f]+)"`)
+var (
+	csrfField   = regexp.MustCompile(`name="csrf" value="([0-9a-f]+)"`)
+	hiddenField = regexp.MustCompile(`<input type="hidden" name="([a-z_]+)" value="([^"]*)">`)
+	flashDiv    = regexp.MustCompile(`<div class="(flash|error)" id="(?:flash|error)">([^<]*)</div>`)
+)
+
+// confirmForm reads the hidden fields of a confirm page's form.
+func confirmForm(t *testing.T, page string) url.Values {
+	t.Helper()
+	if !strings.Contains(page, `id="confirm"`) {
+		t.Fatalf("not a confirm page:\n%s", page)
+	}
+	form := url.Values{}
+	for _, m := range hiddenField.FindAllStringSubmatch(page, -1) {
+		form.Set(m[1], html.UnescapeString(m[2]))
+	}
+	return form
+}
+
+// act posts form to action: the first step answers the confirm page,
+// which act checks says rows (when rows >= 0), and the second confirms;
+// it returns the flash message of the page the action redirects to
+// ("error: …" for a red one).
+func (c *client) act(action string, form url.Values, rows int) string {
+	c.t.Helper()
+	form.Set("csrf", c.csrf())
+	code, page := c.post("/actions/"+action, form)
+	if code == http.StatusOK {
+		if rows >= 0 && !strings.Contains(page, fmt.Sprintf(`<strong id="confirm-rows">%s</strong>`, num(rows))) {
+			c.t.Fatalf("%s: the confirm page does not say %d rows:\n%s", action, rows, page)
+		}
+		code, page = c.post("/actions/"+action, confirmForm(c.t, page))
+	}
+	if code != http.StatusSeeOther {
+		c.t.Fatalf("%s: %d, want a redirect:\n%s", action, code, page)
+	}
+	return c.flash(page)
+}
+
+// flash returns the flash message the page at path shows ("error: …" for
+// a red one, "" for none).
+func (c *client) flash(path string) string {
+	c.t.Helper()
+	code, body := c.get(path)
+	if code != http.StatusOK {
+		c.t.Fatalf("GET %s: %d\n%s", path, code, body)
+	}
+	m := flashDiv.FindStringSubmatch(body)
+	switch {
+	case m == nil:
+		return ""
+	case m[1] == "error":
+		return "error: " + html.UnescapeString(m[2])
+	}
+	return html.UnescapeString(m[2])
+}
+
+// num writes n with thousands separators, as the console does.
+func num(n int) string {
+	s := fmt.Sprint(n)
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	return s
+}
 
 // csrf reads the CSRF token from the dead-letters page.
 func (c *client) csrf() string {

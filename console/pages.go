@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemq/idemq/inbox"
 	"github.com/idemq/idemq/outbox"
@@ -26,14 +27,16 @@ var funcs = template.FuncMap{
 		if t.IsZero() {
 			return "-"
 		}
-		return roundDuration(time.Since(t)) + " ago"
+		return human(time.Since(t)) + " ago"
 	},
 	"dur": func(d time.Duration) string {
 		if d <= 0 {
 			return "-"
 		}
-		return roundDuration(d)
+		return human(d)
 	},
+	"num":       num,
+	"hasPrefix": strings.HasPrefix,
 	"ts": func(t time.Time) string {
 		if t.IsZero() {
 			return "-"
@@ -62,6 +65,59 @@ var funcs = template.FuncMap{
 	"rate":   func(v float64) string { return strconv.FormatFloat(v, 'f', 1, 64) },
 }
 
+// num writes an integer with thousands separators: 1,234,567.
+func num(v any) string {
+	var n int64
+	switch x := v.(type) {
+	case int:
+		n = int64(x)
+	case int64:
+		n = x
+	case int32:
+		n = int64(x)
+	default:
+		return fmt.Sprint(v)
+	}
+	s := strconv.FormatInt(n, 10)
+	neg := strings.HasPrefix(s, "-")
+	s = strings.TrimPrefix(s, "-")
+	var b strings.Builder
+	for i, c := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	if neg {
+		return "-" + b.String()
+	}
+	return b.String()
+}
+
+// human writes d as a person reads it, in its two largest units: "350
+// ms", "42 s", "12 min 5 s", "5 h 12 min", "7 days 0 h".
+func human(d time.Duration) string {
+	switch {
+	case d < time.Second:
+		return fmt.Sprintf("%d ms", d.Milliseconds())
+	case d < time.Minute:
+		return fmt.Sprintf("%d s", int(d.Round(time.Second).Seconds()))
+	case d < time.Hour:
+		d = d.Round(time.Second)
+		return fmt.Sprintf("%d min %d s", int(d.Minutes()), int(d.Seconds())%60)
+	case d < 24*time.Hour:
+		d = d.Round(time.Minute)
+		return fmt.Sprintf("%d h %d min", int(d.Hours()), int(d.Minutes())%60)
+	}
+	d = d.Round(time.Hour)
+	days := int(d.Hours()) / 24
+	unit := "days"
+	if days == 1 {
+		unit = "day"
+	}
+	return fmt.Sprintf("%d %s %d h", days, unit, int(d.Hours())%24)
+}
+
 // query builds a query string from key, value pairs, leaving out empty
 // values.
 func query(kv ...string) template.URL {
@@ -77,14 +133,6 @@ func query(kv ...string) template.URL {
 	return template.URL("?" + v.Encode())
 }
 
-// roundDuration shows d to the second (to the millisecond below one).
-func roundDuration(d time.Duration) string {
-	if d < time.Second {
-		return d.Round(time.Millisecond).String()
-	}
-	return d.Round(time.Second).String()
-}
-
 // view is what every page's template gets.
 type view struct {
 	Title, Prefix, User, CSRF, Flash, Error string
@@ -97,98 +145,118 @@ type view struct {
 // render executes page's template with data, buffered, so that an error
 // becomes a 500 and not half a page.
 func (h *handler) render(w http.ResponseWriter, r *http.Request, page, title string, data any) {
+	h.renderStatus(w, r, http.StatusOK, page, title, data)
+}
+
+// renderStatus is render with a status other than 200.
+func (h *handler) renderStatus(w http.ResponseWriter, r *http.Request, status int, page, title string, data any) {
 	user := h.user(r)
+	f := h.takeFlash(w, r, user)
 	v := view{Title: title, Prefix: h.cfg.Prefix, User: user, Page: page, CanAct: h.canAct(r), ActionsAllowed: h.cfg.AllowActions,
-		HasInbox: h.cfg.Inbox != nil, HasWebhooks: h.cfg.Webhooks != nil, Data: data,
-		Flash: r.URL.Query().Get("done"), Error: r.URL.Query().Get("error")}
+		HasInbox: h.cfg.Inbox != nil, HasWebhooks: h.cfg.Webhooks != nil, Data: data, Flash: f.Done, Error: f.Error}
 	if v.CanAct {
 		v.CSRF = h.csrfToken(user)
 	}
 	var buf bytes.Buffer
 	if err := h.pages[page].Execute(&buf, v); err != nil {
-		h.fail(w, r, err)
+		h.log.ErrorContext(r.Context(), "console: page failed", "path", r.URL.Path, "err", err)
+		http.Error(w, "the console could not render the page", http.StatusInternalServerError)
 		return
 	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(status)
 	_, _ = buf.WriteTo(w)
 }
 
-// fail answers a page whose data could not be read.
+// problem answers status with a page in the console's layout that says
+// what went wrong and, in hint, what to do.
+func (h *handler) problem(w http.ResponseWriter, r *http.Request, status int, title, msg string, hint ...string) {
+	h.renderStatus(w, r, status, "problem", title, map[string]any{"Message": msg, "Hint": strings.Join(hint, " ")})
+}
+
+// fail answers a page whose data could not be read: an unmigrated
+// database says which table is missing and the command that creates it;
+// anything else is a 500 in the console's layout.
 func (h *handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 	h.log.ErrorContext(r.Context(), "console: page failed", "path", r.URL.Path, "err", err)
-	http.Error(w, "the console could not read the database: "+err.Error(), http.StatusInternalServerError)
+	if missing, ok := unmigrated(err); ok {
+		h.problem(w, r, http.StatusServiceUnavailable, "Database not migrated", "The database lacks idemq's tables: "+missing+".",
+			"Create them with: idemq migrate --components "+h.components()+" (or call Migrate on each store), then reload this page.")
+		return
+	}
+	h.problem(w, r, http.StatusInternalServerError, "Database error", "The console could not read the database: "+err.Error())
 }
 
-// destinationRow is one row of the overview's destinations table.
-type destinationRow struct {
-	outbox.DestinationGauge
-	FailedLastHour int64
-	// DeadPerMin is its dead letters per minute over the last rateWindow;
-	// DepthPerMin the change of its depth per minute, when Rates.Known.
-	DeadPerMin, DepthPerMin float64
+// unmigrated reports whether err is Postgres saying a table, column or
+// schema is missing (42P01, 42703, 3F000), and what.
+func unmigrated(err error) (string, bool) {
+	var pg *pgconn.PgError
+	if errors.As(err, &pg) && (pg.Code == "42P01" || pg.Code == "42703" || pg.Code == "3F000") {
+		return pg.Message, true
+	}
+	return "", false
 }
 
-func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
-	ctx := r.Context()
-	g, err := h.cfg.Outbox.Gauges(ctx)
-	if err != nil {
-		h.fail(w, r, err)
-		return
+// components lists the idemq migrate components of the stores the console
+// shows.
+func (h *handler) components() string {
+	c := []string{"outbox"}
+	if h.cfg.Inbox != nil {
+		c = append(c, "inbox")
 	}
-	recent, err := h.cfg.Outbox.DeadGroups(ctx, outbox.DeadFilter{FailedAfter: time.Now().Add(-time.Hour), Limit: 1000})
-	if err != nil {
-		h.fail(w, r, err)
-		return
+	if h.cfg.Webhooks != nil {
+		c = append(c, "webhook")
 	}
-	now := time.Now()
-	rates := h.rates.observe(now, g)
-	window, err := h.cfg.Outbox.DeadGroups(ctx, outbox.DeadFilter{FailedAfter: now.Add(-rateWindow), Limit: 1000})
-	if err != nil {
-		h.fail(w, r, err)
-		return
-	}
-	failed, deadRate := map[string]int64{}, map[string]float64{}
-	for _, grp := range recent {
-		failed[grp.Destination] += grp.Count
-	}
-	for _, grp := range window {
-		deadRate[grp.Destination] += float64(grp.Count) / rateWindow.Minutes()
-	}
-	var rows []destinationRow
-	for _, d := range g.Destinations {
-		rows = append(rows, destinationRow{DestinationGauge: d, FailedLastHour: failed[d.Destination],
-			DeadPerMin: deadRate[d.Destination], DepthPerMin: rates.DepthChangePerMin[d.Destination]})
-		delete(failed, d.Destination)
-	}
-	for dest, n := range failed { // failing destinations with no backlog
-		rows = append(rows, destinationRow{DestinationGauge: outbox.DestinationGauge{Destination: dest}, FailedLastHour: n,
-			DeadPerMin: deadRate[dest], DepthPerMin: rates.DepthChangePerMin[dest]})
-		delete(rates.DepthChangePerMin, dest)
-	}
-	for _, d := range g.Destinations {
-		delete(rates.DepthChangePerMin, d.Destination)
-	}
-	for dest, change := range rates.DepthChangePerMin { // drained empty in the window
-		rows = append(rows, destinationRow{DestinationGauge: outbox.DestinationGauge{Destination: dest}, DepthPerMin: change})
-	}
-	sort.Slice(rows, func(i, j int) bool { return rows[i].Destination < rows[j].Destination })
-	owned := 0
-	for _, p := range g.Partitions {
-		if p.Owner != uuid.Nil {
-			owned++
-		}
-	}
-	h.render(w, r, "overview", "Overview", map[string]any{"Gauges": g, "Destinations": rows, "Owned": owned, "Sample": outbox.GaugeSample,
-		"Rates": rates, "RateWindow": rateWindow})
+	return strings.Join(c, ",")
+}
+
+// notFound answers a page the console does not have (or not with this
+// configuration) in its layout.
+func (h *handler) notFound(w http.ResponseWriter, r *http.Request) {
+	h.problem(w, r, http.StatusNotFound, "Not found", "The console has no page "+r.URL.Path+".")
 }
 
 // pageSize is the number of dead letters a page lists.
 const pageSize = 100
 
-// deadFilter reads the dead-letter filters of a page's query.
+// filterParams are the dead-letter page's filter fields.
+var filterParams = []string{"destination", "key_prefix", "class", "since", "until", "group", "after"}
+
+// emptyFilters returns r's URL without the filter fields a form sent
+// empty (its unset fields), and whether there were any: the page
+// redirects there, so that a URL never holds an empty filter. A blank
+// value (spaces) is not dropped: deadFilter refuses it.
+func emptyFilters(r *http.Request, names []string) (string, bool) {
+	q := r.URL.Query()
+	dropped := false
+	for _, name := range names {
+		if vs, ok := q[name]; ok && len(vs) > 0 && vs[0] == "" {
+			q.Del(name)
+			dropped = true
+		}
+	}
+	u := *r.URL
+	u.RawQuery = q.Encode()
+	return u.RequestURI(), dropped
+}
+
+// deadFilter reads the dead-letter filters of a page's query. A blank
+// value is refused: it would match nothing, or, read as unset, everything.
 func deadFilter(r *http.Request) (outbox.DeadFilter, error) {
 	q := r.URL.Query()
+	for _, name := range filterParams {
+		if v, ok := q[name]; ok && (len(v) != 1 || strings.TrimSpace(v[0]) == "") {
+			return outbox.DeadFilter{}, fmt.Errorf("%s: want one non-blank value, got %q: leave the field out to not filter by it", name, v)
+		}
+	}
 	f := outbox.DeadFilter{Destination: q.Get("destination"), KeyPrefix: q.Get("key_prefix"), ErrorClass: q.Get("class"), Limit: 100}
+	if after := q.Get("after"); after != "" {
+		id, err := uuid.Parse(after)
+		if err != nil {
+			return f, fmt.Errorf("after: %w", err)
+		}
+		f.After = id
+	}
 	for name, at := range map[string]*time.Time{"since": &f.FailedAfter, "until": &f.FailedBefore} {
 		if s := q.Get(name); s != "" {
 			t, err := parseTime(s)
@@ -214,13 +282,19 @@ func parseTime(s string) (time.Time, error) {
 
 func (h *handler) dead(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
+	if to, ok := emptyFilters(r, filterParams); ok {
+		http.Redirect(w, r, h.cfg.Prefix+to, http.StatusSeeOther)
+		return
+	}
 	f, err := deadFilter(r)
 	if err != nil {
-		http.Error(w, err.Error(), http.StatusBadRequest)
+		h.problem(w, r, http.StatusBadRequest, "Bad filter", err.Error())
 		return
 	}
 	data := map[string]any{"Filter": f, "Since": r.URL.Query().Get("since"), "Until": r.URL.Query().Get("until")}
-	groups, err := h.cfg.Outbox.DeadGroups(ctx, f)
+	all := f
+	all.After = uuid.Nil // a page of one group's messages, not of the groups
+	groups, err := h.cfg.Outbox.DeadGroups(ctx, all)
 	if err != nil {
 		h.fail(w, r, err)
 		return
@@ -243,12 +317,7 @@ func (h *handler) dead(w http.ResponseWriter, r *http.Request) {
 			data["Group"] = g
 			gf := g.Filter()
 			gf.KeyPrefix, gf.FailedAfter, gf.FailedBefore, gf.Limit = f.KeyPrefix, f.FailedAfter, f.FailedBefore, pageSize
-			if after := r.URL.Query().Get("after"); after != "" {
-				if gf.After, err = uuid.Parse(after); err != nil {
-					http.Error(w, "after: "+err.Error(), http.StatusBadRequest)
-					return
-				}
-			}
+			gf.After = f.After
 			dead, err := h.cfg.Outbox.DeadLetters(ctx, gf)
 			if err != nil {
 				h.fail(w, r, err)
@@ -276,7 +345,7 @@ func groupIn(groups []outbox.DeadGroup, id string) (outbox.DeadGroup, error) {
 func (h *handler) message(w http.ResponseWriter, r *http.Request) {
 	id, err := uuid.Parse(r.PathValue("id"))
 	if err != nil {
-		http.Error(w, "not a message id: "+err.Error(), http.StatusBadRequest)
+		h.problem(w, r, http.StatusBadRequest, "Not a message id", "not a message id: "+err.Error())
 		return
 	}
 	dead, err := h.cfg.Outbox.DeadLetters(r.Context(), outbox.DeadFilter{IDs: []uuid.UUID{id}})
@@ -285,7 +354,8 @@ func (h *handler) message(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if len(dead) == 0 {
-		http.Error(w, "no dead letter with id "+id.String()+" (replayed or purged?)", http.StatusNotFound)
+		h.problem(w, r, http.StatusNotFound, "No such dead letter", "No dead letter with id "+id.String()+": replayed or purged?",
+			"Look the id up to see where it is now.")
 		return
 	}
 	d := dead[0]
@@ -304,11 +374,19 @@ const expiredLeasesCap = 1000
 
 func (h *handler) inbox(w http.ResponseWriter, r *http.Request) {
 	if h.cfg.Inbox == nil {
-		http.NotFound(w, r)
+		h.notFound(w, r)
 		return
 	}
 	ctx := r.Context()
+	if to, ok := emptyFilters(r, []string{"scope"}); ok {
+		http.Redirect(w, r, h.cfg.Prefix+to, http.StatusSeeOther)
+		return
+	}
 	scope := r.URL.Query().Get("scope")
+	if _, ok := r.URL.Query()["scope"]; ok && strings.TrimSpace(scope) == "" {
+		h.problem(w, r, http.StatusBadRequest, "Bad filter", "scope: blank: leave the field out to see every scope")
+		return
+	}
 	groups, err := h.cfg.Inbox.DeadGroups(ctx, inbox.DeadFilter{Scope: scope})
 	if err != nil {
 		h.fail(w, r, err)
@@ -335,7 +413,7 @@ func (h *handler) inbox(w http.ResponseWriter, r *http.Request) {
 
 func (h *handler) webhooks(w http.ResponseWriter, r *http.Request) {
 	if h.cfg.Webhooks == nil {
-		http.NotFound(w, r)
+		h.notFound(w, r)
 		return
 	}
 	eps, err := h.cfg.Webhooks.List(r.Context())
@@ -398,7 +476,14 @@ func (h *handler) lookup(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *handler) audit(w http.ResponseWriter, r *http.Request) {
-	before, _ := strconv.ParseInt(r.URL.Query().Get("before"), 10, 64)
+	var before int64
+	if s := r.URL.Query().Get("before"); s != "" {
+		var err error
+		if before, err = strconv.ParseInt(s, 10, 64); err != nil || before <= 0 {
+			h.problem(w, r, http.StatusBadRequest, "Bad page link", fmt.Sprintf("before %q: want an entry number", s))
+			return
+		}
+	}
 	const page = 50
 	entries, err := h.cfg.Outbox.AuditLog(r.Context(), before, page)
 	if err != nil {

@@ -42,7 +42,7 @@ func testDeadGroups(t *testing.T, b bundle) {
 		t.Fatalf("groups %+v, %v; want 3", groups, err)
 	}
 	g := groups[0]
-	if g.Scope != "billing" || g.Count != 2 || g.Class != "sqlstate 23505: charge <uuid> declined (SQLSTATE <n>)" || g.SampleKey != "b-1" || g.FirstFailed.After(g.LastFailed) || len(g.ID) != 12 {
+	if g.Scope != "billing" || g.Count != 2 || g.Class != "sqlstate 23505: charge <uuid> declined" || g.SampleKey != "b-1" || g.FirstFailed.After(g.LastFailed) || len(g.ID) != 12 {
 		t.Fatalf("first group %+v", g)
 	}
 	if recs, err := b.store.DeadLetters(ctx, g.Filter()); err != nil || len(recs) != 2 || recs[0].ErrorClass != g.Class {

@@ -32,6 +32,10 @@ type AuditEntry struct {
 	Filter json.RawMessage
 	// Rows is how many rows the action changed.
 	Rows int64
+	// Outcome says what came of the action: "done", "nothing to do",
+	// "failed: <error>" (outbox migration 0005). Empty for entries
+	// written without one.
+	Outcome string
 }
 
 // RecordAuditTx writes e to the audit log in tx, so that the entry exists
@@ -48,7 +52,7 @@ func (o *Outbox) RecordAuditTx(ctx context.Context, tx pgx.Tx, e AuditEntry) err
 	if len(filter) == 0 {
 		filter = json.RawMessage("{}")
 	}
-	if _, err := tx.Exec(ctx, o.q.Audit, e.Actor, e.Action, e.Target, string(filter), e.Rows); err != nil {
+	if _, err := tx.Exec(ctx, o.q.Audit, e.Actor, e.Action, e.Target, string(filter), e.Rows, e.Outcome); err != nil {
 		return fmt.Errorf("outbox: record audit: %w", err)
 	}
 	return nil
@@ -72,7 +76,7 @@ func (o *Outbox) AuditLog(ctx context.Context, before int64, limit int) ([]Audit
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (AuditEntry, error) {
 		var e AuditEntry
 		var filter []byte
-		err := row.Scan(&e.ID, &e.At, &e.Actor, &e.Action, &e.Target, &filter, &e.Rows)
+		err := row.Scan(&e.ID, &e.At, &e.Actor, &e.Action, &e.Target, &filter, &e.Rows, &e.Outcome)
 		e.Filter = filter
 		return e, err
 	})

@@ -60,13 +60,22 @@ func GroupID(class, destination string) string {
 // DeadGroups groups the dead letters that match f by error class and
 // destination, most numerous first. f.Limit caps the number of groups
 // (default 100); f.IDs, the key and time fields narrow the dead letters
-// counted. It reads the (error_class, destination, seq) index, not the
-// table.
+// counted. Without them (a filter of destination, destination prefix and
+// error class at most) it reads the groups' summary that the dead-letter
+// table's triggers keep (migration 0006): a few rows, whatever the number
+// of dead letters; with them it reads the (error_class, destination, seq)
+// index of the dead letters they select.
 func (o *Outbox) DeadGroups(ctx context.Context, f DeadFilter) ([]DeadGroup, error) {
 	if f.Limit < 0 {
 		return nil, fmt.Errorf("outbox: negative limit %d", f.Limit)
 	}
-	rows, err := o.db.Query(ctx, o.q.DeadGroups, f.args(100)...)
+	args := f.args(100)
+	stmt := o.q.DeadGroups
+	if f.summarized() {
+		// destination, destination prefix, class, limit
+		stmt, args = o.q.GroupSummary, []any{args[1], args[2], args[6], args[8]}
+	}
+	rows, err := o.db.Query(ctx, stmt, args...)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: group dead letters: %w", err)
 	}
@@ -87,6 +96,46 @@ func (o *Outbox) DeadGroups(ctx context.Context, f DeadFilter) ([]DeadGroup, err
 		return nil, fmt.Errorf("outbox: group dead letters: %w", err)
 	}
 	return out, nil
+}
+
+// DeadSince counts the dead letters that failed at or after since, per
+// destination (destinations with none are left out). It reads the
+// (failed_at) INCLUDE (destination) index of migration 0006 for the rows
+// since then, not the rows themselves: cheap for the recent past.
+func (o *Outbox) DeadSince(ctx context.Context, since time.Time) (map[string]int64, error) {
+	return o.countBy(ctx, "count recent dead letters", o.q.DeadSince, since)
+}
+
+// Parked counts the rows parked behind a dead letter of their key (relay
+// option ParkFollowers), per destination (destinations with none are left
+// out): exactly, from the partial index of migration 0007 that holds only
+// parked rows, where [Gauges] counts those of its sample.
+func (o *Outbox) Parked(ctx context.Context) (map[string]int64, error) {
+	return o.countBy(ctx, "count parked rows", o.q.Parked)
+}
+
+// countBy runs stmt, which returns (destination, count) rows.
+func (o *Outbox) countBy(ctx context.Context, what, stmt string, args ...any) (map[string]int64, error) {
+	rows, err := o.db.Query(ctx, stmt, args...)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: %s: %w", what, err)
+	}
+	out := map[string]int64{}
+	var dest string
+	var n int64
+	if _, err := pgx.ForEachRow(rows, []any{&dest, &n}, func() error {
+		out[dest] = n
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("outbox: %s: %w", what, err)
+	}
+	return out, nil
+}
+
+// summarized reports whether f selects whole groups: then the summary of
+// migration 0006 counts them.
+func (f DeadFilter) summarized() bool {
+	return f.IDs == nil && f.Key == "" && f.KeyPrefix == "" && f.FailedBefore.IsZero() && f.FailedAfter.IsZero() && f.After == uuid.Nil
 }
 
 // ErrNoGroup is matched by the error of [Outbox.DeadGroup] when no group

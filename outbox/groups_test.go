@@ -149,3 +149,102 @@ func TestDeadLettersKeyset(t *testing.T) {
 		t.Fatalf("after an unknown id: %+v, %v", got, err)
 	}
 }
+
+// TestDeadGroupSummaryExact: the groups' summary that the dead-letter
+// table's triggers keep (migration 0006) says what grouping the table
+// says (counts, first and last failure, sample) after concurrent
+// transactions bury, replay and purge rows of the same groups, after a
+// purge that removes a group's first and last failures, after
+// ClassifyDead, and after TRUNCATE.
+func TestDeadGroupSummaryExact(t *testing.T) {
+	t.Parallel()
+	b := setup(t, outbox.Config{})
+	scan := outbox.DeadFilter{FailedBefore: time.Now().Add(100 * 365 * 24 * time.Hour), Limit: 1000} // not summarized
+	same := func(when string) {
+		t.Helper()
+		sum, err := b.ob.DeadGroups(b.ctx, outbox.DeadFilter{Limit: 1000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		all, err := b.ob.DeadGroups(b.ctx, scan)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fmt.Sprintf("%+v", sum) != fmt.Sprintf("%+v", all) {
+			t.Fatalf("%s: the summary says\n%+v\nthe table says\n%+v", when, sum, all)
+		}
+	}
+	bury := `INSERT INTO ` + b.deadTable() + ` (seq, id, created_at, failed_at, attempts, destination, payload, key, last_error, error_class)
+SELECT nextval(pg_get_serial_sequence('` + b.table() + `', 'seq')), gen_random_uuid(), now(), now() - random() * interval '1 day', 3,
+       'dest-' || (i % 3), '\x00', 'k' || (i % 7), 'boom', CASE WHEN i % 5 = 0 THEN NULL ELSE 'class ' || (i % 4) END
+FROM generate_series(1, $1) AS i`
+	errs := make(chan error, 64)
+	done := make(chan struct{})
+	for w := range 4 {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			for i := range 25 {
+				var err error
+				switch (w + i) % 3 {
+				case 0:
+					_, err = b.pool.Exec(b.ctx, bury, 20)
+				case 1:
+					_, err = b.ob.Purge(b.ctx, outbox.DeadFilter{Key: fmt.Sprintf("k%d", i%7), Limit: 5})
+				default:
+					_, err = b.ob.Replay(b.ctx, outbox.DeadFilter{Destination: fmt.Sprintf("dest-%d", i%3), Limit: 7})
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	for range 4 {
+		select {
+		case <-done:
+		case <-time.After(2 * time.Minute):
+			t.Fatal("the writers did not finish within 2 minutes")
+		}
+	}
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	same("after concurrent bury, replay and purge")
+
+	groups, err := b.ob.DeadGroups(b.ctx, outbox.DeadFilter{Limit: 1})
+	if err != nil || len(groups) != 1 {
+		t.Fatalf("groups %+v, %v", groups, err)
+	}
+	g := groups[0]
+	if _, err := b.pool.Exec(b.ctx, `DELETE FROM `+b.deadTable()+` WHERE destination = $1 AND error_class IS NOT DISTINCT FROM nullif($2, '`+outbox.Unclassified+`')
+  AND failed_at IN ($3, $4)`, g.Destination, g.Class, g.FirstFailed, g.LastFailed); err != nil {
+		t.Fatal(err)
+	}
+	same("after removing a group's first and last failure")
+	if _, err := b.pool.Exec(b.ctx, `UPDATE `+b.deadTable()+` SET error_class = NULL WHERE seq % 2 = 0`); err != nil {
+		t.Fatal(err)
+	}
+	same("after unclassifying half")
+	for {
+		n, err := b.ob.ClassifyDead(b.ctx, 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			break
+		}
+	}
+	same("after ClassifyDead")
+	if st, err := b.ob.Stats(b.ctx); err != nil || st.Dead == 0 {
+		t.Fatalf("Stats: %+v, %v", st, err)
+	}
+	if _, err := b.pool.Exec(b.ctx, `TRUNCATE `+b.deadTable()); err != nil {
+		t.Fatal(err)
+	}
+	same("after TRUNCATE")
+	if st, err := b.ob.Stats(b.ctx); err != nil || st.Dead != 0 {
+		t.Fatalf("Stats after TRUNCATE: %+v, %v", st, err)
+	}
+}

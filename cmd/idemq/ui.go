@@ -25,8 +25,10 @@ func uiCommand() *cli.Command {
 		Description: "Serves the console at / : the outbox's backlog and relays, dead letters grouped by cause, the inbox,\n" +
 			"webhook endpoints, a key's lookup and the audit log; and the backlog gauges on /metrics, /healthz.\n" +
 			"Read-only unless --allow-actions, and actions need a signed-in user: IDEMQ_UI_TOKEN (a bearer token,\n" +
-			"or typed into the login page) and/or IDEMQ_UI_USER with IDEMQ_UI_PASSWORD (basic auth). When either\n" +
-			"is set every page needs it. Every action is written to the outbox's audit log. Pages of stores whose\n" +
+			"or typed into the login page; IDEMQ_UI_TOKEN_NAME names its holder in the audit log, default \"token\")\n" +
+			"and/or IDEMQ_UI_USER with IDEMQ_UI_PASSWORD (basic auth). When either is set every page needs it.\n" +
+			"Replays and purges ask for a second, explicit confirmation, and every attempt is written to the\n" +
+			"outbox's audit log. Pages of stores whose\n" +
 			"tables do not exist (inbox, webhooks, request records) are left out.",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "listen", Value: "127.0.0.1:8080", Usage: "address to serve on", Sources: cli.EnvVars("IDEMQ_UI_LISTEN")},
@@ -38,7 +40,7 @@ func uiCommand() *cli.Command {
 }
 
 func runUI(ctx context.Context, cmd *cli.Command) error {
-	cfg := console.Config{AllowActions: cmd.Bool("allow-actions"), Token: os.Getenv("IDEMQ_UI_TOKEN"),
+	cfg := console.Config{AllowActions: cmd.Bool("allow-actions"), Token: os.Getenv("IDEMQ_UI_TOKEN"), TokenName: os.Getenv("IDEMQ_UI_TOKEN_NAME"),
 		User: os.Getenv("IDEMQ_UI_USER"), Password: os.Getenv("IDEMQ_UI_PASSWORD")}
 	if cfg.AllowActions && cfg.Token == "" && cfg.User == "" {
 		return usageError("--allow-actions needs a signed-in user: set IDEMQ_UI_TOKEN, or IDEMQ_UI_USER and IDEMQ_UI_PASSWORD")

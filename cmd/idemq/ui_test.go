@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"strings"
@@ -69,5 +70,33 @@ func TestUI(t *testing.T) {
 	}
 	if code := p.signal(t, syscall.SIGTERM, 10*time.Second); code != 0 {
 		t.Errorf("idemq ui exited %d on SIGTERM", code)
+	}
+}
+
+// TestUITokenName: IDEMQ_UI_TOKEN_NAME names the token's holder, as the
+// page header (and the audit log) shows.
+func TestUITokenName(t *testing.T) {
+	t.Parallel()
+	url0, _, _ := deadLetters(t, "payments", "payments")
+	addr := freeAddr(t)
+	startEnv(t, env("DATABASE_URL="+url0, "IDEMQ_UI_TOKEN=tok-1", "IDEMQ_UI_TOKEN_NAME=ops-bot"), "ui", "--listen", addr)
+	var body string
+	idemqtest.WaitForNoError(t, "the console", func() error {
+		req, _ := http.NewRequest(http.MethodGet, "http://"+addr+"/", nil)
+		req.Header.Set("Authorization", "Bearer tok-1")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err != nil || resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("GET /: %d %v", resp.StatusCode, err)
+		}
+		body = string(b)
+		return nil
+	})
+	if !strings.Contains(body, "signed in as ops-bot") {
+		t.Errorf("GET / with the token does not name its holder:\n%s", body)
 	}
 }

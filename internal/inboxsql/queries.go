@@ -224,9 +224,18 @@ FROM (SELECT r.scope_id, r.error_class AS class, count(*) AS n, min(r.updated_at
       WHERE ` + deadWhere + `
       GROUP BY r.scope_id, r.error_class) AS g
 JOIN {{scopes}} s ON s.id = g.scope_id
-CROSS JOIN LATERAL (SELECT r.key_id, r.key_text, r.last_error FROM {{table}} r
-      WHERE r.scope_id = g.scope_id AND r.status = {{failed_final}} AND r.error_class IS NOT DISTINCT FROM g.class
-      ORDER BY r.updated_at LIMIT 1) AS k
+CROSS JOIN LATERAL (
+      -- One probe of the (scope_id, error_class, updated_at) index per
+      -- group: "IS NOT DISTINCT FROM" would read the scope's every dead
+      -- letter for each group.
+      (SELECT r.key_id, r.key_text, r.last_error FROM {{table}} r
+       WHERE r.scope_id = g.scope_id AND r.status = {{failed_final}} AND r.error_class = g.class
+       ORDER BY r.updated_at LIMIT 1)
+      UNION ALL
+      (SELECT r.key_id, r.key_text, r.last_error FROM {{table}} r
+       WHERE g.class IS NULL AND r.scope_id = g.scope_id AND r.status = {{failed_final}} AND r.error_class IS NULL
+       ORDER BY r.updated_at LIMIT 1)
+      LIMIT 1) AS k
 ORDER BY g.n DESC, g.class, s.name
 LIMIT $5`),
 			// Up to $1 dead letters stored without a class (scope, key id,

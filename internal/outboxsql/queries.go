@@ -142,7 +142,17 @@ type Queries struct {
 	// parameters ($1-$8) by error class and destination: class (NULL:
 	// unclassified), destination, count, first and last failure, and the
 	// id and error of the oldest, most numerous groups first, up to $9.
-	DeadGroups string
+	// GroupSummary answers the same from the summary of migration 0006,
+	// for a filter of destination ($1), destination prefix ($2) and error
+	// class ($3) alone, up to $4 groups.
+	DeadGroups, GroupSummary string
+	// DeadSince counts the dead letters that failed at or after $1 by
+	// destination, from the (failed_at) INCLUDE (destination) index of
+	// migration 0006.
+	DeadSince string
+	// Parked counts the parked rows by destination, from the partial
+	// index of migration 0007.
+	Parked string
 	// Unclassified returns up to $1 dead letters (seq, last_error) stored
 	// without an error class; Classify sets the classes $2 of seqs $1.
 	Unclassified, Classify string
@@ -160,8 +170,9 @@ type Queries struct {
 	// last_error.
 	ByKey string
 
-	// Audit writes an entry of the audit log (migration 0004): $1 actor,
-	// $2 action, $3 target, $4 filter (JSON text), $5 rows. AuditLog
+	// Audit writes an entry of the audit log (migrations 0004 and 0005):
+	// $1 actor, $2 action, $3 target, $4 filter (JSON text), $5 rows, $6
+	// outcome. AuditLog
 	// reads up to $2 entries older than id $1 (NULL: the latest), latest
 	// first.
 	Audit, AuditLog string
@@ -199,6 +210,7 @@ func For(schema, table string) (Queries, error) {
 // New returns the statements on table t.
 func New(t pgutil.Table) Queries {
 	table, dead, lease, relays, audit := t.String(), t.Ident("_dead"), t.Ident("_lease"), t.Ident("_relays"), t.Ident("_audit")
+	groups := t.Ident("_dead_groups")
 	// live is true for a lease row whose owner is a live worker.
 	live := `EXISTS (SELECT 1 FROM ` + relays + ` AS w WHERE w.owner = l.owner AND w.expires_at > now())`
 	// claimable is true for the rows at ctids $1 that this transaction
@@ -233,7 +245,7 @@ ORDER BY m.n`,
   (SELECT extract(epoch FROM clock_timestamp() - min(o.available_at))::float8 FROM ` + table + ` AS o
    WHERE o.available_at <= now()
      AND NOT EXISTS (SELECT 1 FROM ` + table + ` AS h WHERE h.key = o.key AND h.available_at > now())),
-  (SELECT count(*) FROM ` + dead + `)
+  (SELECT coalesce(sum(n), 0)::int8 FROM ` + groups + `)
 FROM ` + table,
 		Owners: `SELECT part, owner, token FROM ` + lease + ` WHERE part = ANY($1::int4[]) ORDER BY part`,
 		Vacuum: `VACUUM ` + table,
@@ -414,6 +426,23 @@ FROM (SELECT error_class AS class, destination, count(*) AS n, min(failed_at) AS
 JOIN ` + dead + ` AS d ON d.seq = g.sample
 ORDER BY g.n DESC, g.class, g.destination
 LIMIT $9`,
+		// The summary's rows (one per group: a few hundred at most), and per
+		// group one probe of the (error_class, destination, seq) index for
+		// the oldest as the sample; unclassified rows are under class ''.
+		GroupSummary: `SELECT nullif(g.class, ''), g.destination, g.n, g.first_failed, g.last_failed, s.id, s.last_error
+FROM ` + groups + ` AS g
+CROSS JOIN LATERAL (
+  (SELECT d.id, d.last_error FROM ` + dead + ` AS d WHERE d.error_class = g.class AND d.destination = g.destination ORDER BY d.seq LIMIT 1)
+  UNION ALL
+  (SELECT d.id, d.last_error FROM ` + dead + ` AS d WHERE g.class = '' AND d.error_class IS NULL AND d.destination = g.destination ORDER BY d.seq LIMIT 1)
+  LIMIT 1) AS s
+WHERE ($1::text IS NULL OR g.destination = $1)
+  AND ($2::text IS NULL OR starts_with(g.destination, $2))
+  AND ($3::text IS NULL OR g.class = $3 OR ($3 = '` + Unclassified + `' AND g.class = ''))
+ORDER BY g.n DESC, nullif(g.class, ''), g.destination
+LIMIT $4`,
+		Parked:       `SELECT destination, count(*) FROM ` + table + ` WHERE available_at = 'infinity' GROUP BY destination ORDER BY destination`,
+		DeadSince:    `SELECT destination, count(*) FROM ` + dead + ` WHERE failed_at >= $1 GROUP BY destination ORDER BY destination`,
 		Unclassified: `SELECT seq, last_error FROM ` + dead + ` WHERE error_class IS NULL ORDER BY error_class, destination, seq LIMIT $1`,
 		Classify: `UPDATE ` + dead + ` AS d SET error_class = u.c
 FROM unnest($1::int8[], $2::text[]) AS u(s, c) WHERE d.seq = u.s AND d.error_class IS NULL`,
@@ -458,8 +487,8 @@ FROM (SELECT * FROM ` + table + ` WHERE ` + partition + ` = ` + fmt.Sprintf(part
 WHERE key = $1 ORDER BY seq LIMIT $2`,
 		// The relay workers and when their liveness runs out.
 		GaugeRelays: `SELECT owner, expires_at, expires_at > now() FROM ` + relays + ` ORDER BY owner`,
-		Audit:       `INSERT INTO ` + audit + ` (actor, action, target, filter, rows) VALUES ($1, $2, $3, $4::jsonb, $5)`,
-		AuditLog: `SELECT id, at, actor, action, target, filter, rows FROM ` + audit + `
+		Audit:       `INSERT INTO ` + audit + ` (actor, action, target, filter, rows, outcome) VALUES ($1, $2, $3, $4::jsonb, $5, $6)`,
+		AuditLog: `SELECT id, at, actor, action, target, filter, rows, outcome FROM ` + audit + `
 WHERE $1::int8 IS NULL OR id < $1 ORDER BY id DESC LIMIT $2`,
 		LockPartitions: `UPDATE ` + lease + ` AS t SET gen = t.gen + 1
 FROM (SELECT part FROM ` + lease + `

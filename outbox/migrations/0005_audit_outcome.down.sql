@@ -1,0 +1,1 @@
+ALTER TABLE {{table_audit}} DROP COLUMN outcome;

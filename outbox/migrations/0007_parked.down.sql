@@ -1,0 +1,1 @@
+DROP INDEX {{table_destination_idx}};
