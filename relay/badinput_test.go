@@ -108,3 +108,32 @@ func TestBadInputTypedNilSinkIsRefused(t *testing.T) {
 		t.Errorf("a destination routed twice: %v, want an idemq.ErrConfig", err)
 	}
 }
+
+// TestBadInputSizesAboveTheMaximumAreRefused: a BatchSize of 1<<31 made
+// the first scan allocate its window and die of out of memory; every size,
+// count and timeout with a documented maximum is refused above it, naming
+// the field, and its maximum itself is accepted. A PublishTimeout of a
+// nanosecond, which timed out every batch, is refused below its minimum.
+func TestBadInputSizesAboveTheMaximumAreRefused(t *testing.T) {
+	b := setup(t)
+	for _, c := range []struct {
+		field    string
+		bad, top relay.Config
+	}{
+		{"BatchSize", relay.Config{BatchSize: 1 << 31}, relay.Config{BatchSize: relay.BatchSizeMax}},
+		{"BatchSize", relay.Config{BatchSize: relay.BatchSizeMax + 1}, relay.Config{BatchSize: relay.BatchSizeMax}},
+		{"Workers", relay.Config{Workers: relay.WorkersMax + 1}, relay.Config{Workers: relay.WorkersMax}},
+		{"PublishTimeout", relay.Config{PublishTimeout: relay.PublishTimeoutMax + 1}, relay.Config{PublishTimeout: relay.PublishTimeoutMax}},
+		{"PublishTimeout", relay.Config{PublishTimeout: time.Nanosecond}, relay.Config{PublishTimeout: relay.PublishTimeoutMin}},
+		{"PublishTimeout", relay.Config{PublishTimeout: relay.PublishTimeoutMin - 1}, relay.Config{PublishTimeout: relay.PublishTimeoutMin}},
+		{"LeaseTTL", relay.Config{LeaseTTL: relay.LeaseTTLMax + 1}, relay.Config{LeaseTTL: relay.LeaseTTLMax}},
+	} {
+		_, err := relay.New(b.pool, b.ob, &recorder{}, c.bad)
+		if ce, ok := errors.AsType[*idemq.ConfigError](err); !ok || ce.Field != c.field || !errors.Is(err, idemq.ErrConfig) {
+			t.Errorf("New(%+v) = %v, want a ConfigError for %s", c.bad, err, c.field)
+		}
+		if _, err := relay.New(b.pool, b.ob, &recorder{}, c.top); err != nil {
+			t.Errorf("New(%+v) = %v, want it accepted", c.top, err)
+		}
+	}
+}

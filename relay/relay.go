@@ -43,12 +43,13 @@ var RetryDefault = idemq.Retry{MaxAttempts: 10, BaseDelay: time.Second, MaxDelay
 
 // Config configures a [Relay]. Zero values mean the documented defaults.
 type Config struct {
-	// BatchSize is the most rows one claim takes. Defaults to 500.
+	// BatchSize is the most rows one claim takes. At most
+	// [BatchSizeMax]. Defaults to 500.
 	BatchSize int
 	// Workers is the number of batches this relay has in flight at once,
 	// each on its own connection. Each worker leases its share of the key
 	// partitions like a relay of its own (see the package documentation).
-	// Defaults to 1.
+	// At most [WorkersMax]. Defaults to 1.
 	Workers int
 	// PollInterval is how often an idle relay looks for due rows without
 	// being woken by NOTIFY. At least [PollIntervalMin]. Defaults to 1
@@ -66,7 +67,11 @@ type Config struct {
 	// without stopping, the messages of its partitions wait that long
 	// before other relays take them over. Workers rebalance the
 	// partitions among themselves every LeaseTTL/10. A relay that stops
-	// gives its partitions up at once. Defaults to 10 seconds.
+	// gives its partitions up at once; one that stalls in the middle of a
+	// batch holds them until the server ends the batch's transaction,
+	// PublishTimeout + LeaseTTL/3 after its claim (33.3 seconds on the
+	// defaults), or LeaseTTL after its last heartbeat if that is later.
+	// Between [LeaseTTLMin] and [LeaseTTLMax]. Defaults to 10 seconds.
 	LeaseTTL time.Duration
 	// Retry shapes the backoff between failed publishes of a row and the
 	// attempts after which it becomes a dead letter (errors marked with
@@ -86,7 +91,12 @@ type Config struct {
 	// its own messages.
 	GlobalKeyOrder bool
 	// PublishTimeout bounds one Sink call; the claimed rows stay locked in
-	// an open transaction meanwhile. Defaults to 30 seconds.
+	// an open transaction meanwhile. It is above the transports' own
+	// bounds of one request (a webhook's 15 seconds, a JetStream ack's
+	// 10), so that a slow destination fails its messages rather than the
+	// whole batch. It also bounds how long a relay stalled mid-batch holds
+	// its partitions (see LeaseTTL). Between [PublishTimeoutMin] and
+	// [PublishTimeoutMax]. Defaults to 30 seconds.
 	PublishTimeout time.Duration
 	// ShutdownGrace is how long in-flight batches may finish after Run's
 	// context is done; rows of batches still publishing then are released
@@ -113,7 +123,8 @@ type Config struct {
 	// VacuumEvery makes the relay VACUUM the outbox table after it has
 	// claimed this many rows, for servers where autovacuum is off or too
 	// slow (see the package documentation). It needs the table owner's
-	// rights; failures are logged. Defaults to 0: off, autovacuum's job.
+	// rights; failures are logged. Any count is safe (it is compared,
+	// never allocated). Defaults to 0: off, autovacuum's job.
 	VacuumEvery int
 	// Hooks receive metrics. All optional.
 	Hooks Hooks
@@ -161,17 +172,61 @@ const PollIntervalMin = time.Millisecond
 // gauge any dashboard can show.
 const StatsIntervalMin = 10 * time.Millisecond
 
+// PublishTimeoutMin is the shortest [Config.PublishTimeout] accepted: a
+// publish to any broker takes at least a round trip, and below 10ms
+// every batch would time out and its rows go back, retried without end.
+const PublishTimeoutMin = 10 * time.Millisecond
+
+// PublishTimeoutMax is the longest [Config.PublishTimeout] accepted. The
+// batch's rows stay locked that long, and the server's
+// idle_in_transaction_session_timeout, which fences a stalled batch, is
+// PublishTimeout + LeaseTTL/3 in milliseconds of a 32-bit integer.
+const PublishTimeoutMax = time.Hour
+
+// LeaseTTLMax is the longest [Config.LeaseTTL] accepted: a relay that dies
+// holds its partitions that long, and the server's fence of a stalled
+// batch (PublishTimeout + LeaseTTL/3) must stay within Postgres' 32-bit
+// millisecond timeout.
+const LeaseTTLMax = time.Hour
+
+// BatchSizeMax is the largest [Config.BatchSize] accepted. A batch is one
+// transaction holding its rows locked, a window the worker allocates
+// whole, and one Sink call; past 10,000 rows these grow (to out of
+// memory at 1<<31) with no gain in throughput, which levels off in the
+// hundreds.
+const BatchSizeMax = 10_000
+
+// WorkersMax is the largest [Config.Workers] accepted: one per outbox key
+// partition (64). A worker beyond that would own no
+// partition, and each holds a connection of the pool.
+const WorkersMax = outboxsql.Partitions
+
 func (c Config) validate() error {
 	for _, f := range []struct {
-		name     string
-		d, least time.Duration
+		name           string
+		d, least, most time.Duration // most 0: no maximum
 	}{
-		{"LeaseTTL", c.LeaseTTL, LeaseTTLMin},
-		{"PollInterval", c.PollInterval, PollIntervalMin},
-		{"StatsInterval", c.StatsInterval, StatsIntervalMin},
+		{"LeaseTTL", c.LeaseTTL, LeaseTTLMin, LeaseTTLMax},
+		{"PollInterval", c.PollInterval, PollIntervalMin, 0},
+		{"StatsInterval", c.StatsInterval, StatsIntervalMin, 0},
+		{"PublishTimeout", c.PublishTimeout, PublishTimeoutMin, PublishTimeoutMax},
 	} {
 		if f.d < f.least {
 			return idemq.NewConfigError("relay", f.name, "%v is below the minimum of %v; leave it 0 for the default", f.d, f.least)
+		}
+		if f.most > 0 && f.d > f.most {
+			return idemq.NewConfigError("relay", f.name, "%v is above the maximum of %v", f.d, f.most)
+		}
+	}
+	for _, f := range []struct {
+		name    string
+		n, most int
+	}{
+		{"BatchSize", c.BatchSize, BatchSizeMax},
+		{"Workers", c.Workers, WorkersMax},
+	} {
+		if f.n > f.most {
+			return idemq.NewConfigError("relay", f.name, "%d is above the maximum of %d", f.n, f.most)
 		}
 	}
 	for _, f := range []struct {
@@ -181,7 +236,6 @@ func (c Config) validate() error {
 		{"BatchSize", int64(c.BatchSize)},
 		{"Workers", int64(c.Workers)},
 		{"RescanInterval", int64(c.RescanInterval)},
-		{"PublishTimeout", int64(c.PublishTimeout)},
 		{"ShutdownGrace", int64(c.ShutdownGrace)},
 		{"StallThreshold", int64(c.StallThreshold)},
 	} {
