@@ -53,3 +53,47 @@ func TestBadInputTypedNilDBIsRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestBadInputDeadFilterRefusesBlankValues: a filter field of blanks looks
+// like a filter and is none, a NUL byte got a raw SQLSTATE from Postgres,
+// and a negative limit a bare error: every dead-letter call refuses them
+// with an idemq.ErrConfig naming the field, and nothing is replayed or
+// purged.
+func TestBadInputDeadFilterRefusesBlankValues(t *testing.T) {
+	t.Parallel()
+	b := setup(t, outbox.Config{})
+	if err := b.ob.Enqueue(b.ctx, outbox.Message{Destination: "billing", Key: "k", Payload: []byte("a")}); err != nil {
+		t.Fatal(err)
+	}
+	kill(t, b, "boom", "a")
+	for _, c := range []struct {
+		f     outbox.DeadFilter
+		field string
+	}{
+		{outbox.DeadFilter{ErrorClass: " "}, "ErrorClass"},
+		{outbox.DeadFilter{Destination: "\t"}, "Destination"},
+		{outbox.DeadFilter{DestinationPrefix: "  "}, "DestinationPrefix"},
+		{outbox.DeadFilter{Key: "\n"}, "Key"},
+		{outbox.DeadFilter{KeyPrefix: " "}, "KeyPrefix"},
+		{outbox.DeadFilter{Key: "k\x00"}, "Key"},
+		{outbox.DeadFilter{ErrorClass: "\x00"}, "ErrorClass"},
+		{outbox.DeadFilter{Limit: -1}, "Limit"},
+	} {
+		calls := map[string]func() error{
+			"DeadLetters": func() error { _, err := b.ob.DeadLetters(b.ctx, c.f); return err },
+			"DeadGroups":  func() error { _, err := b.ob.DeadGroups(b.ctx, c.f); return err },
+			"Replay":      func() error { _, err := b.ob.Replay(b.ctx, c.f); return err },
+			"Purge":       func() error { _, err := b.ob.Purge(b.ctx, c.f); return err },
+		}
+		for name, call := range calls {
+			err := call()
+			if ce, ok := errors.AsType[*idemq.ConfigError](err); !ok || ce.Field != c.field {
+				t.Errorf("%s(%+v) = %v, want an idemq.ErrConfig naming %s", name, c.f, err, c.field)
+			}
+		}
+	}
+	dead, err := b.ob.DeadLetters(b.ctx, outbox.DeadFilter{})
+	if err != nil || len(dead) != 1 {
+		t.Fatalf("%d dead letters left (%v), want the 1 no call was allowed to touch", len(dead), err)
+	}
+}

@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -67,6 +68,30 @@ type DeadFilter struct {
 	Limit int
 }
 
+// validate refuses, with an error matching [idemq.ErrConfig], a filter
+// that says one thing and would do another: a string field set to blanks
+// (a form or a flag that sent " " looks like a filter, and a caller that
+// trims it gets "no filter": everything), a NUL byte (Postgres cannot
+// compare it, and answered with a raw SQLSTATE), or a negative Limit. An
+// empty field is no filter, as the zero value is everywhere in idemq:
+// callers that take a filter from people refuse empty values themselves
+// (the idemq binary does).
+func (f DeadFilter) validate() error {
+	for field, v := range map[string]string{"Destination": f.Destination, "DestinationPrefix": f.DestinationPrefix,
+		"Key": f.Key, "KeyPrefix": f.KeyPrefix, "ErrorClass": f.ErrorClass} {
+		switch {
+		case v != "" && strings.TrimSpace(v) == "":
+			return idemq.NewConfigError("outbox.DeadFilter", field, "%q is blank: leave it empty for no filter on it, or give a value", v)
+		case strings.ContainsRune(v, 0):
+			return idemq.NewConfigError("outbox.DeadFilter", field, "%q holds a NUL byte, which no dead letter can match", v)
+		}
+	}
+	if f.Limit < 0 {
+		return idemq.NewConfigError("outbox.DeadFilter", "Limit", "%d is negative: leave it 0 for the default", f.Limit)
+	}
+	return nil
+}
+
 // args are the parameters of the dead-letter filter and limit
 // (outboxsql.Queries.ListDead and LockDead).
 func (f DeadFilter) args(defaultLimit int) []any {
@@ -102,8 +127,8 @@ func (f DeadFilter) args(defaultLimit int) []any {
 
 // DeadLetters lists the dead letters that match f, oldest enqueued first.
 func (o *Outbox) DeadLetters(ctx context.Context, f DeadFilter) ([]DeadLetter, error) {
-	if f.Limit < 0 {
-		return nil, fmt.Errorf("outbox: negative limit %d", f.Limit)
+	if err := f.validate(); err != nil {
+		return nil, err
 	}
 	rows, err := o.db.Query(ctx, o.q.ListDead, f.args(100)...)
 	if err != nil {
@@ -190,8 +215,8 @@ func (o *Outbox) settleDead(ctx context.Context, tx pgx.Tx, f DeadFilter, stmt s
 // their owners (the relays skip them when they rebalance), so the
 // partitions of a relay that died meanwhile wait for it to end.
 func (o *Outbox) lockDead(ctx context.Context, tx pgx.Tx, f DeadFilter, replay bool) (seqs []int64, keys []string, err error) {
-	if f.Limit < 0 {
-		return nil, nil, fmt.Errorf("negative limit %d", f.Limit)
+	if err := f.validate(); err != nil {
+		return nil, nil, err
 	}
 	rows, err := tx.Query(ctx, o.q.LockDead, f.args(0)...)
 	if err != nil {

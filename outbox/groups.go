@@ -63,8 +63,8 @@ func GroupID(class, destination string) string {
 // counted. It reads the (error_class, destination, seq) index, not the
 // table.
 func (o *Outbox) DeadGroups(ctx context.Context, f DeadFilter) ([]DeadGroup, error) {
-	if f.Limit < 0 {
-		return nil, fmt.Errorf("outbox: negative limit %d", f.Limit)
+	if err := f.validate(); err != nil {
+		return nil, err
 	}
 	rows, err := o.db.Query(ctx, o.q.DeadGroups, f.args(100)...)
 	if err != nil {

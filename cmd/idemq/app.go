@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"io"
+	"strings"
 
 	"github.com/urfave/cli/v3"
 
@@ -77,13 +78,56 @@ func groupAction(ctx context.Context, cmd *cli.Command) error {
 }
 
 // markUsageErrors makes every flag-parsing error of cmd and its subcommands
-// exit with exitUsage.
+// exit with exitUsage, and refuses an empty flag value (see refuseEmpty).
 func markUsageErrors(cmd *cli.Command) {
 	cmd.OnUsageError = func(_ context.Context, _ *cli.Command, err error, _ bool) error {
 		return usageError("%w", err)
 	}
+	cmd.Before = refuseEmpty
 	cmd.CommandNotFound = nil
 	for _, sub := range cmd.Commands {
 		markUsageErrors(sub)
 	}
+}
+
+// emptyMeans are the string flags whose empty value is documented and
+// means something (the libpq environment, a plain inbox, no HTTP server,
+// ...). Any other flag given an empty or blank value is a usage error: an
+// empty --class, --key or --destination used to mean "no filter", so that
+// dlq purge --class "" purged every dead letter, and an empty table or
+// prefix would silently be the default.
+var emptyMeans = map[string]bool{flagDatabaseURL: true, flagInboxPartition: true, "http-addr": true, "listen-url": true,
+	"nats-url": true, "config": true}
+
+// refuseEmpty is every command's Before: it refuses an empty or blank
+// argument, and a flag of the command or of its parents set, on the
+// command line or in the environment, to an empty or blank value (or a
+// list holding one), unless emptyMeans says the empty value is meant.
+func refuseEmpty(ctx context.Context, cmd *cli.Command) (context.Context, error) {
+	for i, arg := range cmd.Args().Slice() {
+		if strings.TrimSpace(arg) == "" {
+			return ctx, usageError("%s: argument %d %q is empty: give a value", cmd.FullName(), i+1, arg)
+		}
+	}
+	for _, c := range cmd.Lineage() {
+		for _, fl := range c.Flags {
+			name := fl.Names()[0]
+			if !fl.IsSet() || emptyMeans[name] {
+				continue
+			}
+			var values []string
+			switch v := fl.Get().(type) {
+			case string:
+				values = []string{v}
+			case []string:
+				values = v
+			}
+			for _, v := range values {
+				if strings.TrimSpace(v) == "" {
+					return ctx, usageError("--%s %q: the value is empty (which is neither \"no filter\" nor the default): give one, or leave the flag out", name, v)
+				}
+			}
+		}
+	}
+	return ctx, nil
 }

@@ -502,3 +502,67 @@ func TestBadInputWebhookEnableWithoutOutboxChangesNothing(t *testing.T) {
 		t.Errorf("after migrating the outbox, enable left %+v, want partner enabled", eps)
 	}
 }
+
+// TestBadInputEmptyFlagValueIsAUsageError: an empty filter used to mean
+// "no filter": dlq purge --class "" purged every outbox dead letter, and
+// so did --destination, --destination-prefix, --key and --key-prefix, and
+// --inbox with --scope, --key or --class; dlq replay --class "" replayed
+// them all. An empty or blank value of any flag (where empty is not
+// documented to mean something) is a usage error in every command, on the
+// command line and in the environment, and nothing is touched.
+func TestBadInputEmptyFlagValueIsAUsageError(t *testing.T) {
+	t.Parallel()
+	url, pool, ob := database(t)
+	for _, dest := range []string{"payments", "payments", "emails"} {
+		if err := ob.Enqueue(context.Background(), outbox.Message{Destination: dest, Key: dest, Payload: []byte(`{}`)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadLetter(t, pool, ob, 3)
+	ib := inboxDeadLetterSet(t, pool, "billing", "order-1", "order-2")
+	var cases [][]string
+	for _, verb := range []string{"purge", "replay", "list", "groups", "classify"} {
+		for _, flag := range []string{"--class", "--destination", "--destination-prefix", "--key", "--key-prefix", "--group", "--id"} {
+			for _, empty := range []string{"", " "} {
+				cases = append(cases, []string{"dlq", verb, flag, empty})
+			}
+		}
+		for _, flag := range []string{"--scope", "--key", "--class", "--id", "--group"} {
+			cases = append(cases, []string{"dlq", verb, "--inbox", flag, ""}, []string{"dlq", verb, "--inbox", "--conflicts", flag, " "})
+		}
+	}
+	cases = append(cases,
+		[]string{"dlq", "purge", "--yes", "--class", ""},
+		[]string{"dlq", "purge", "--destination", "payments", "--key", ""},
+		[]string{"dlq", "purge", "--id", "", "--id", "", "--dry-run"},
+		[]string{"dlq", "show", "--inbox", "", ""},
+		[]string{"dlq", "show", "--inbox", "billing", " "},
+		[]string{"--schema", "", "dlq", "purge", "--all"},
+		[]string{"dlq", "purge", "--all", "--outbox-table", ""},
+		[]string{"dlq", "purge", "--inbox", "--all", "--inbox-table", " "},
+		[]string{"gc", "--requests-table", ""},
+		[]string{"ui", "--requests-table", ""},
+		[]string{"webhook", "enable", ""},
+		[]string{"webhook", "disable", " "},
+		[]string{"webhook", "add", "--url", "http://example.com/", "--id", ""},
+		[]string{"migrate", "--components", ""},
+	)
+	for _, args := range cases {
+		r := wantCode(t, url, exitUsage, args...)
+		if !strings.Contains(r.stderr, "empty") {
+			t.Errorf("idemq %q: stderr %q does not say the value is empty", args, r.stderr)
+		}
+	}
+	r := runWithEnv(t, env("DATABASE_URL="+url, "IDEMQ_OUTBOX_TABLE="), "dlq", "purge", "--all")
+	if r.code != exitUsage || !strings.Contains(r.stderr, "empty") {
+		t.Errorf("IDEMQ_OUTBOX_TABLE= dlq purge --all: exit %d, stderr %q; want a usage error saying it is empty", r.code, r.stderr)
+	}
+	if n := deadCount(t, ob); n != 3 {
+		t.Fatalf("%d outbox dead letters left, want the 3 nothing was asked to touch", n)
+	}
+	for _, key := range []string{"order-1", "order-2"} {
+		if rec, err := ib.Get(context.Background(), "billing", key); err != nil || rec.Status != inbox.FailedFinal {
+			t.Fatalf("%s is %+v, %v; want it still a dead letter", key, rec, err)
+		}
+	}
+}
