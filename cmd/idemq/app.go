@@ -78,12 +78,20 @@ func groupAction(ctx context.Context, cmd *cli.Command) error {
 }
 
 // markUsageErrors makes every flag-parsing error of cmd and its subcommands
-// exit with exitUsage, and refuses an empty flag value (see refuseEmpty).
+// exit with exitUsage, and makes every command's action refuse empty
+// values first (see refuseEmpty).
 func markUsageErrors(cmd *cli.Command) {
 	cmd.OnUsageError = func(_ context.Context, _ *cli.Command, err error, _ bool) error {
 		return usageError("%w", err)
 	}
-	cmd.Before = refuseEmpty
+	if action := cmd.Action; action != nil {
+		cmd.Action = func(ctx context.Context, cmd *cli.Command) error {
+			if err := refuseEmpty(cmd); err != nil {
+				return err
+			}
+			return action(ctx, cmd)
+		}
+	}
 	cmd.CommandNotFound = nil
 	for _, sub := range cmd.Commands {
 		markUsageErrors(sub)
@@ -99,14 +107,14 @@ func markUsageErrors(cmd *cli.Command) {
 var emptyMeans = map[string]bool{flagDatabaseURL: true, flagInboxPartition: true, "http-addr": true, "listen-url": true,
 	"nats-url": true, "config": true}
 
-// refuseEmpty is every command's Before: it refuses an empty or blank
-// argument, and a flag of the command or of its parents set, on the
-// command line or in the environment, to an empty or blank value (or a
-// list holding one), unless emptyMeans says the empty value is meant.
-func refuseEmpty(ctx context.Context, cmd *cli.Command) (context.Context, error) {
+// refuseEmpty refuses an empty or blank argument, and a flag of cmd or of
+// its parents set, on the command line or in the environment, to an empty
+// or blank value (or a list holding one), unless emptyMeans says the empty
+// value is meant.
+func refuseEmpty(cmd *cli.Command) error {
 	for i, arg := range cmd.Args().Slice() {
 		if strings.TrimSpace(arg) == "" {
-			return ctx, usageError("%s: argument %d %q is empty: give a value", cmd.FullName(), i+1, arg)
+			return usageError("%s: argument %d %q is empty: give a value", cmd.FullName(), i+1, arg)
 		}
 	}
 	for _, c := range cmd.Lineage() {
@@ -124,10 +132,10 @@ func refuseEmpty(ctx context.Context, cmd *cli.Command) (context.Context, error)
 			}
 			for _, v := range values {
 				if strings.TrimSpace(v) == "" {
-					return ctx, usageError("--%s %q: the value is empty (which is neither \"no filter\" nor the default): give one, or leave the flag out", name, v)
+					return usageError("--%s %q: the value is empty (which is neither \"no filter\" nor the default): give one, or leave the flag out", name, v)
 				}
 			}
 		}
 	}
-	return ctx, nil
+	return nil
 }

@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -563,6 +564,91 @@ func TestBadInputEmptyFlagValueIsAUsageError(t *testing.T) {
 	for _, key := range []string{"order-1", "order-2"} {
 		if rec, err := ib.Get(context.Background(), "billing", key); err != nil || rec.Status != inbox.FailedFinal {
 			t.Fatalf("%s is %+v, %v; want it still a dead letter", key, rec, err)
+		}
+	}
+}
+
+// TestBadInputRelaySizesAndKafkaTxNames: --batch-size 2147483648 crashed
+// the relay with out of memory and passed --check; kafka-tx routes
+// defaulted to a transactional id prefix and a watermark topic shared by
+// every outbox on the cluster, and --check took an empty prefix, a
+// watermark topic Kafka refuses, and a route into the watermark topic.
+// Each is a usage error, with --check and without it, whether or not the
+// database answers.
+func TestBadInputRelaySizesAndKafkaTxNames(t *testing.T) {
+	t.Parallel()
+	url := testenv.PostgresURL(t)
+	nats := []string{"--route", "orders=nats", "--nats-url", "nats://127.0.0.1:1"}
+	tx := []string{"--route", "pay.*=kafka-tx", "--kafka-brokers", "127.0.0.1:1"}
+	named := slices.Concat(tx, []string{"--kafka-tx-id-prefix", "billing-outbox-"})
+	dir := t.TempDir()
+	noNames := filepath.Join(dir, "no-names.json")
+	if err := os.WriteFile(noNames, []byte(`{"routes": ["pay.*=kafka-tx"], "kafka_brokers": ["127.0.0.1:1"], "kafka_tx_id_prefix": ""}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		want string
+		args []string
+	}{
+		{"--batch-size: 2147483648 is above the maximum of", append([]string{"--batch-size", "2147483648"}, nats...)},
+		{"--batch-size: 10001 is above the maximum of 10000", append([]string{"--batch-size", "10001"}, nats...)},
+		{"--workers: 65 is above the maximum of 64", append([]string{"--workers", "65"}, nats...)},
+		{"--publish-timeout: 1ns is below the minimum", append([]string{"--publish-timeout", "1ns"}, nats...)},
+		{"--publish-timeout: 2h0m0s is above the maximum", append([]string{"--publish-timeout", "2h"}, nats...)},
+		{"--publish-timeout 0s: want a positive duration", append([]string{"--publish-timeout", "0s"}, nats...)},
+		{"--lease-ttl: 2h0m0s is above the maximum", append([]string{"--lease-ttl", "2h"}, nats...)},
+		{"need --kafka-tx-id-prefix and --kafka-watermark-topic", tx},
+		{"need --kafka-tx-id-prefix and --kafka-watermark-topic", slices.Concat(tx, []string{"--kafka-watermark-topic", "billing-outbox-watermarks"})},
+		{"need --kafka-tx-id-prefix and --kafka-watermark-topic", named},
+		{"need --kafka-tx-id-prefix and --kafka-watermark-topic", []string{"--config", noNames}},
+		{"--kafka-tx-id-prefix \"\": the value is empty", slices.Concat(tx, []string{"--kafka-tx-id-prefix", "", "--kafka-watermark-topic", "wm"})},
+		{"--kafka-watermark-topic \"\": the value is empty", slices.Concat(named, []string{"--kafka-watermark-topic", ""})},
+		{"Kafka allows ASCII letters", slices.Concat(named, []string{"--kafka-watermark-topic", "bad topic!"})},
+		{"at most 249", slices.Concat(named, []string{"--kafka-watermark-topic", strings.Repeat("w", 300)})},
+		{`"." is not a Kafka topic name`, slices.Concat(named, []string{"--kafka-watermark-topic", "."})},
+		{`".." is not a Kafka topic name`, slices.Concat(named, []string{"--kafka-watermark-topic", ".."})},
+		{"publishes into the watermark topic", slices.Concat(named, []string{"--kafka-watermark-topic", "wm", "--route", "audit=kafka-tx:wm"})},
+		{"publishes into the watermark topic", slices.Concat(named, []string{"--kafka-watermark-topic", "wm", "--route", "wm=franz"})},
+		{"TARGET topic \"orders/eu\" holds '/'", []string{"--route", "orders=kafka:orders/eu", "--kafka-brokers", "127.0.0.1:1"}},
+	} {
+		for _, check := range []string{"--check", "--migrate"} {
+			args := append([]string{"relay", check}, tc.args...)
+			for _, db := range [][]string{{"--database-url", url}, {"--database-url", unreachableDB, "--connect-timeout", "3s"}} {
+				r := runIdemq(t, url, append(db, args...)...)
+				if r.code != exitUsage || !strings.Contains(r.stderr, tc.want) {
+					t.Errorf("idemq %q: exit %d, stderr %q; want exit 2 saying %q", append(db, args...), r.code, r.stderr, tc.want)
+				}
+			}
+		}
+	}
+	r := runWithEnv(t, env("DATABASE_URL="+unreachableDB, "IDEMQ_RELAY_BATCH_SIZE=2147483648"), append([]string{"relay", "--check"}, nats...)...)
+	if r.code != exitUsage || !strings.Contains(r.stderr, "--batch-size") {
+		t.Errorf("IDEMQ_RELAY_BATCH_SIZE=2147483648 relay --check: exit %d, stderr %q; want exit 2 naming --batch-size", r.code, r.stderr)
+	}
+	wantCode(t, url, exitPending, "migrate", "validate") // nothing was migrated
+
+	// The largest values are taken, and --check prints every setting.
+	var got relayCheck
+	mustJSON(t, unreachableDB, &got, append([]string{"relay", "--check", "--batch-size", "10000", "--workers", "64", "--publish-timeout", "1h",
+		"--kafka-tx-id-prefix", "billing-outbox-", "--kafka-watermark-topic", "billing-outbox-watermarks"}, tx...)...)
+	if got.BatchSize != 10000 || got.Workers != 64 || got.PublishTimeout != "1h0m0s" || got.LeaseTTL != "10s" ||
+		got.KafkaTxIDPrefix != "billing-outbox-" || got.KafkaWatermarkTopic != "billing-outbox-watermarks" {
+		t.Errorf("relay --check --json: %+v, want the sizes, timeouts and kafka-tx names given", got)
+	}
+}
+
+// TestRelayHelpIsTruthful: the help explains a route's TARGET, gives the
+// maxima, has --publish-timeout, and says how long a relay stalled in the
+// middle of a batch holds its partitions (publish timeout + lease/3, 33s
+// on the defaults), not only the 10s lease.
+func TestRelayHelpIsTruthful(t *testing.T) {
+	t.Parallel()
+	help := mustRun(t, unreachableDB, "relay", "--help")
+	for _, want := range []string{"TARGET is the Kafka topic", "the topic or subject to publish to", "--publish-timeout",
+		"IDEMQ_RELAY_PUBLISH_TIMEOUT", "--publish-timeout + --lease-ttl/3 (33s on the defaults)", "rows per claim (at most 10000)",
+		"batches in flight at once (at most 64)", "required with them"} {
+		if !strings.Contains(strings.Join(strings.Fields(help), " "), want) {
+			t.Errorf("relay --help does not say %q:\n%s", want, help)
 		}
 	}
 }
