@@ -7,6 +7,7 @@ import (
 
 	"github.com/urfave/cli/v3"
 
+	"github.com/idemq/idemq/request/pgstore"
 	"github.com/idemq/idemq/transports/webhook"
 )
 
@@ -21,6 +22,7 @@ const (
 	flagInboxInterval  = "inbox-partition-interval"
 	flagInboxRetention = "inbox-retention"
 	flagJSON           = "json"
+	flagRequestsTable  = "requests-table"
 )
 
 // newApp returns the command tree. Flags are read from the command line,
@@ -57,6 +59,8 @@ func newApp(stdout, stderr io.Writer) *cli.Command {
 				Sources: cli.EnvVars("IDEMQ_INBOX_RETENTION")},
 			&cli.StringFlag{Name: flagWebhookTable, Value: webhook.TableDefault, Usage: "webhook endpoint table (keys in <table>_keys)",
 				Sources: cli.EnvVars("IDEMQ_WEBHOOK_TABLE")},
+			&cli.StringFlag{Name: flagRequestsTable, Value: pgstore.TableDefault, Usage: "table of request/pgstore's HTTP and gRPC request records",
+				Sources: cli.EnvVars("IDEMQ_REQUESTS_TABLE")},
 			&cli.BoolFlag{Name: flagJSON, Usage: "print JSON instead of tables", Sources: cli.EnvVars("IDEMQ_JSON")},
 		},
 		Commands: []*cli.Command{migrateCommand(), relayCommand(), dlqCommand(), gcCommand(), statsCommand(), webhookCommand(), uiCommand(), versionCommand()},
@@ -78,14 +82,20 @@ func groupAction(ctx context.Context, cmd *cli.Command) error {
 }
 
 // markUsageErrors makes every flag-parsing error of cmd and its subcommands
-// exit with exitUsage, and makes every command's action refuse empty
-// values first (see refuseEmpty).
+// exit with exitUsage, and makes every command's action refuse first
+// arguments it does not take and empty values (see refuseEmpty).
 func markUsageErrors(cmd *cli.Command) {
 	cmd.OnUsageError = func(_ context.Context, _ *cli.Command, err error, _ bool) error {
 		return usageError("%w", err)
 	}
+	// A command without subcommands that names no arguments takes none:
+	// `idemq ui extra` used to start anyway, the extra word ignored.
+	noArgs := len(cmd.Commands) == 0 && cmd.ArgsUsage == ""
 	if action := cmd.Action; action != nil {
 		cmd.Action = func(ctx context.Context, cmd *cli.Command) error {
+			if noArgs && cmd.Args().Present() {
+				return usageError("%s takes no arguments, got %q", cmd.FullName(), cmd.Args().Slice())
+			}
 			if err := refuseEmpty(cmd); err != nil {
 				return err
 			}

@@ -652,3 +652,73 @@ func TestRelayHelpIsTruthful(t *testing.T) {
 		}
 	}
 }
+
+// TestBadInputSettingsAreNotIgnored: settings that were accepted and
+// ignored are usage errors, before anything is applied: an inbox
+// partition interval without a partitioned layout; a plain migrate of a
+// partitioned inbox, which said "nothing to apply" while its consumers'
+// plain Config failed every claim; ui --requests-table 'Bad;Name', which
+// left the lookups out without a word; arguments to a command that takes
+// none (ui started anyway); a gc batch above its maximum.
+func TestBadInputSettingsAreNotIgnored(t *testing.T) {
+	t.Parallel()
+	url := testenv.PostgresURL(t)
+	for _, tc := range []struct {
+		want string
+		args []string
+	}{
+		{"--inbox-partition-interval applies to a partitioned inbox", []string{"migrate", "--inbox-partition-interval", "1h"}},
+		{"--inbox-partition-interval applies to a partitioned inbox", []string{"--inbox-partition-interval", "1h", "gc"}},
+		{"--inbox-partition-interval applies to a partitioned inbox", []string{"relay", "--check", "--webhooks", "--inbox-partition-interval", "1h"}},
+		{"--requests-table: invalid table name", []string{"ui", "--listen", freeAddr(t), "--requests-table", "Bad;Name"}},
+		{"--requests-table: invalid table name", []string{"migrate", "--components", "requests", "--requests-table", "Bad;Name"}},
+		{"takes no arguments", []string{"ui", "--listen", freeAddr(t), "extra"}},
+		{"takes no arguments", []string{"stats", "extra"}},
+		{"takes no arguments", []string{"dlq", "list", "--inbox", "extra"}},
+		{"takes no arguments", []string{"migrate", "validate", "extra"}},
+		{"--batch-size 100001: want 1 to 100000", []string{"gc", "--batch-size", "100001"}},
+		{"--batch-size 2147483648: want 1 to 100000", []string{"gc", "--batch-size", "2147483648"}},
+	} {
+		r := wantCode(t, url, exitUsage, tc.args...)
+		if !strings.Contains(r.stderr, tc.want) {
+			t.Errorf("idemq %q: stderr %q, want it to say %q", tc.args, r.stderr, tc.want)
+		}
+	}
+	wantCode(t, url, exitPending, "migrate", "validate") // nothing was applied
+
+	mustRun(t, url, "--inbox-partitioned", "arrival", "migrate")
+	for _, args := range [][]string{{"migrate"}, {"migrate", "--components", "inbox"}} {
+		r := wantCode(t, url, exitUsage, args...)
+		if !strings.Contains(r.stderr, "is partitioned") || strings.Contains(r.stdout, "nothing to apply") {
+			t.Errorf("plain idemq %q on a partitioned inbox: stdout %q, stderr %q; want it refused, saying the table is partitioned",
+				args, r.stdout, r.stderr)
+		}
+	}
+	mustRun(t, url, "migrate", "--components", "outbox,webhook") // without the inbox, its layout does not matter
+	if out := mustRun(t, url, "--inbox-partitioned", "arrival", "migrate"); !strings.Contains(out, "nothing to apply") {
+		t.Errorf("migrate with the table's layout: %q", out)
+	}
+}
+
+// TestDLQOnAConsumerOnlyDatabaseSaysInbox: on a database with the inbox's
+// tables and no outbox, the dlq commands said to migrate; they say to add
+// --inbox (as idemq stats does), and the reverse with --inbox on an
+// outbox alone.
+func TestDLQOnAConsumerOnlyDatabaseSaysInbox(t *testing.T) {
+	t.Parallel()
+	consumerOnly := testenv.PostgresURL(t)
+	mustRun(t, consumerOnly, "migrate", "--components", "inbox")
+	for _, args := range [][]string{{"dlq", "groups"}, {"dlq", "list"}, {"dlq", "replay"}, {"dlq", "purge", "--all"}} {
+		r := wantCode(t, consumerOnly, exitPending, args...)
+		if !strings.Contains(r.stderr, "add --inbox") {
+			t.Errorf("idemq %q on a consumer-only database: stderr %q, want the hint --inbox", args, r.stderr)
+		}
+	}
+	mustRun(t, consumerOnly, "dlq", "groups", "--inbox")
+
+	relayOnly := testenv.PostgresURL(t)
+	mustRun(t, relayOnly, "migrate", "--components", "outbox")
+	if r := wantCode(t, relayOnly, exitPending, "dlq", "groups", "--inbox"); !strings.Contains(r.stderr, "drop --inbox") {
+		t.Errorf("dlq groups --inbox on an outbox alone: stderr %q, want the hint to drop --inbox", r.stderr)
+	}
+}

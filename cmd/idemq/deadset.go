@@ -59,11 +59,39 @@ func openDeadSet(ctx context.Context, cmd *cli.Command) (s *deadSet, done func()
 		s.ob = ob
 	}
 	s.audited = ob
+	if err := s.checkTables(ctx, ob, ib); err != nil {
+		s.pool.Close()
+		return nil, nil, err
+	}
 	if err := s.selectGroup(ctx); err != nil {
 		s.pool.Close()
 		return nil, nil, err
 	}
 	return s, s.pool.Close, nil
+}
+
+// checkTables says, when the dead letters the flags name have no table
+// here, whether the other kind has one: on a consumer's database without
+// an outbox, dlq groups said to migrate where the answer is --inbox (as
+// idemq stats says).
+func (s *deadSet) checkTables(ctx context.Context, ob *outbox.Outbox, ib *inbox.Store) error {
+	oc, ic := ob.Config(), ib.Config()
+	outboxHere, err := tableExists(ctx, s.pool, oc.Schema, oc.Table+"_dead")
+	if err != nil {
+		return err
+	}
+	inboxHere, err := tableExists(ctx, s.pool, ic.Schema, ic.Table)
+	switch {
+	case err != nil:
+		return err
+	case s.ob != nil && !outboxHere && inboxHere:
+		return withCode(exitPending, "no outbox tables in schema %q, only the inbox's: add --inbox for the consumers' dead letters "+
+			"(or run `idemq migrate --components outbox` if this service has an outbox)", oc.Schema)
+	case s.ib != nil && !inboxHere && outboxHere:
+		return withCode(exitPending, "no inbox table in schema %q, only the outbox's: drop --inbox for the relay's dead letters "+
+			"(or run `idemq migrate --components inbox` if this service has consumers)", ic.Schema)
+	}
+	return nil
 }
 
 // noun names what the set holds.

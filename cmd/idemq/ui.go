@@ -15,7 +15,6 @@ import (
 	"github.com/urfave/cli/v3"
 
 	"github.com/idemq/idemq/console"
-	"github.com/idemq/idemq/request/pgstore"
 )
 
 func uiCommand() *cli.Command {
@@ -31,7 +30,6 @@ func uiCommand() *cli.Command {
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "listen", Value: "127.0.0.1:8080", Usage: "address to serve on", Sources: cli.EnvVars("IDEMQ_UI_LISTEN")},
 			&cli.BoolFlag{Name: "allow-actions", Usage: "let signed-in users replay, purge, release and enable", Sources: cli.EnvVars("IDEMQ_UI_ALLOW_ACTIONS")},
-			&cli.StringFlag{Name: "requests-table", Value: pgstore.TableDefault, Usage: "table of request/pgstore's request records, for lookups"},
 		},
 		Action: runUI,
 	}
@@ -71,14 +69,13 @@ func runUI(ctx context.Context, cmd *cli.Command) error {
 			return err
 		}
 	}
-	if ok, err := tableExists(ctx, pool, cmd.String(flagSchema), cmd.String("requests-table")); err != nil {
+	if ok, err := tableExists(ctx, pool, cmd.String(flagSchema), cmd.String(flagRequestsTable)); err != nil {
 		return err
 	} else if ok {
-		req, err := pgstore.New(pool, pgstore.Config{Schema: cmd.String(flagSchema), Table: cmd.String("requests-table")})
-		if err != nil {
-			return usageError("%w", err)
+		// connect checked the table flags: this cannot fail.
+		if cfg.Requests, err = requestStore(cmd, pool); err != nil {
+			return err
 		}
-		cfg.Requests = req
 	}
 	logger := slog.New(slog.NewTextHandler(cmd.Root().ErrWriter, nil))
 	cfg.Logger = logger
