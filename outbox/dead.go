@@ -66,6 +66,20 @@ type DeadFilter struct {
 	// enqueue order. For DeadLetters it defaults to 100; for Replay and
 	// Purge zero means no limit.
 	Limit int
+	// All lets Replay and Purge act on every dead letter: without it they
+	// refuse a filter that sets none of IDs, Destination,
+	// DestinationPrefix, Key, KeyPrefix, ErrorClass, FailedBefore,
+	// FailedAfter and After (idemq.ErrConfig), so that a value left empty
+	// by mistake (a blank form field, an unset variable) never selects
+	// everything. Listing needs no All. (inbox.DeadFilter has the same.)
+	All bool
+}
+
+// selectsAll reports whether f narrows nothing: every dead letter, or the
+// first Limit of them.
+func (f DeadFilter) selectsAll() bool {
+	return f.IDs == nil && f.Destination == "" && f.DestinationPrefix == "" && f.Key == "" && f.KeyPrefix == "" && f.ErrorClass == "" &&
+		f.FailedBefore.IsZero() && f.FailedAfter.IsZero() && f.After == uuid.Nil
 }
 
 // validate refuses, with an error matching [idemq.ErrConfig], a filter
@@ -155,7 +169,8 @@ func (o *Outbox) DeadLetters(ctx context.Context, f DeadFilter) ([]DeadLetter, e
 // attempts reset, same id and the same place in their key's order (ahead of
 // any later message of the key still pending). Followers a relay parked
 // behind them (relay option ParkFollowers) are released once their key has
-// no dead letter left. Replay returns the number of messages moved.
+// no dead letter left. Replay returns the number of messages moved. A
+// filter that selects everything must say f.All.
 func (o *Outbox) Replay(ctx context.Context, f DeadFilter) (int64, error) {
 	return inTx(ctx, o.db, func(tx pgx.Tx) (int64, error) { return o.ReplayTx(ctx, tx, f) })
 }
@@ -172,7 +187,7 @@ func (o *Outbox) ReplayTx(ctx context.Context, tx pgx.Tx, f DeadFilter) (int64, 
 
 // Purge deletes the dead letters that match f and returns how many it
 // deleted. Followers parked behind them are released once their key has no
-// dead letter left.
+// dead letter left. A filter that selects everything must say f.All.
 func (o *Outbox) Purge(ctx context.Context, f DeadFilter) (int64, error) {
 	return inTx(ctx, o.db, func(tx pgx.Tx) (int64, error) { return o.PurgeTx(ctx, tx, f) })
 }
@@ -193,6 +208,13 @@ func (o *Outbox) PurgeTx(ctx context.Context, tx pgx.Tx, f DeadFilter) (int64, e
 func (o *Outbox) settleDead(ctx context.Context, tx pgx.Tx, f DeadFilter, stmt string) (int64, error) {
 	if nilcheck.IsNil(tx) {
 		return 0, idemq.NewConfigError("outbox", "tx", "is nil: pass a transaction, or use the call without Tx")
+	}
+	if err := f.validate(); err != nil {
+		return 0, err
+	}
+	if !f.All && f.selectsAll() {
+		return 0, idemq.NewConfigError("outbox.DeadFilter", "All", "is false, and no other field narrows the selection: set IDs, Destination, "+
+			"a Key, ErrorClass or a time (an empty value is no filter), or All to mean every dead letter")
 	}
 	seqs, keys, err := o.lockDead(ctx, tx, f, stmt == o.q.Replay)
 	if err != nil || len(seqs) == 0 {
@@ -215,9 +237,6 @@ func (o *Outbox) settleDead(ctx context.Context, tx pgx.Tx, f DeadFilter, stmt s
 // their owners (the relays skip them when they rebalance), so the
 // partitions of a relay that died meanwhile wait for it to end.
 func (o *Outbox) lockDead(ctx context.Context, tx pgx.Tx, f DeadFilter, replay bool) (seqs []int64, keys []string, err error) {
-	if err := f.validate(); err != nil {
-		return nil, nil, err
-	}
 	rows, err := tx.Query(ctx, o.q.LockDead, f.args(0)...)
 	if err != nil {
 		return nil, nil, err

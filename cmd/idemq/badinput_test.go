@@ -400,7 +400,7 @@ func TestBadInputWebhookAddRefusesNumbersItCannotKeep(t *testing.T) {
 	for _, flags := range [][]string{
 		{"--rate-limit", "NaN"}, {"--rate-limit", "+Inf"}, {"--rate-limit", "-Inf"}, {"--rate-limit", "-1"},
 		{"--timeout", "999us"}, {"--timeout", "0s"}, {"--timeout", "-1s"},
-		{"--concurrency", "-1"},
+		{"--concurrency", "-1"}, {"--concurrency", "0"}, {"--concurrency", "2147483648"},
 	} {
 		args := append([]string{"webhook", "add", "--url", "https://partner.example/hook"}, flags...)
 		r := wantCode(t, url, exitUsage, args...)

@@ -94,7 +94,7 @@ func stores(cmd *cli.Command, db outbox.DB) (*outbox.Outbox, *inbox.Store, error
 	switch p := cmd.String(flagInboxPartition); p {
 	case "":
 		// A plain inbox has no buckets: the interval would be ignored.
-		if cmd.IsSet(flagInboxInterval) {
+		if cmd.Duration(flagInboxInterval) != 0 {
 			return nil, nil, usageError("--%s applies to a partitioned inbox: give --%s arrival or key with it, or leave it out",
 				flagInboxInterval, flagInboxPartition)
 		}

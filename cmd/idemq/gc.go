@@ -9,6 +9,7 @@ import (
 )
 
 func gcCommand() *cli.Command {
+	var batch int
 	return &cli.Command{
 		Name:  "gc",
 		Usage: "delete inbox and request records whose retention ran out",
@@ -16,9 +17,15 @@ func gcCommand() *cli.Command {
 			"kept: the inbox's, then the HTTP/gRPC request records of request/pgstore (skipped if that table was never\n" +
 			"migrated). A progress line on stderr shows it is working; the counts are printed at the end.",
 		Flags: []cli.Flag{
-			&cli.IntFlag{Name: "batch-size", Value: 1000, Usage: fmt.Sprintf("records per DELETE (at most %d)", gcBatchMax), Sources: cli.EnvVars("IDEMQ_GC_BATCH_SIZE")},
+			&cli.IntFlag{Name: "batch-size", Value: 1000, Usage: fmt.Sprintf("records per DELETE (at most %d)", gcBatchMax), Sources: cli.EnvVars("IDEMQ_GC_BATCH_SIZE"),
+				Destination: &batch, Validator: func(n int) error {
+					if n <= 0 || n > gcBatchMax {
+						return fmt.Errorf("--batch-size %d: want 1 to %d", n, gcBatchMax)
+					}
+					return nil
+				}},
 		},
-		Action: runGC,
+		Action: func(ctx context.Context, cmd *cli.Command) error { return runGC(ctx, cmd, batch) },
 	}
 }
 
@@ -28,10 +35,8 @@ func gcCommand() *cli.Command {
 // was one unbounded DELETE).
 const gcBatchMax = 100_000
 
-func runGC(ctx context.Context, cmd *cli.Command) error {
-	if n := cmd.Int("batch-size"); n <= 0 || n > gcBatchMax {
-		return usageError("--batch-size %d: want 1 to %d", n, gcBatchMax)
-	}
+// runGC collects in DELETEs of batch records.
+func runGC(ctx context.Context, cmd *cli.Command, batch int) error {
 	// Every flag is checked before the database is reached: a bad table
 	// name is a usage error (2) whether or not it answers.
 	pool, err := openPool(cmd)
@@ -54,14 +59,14 @@ func runGC(ctx context.Context, cmd *cli.Command) error {
 	// spent until it returns.
 	start := time.Now()
 	stop := progress(cmd, start)
-	n, err := ib.GC(ctx, cmd.Int("batch-size"))
+	n, err := ib.GC(ctx, batch)
 	var r int64
 	pending, perr := requests.PendingMigrations(ctx)
 	if err == nil {
 		err = perr
 	}
 	if err == nil && len(pending) == 0 {
-		r, err = requests.GC(ctx, cmd.Int("batch-size"))
+		r, err = requests.GC(ctx, batch)
 	}
 	stop()
 	if err != nil {

@@ -17,7 +17,14 @@ import (
 	"github.com/idemq/idemq/console"
 )
 
+// uiOptions are the ui command's flags, typed.
+type uiOptions struct {
+	listen       string
+	allowActions bool
+}
+
 func uiCommand() *cli.Command {
+	o := &uiOptions{}
 	return &cli.Command{
 		Name:  "ui",
 		Usage: "serve the operator console (and /metrics) over HTTP",
@@ -28,15 +35,17 @@ func uiCommand() *cli.Command {
 			"is set every page needs it. Every action is written to the outbox's audit log. Pages of stores whose\n" +
 			"tables do not exist (inbox, webhooks, request records) are left out.",
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "listen", Value: "127.0.0.1:8080", Usage: "address to serve on", Sources: cli.EnvVars("IDEMQ_UI_LISTEN")},
-			&cli.BoolFlag{Name: "allow-actions", Usage: "let signed-in users replay, purge, release and enable", Sources: cli.EnvVars("IDEMQ_UI_ALLOW_ACTIONS")},
+			&cli.StringFlag{Name: "listen", Value: "127.0.0.1:8080", Usage: "address to serve on", Sources: cli.EnvVars("IDEMQ_UI_LISTEN"),
+				Destination: &o.listen},
+			&cli.BoolFlag{Name: "allow-actions", Usage: "let signed-in users replay, purge, release and enable", Sources: cli.EnvVars("IDEMQ_UI_ALLOW_ACTIONS"),
+				Destination: &o.allowActions},
 		},
-		Action: runUI,
+		Action: func(ctx context.Context, cmd *cli.Command) error { return runUI(ctx, cmd, o) },
 	}
 }
 
-func runUI(ctx context.Context, cmd *cli.Command) error {
-	cfg := console.Config{AllowActions: cmd.Bool("allow-actions"), Token: os.Getenv("IDEMQ_UI_TOKEN"),
+func runUI(ctx context.Context, cmd *cli.Command, o *uiOptions) error {
+	cfg := console.Config{AllowActions: o.allowActions, Token: os.Getenv("IDEMQ_UI_TOKEN"),
 		User: os.Getenv("IDEMQ_UI_USER"), Password: os.Getenv("IDEMQ_UI_PASSWORD")}
 	if cfg.AllowActions && cfg.Token == "" && cfg.User == "" {
 		return usageError("--allow-actions needs a signed-in user: set IDEMQ_UI_TOKEN, or IDEMQ_UI_USER and IDEMQ_UI_PASSWORD")
@@ -99,7 +108,7 @@ func runUI(ctx context.Context, cmd *cli.Command) error {
 	})
 	mux.Handle("/", ui)
 
-	ln, err := net.Listen("tcp", cmd.String("listen"))
+	ln, err := net.Listen("tcp", o.listen)
 	if err != nil {
 		return usageError("--listen: %v", err)
 	}
