@@ -708,7 +708,8 @@ func TestDLQOnAConsumerOnlyDatabaseSaysInbox(t *testing.T) {
 	t.Parallel()
 	consumerOnly := testenv.PostgresURL(t)
 	mustRun(t, consumerOnly, "migrate", "--components", "inbox")
-	for _, args := range [][]string{{"dlq", "groups"}, {"dlq", "list"}, {"dlq", "replay"}, {"dlq", "purge", "--all"}} {
+	for _, args := range [][]string{{"dlq", "groups"}, {"dlq", "list"}, {"dlq", "replay"}, {"dlq", "purge", "--all"},
+		{"dlq", "show", "0193a1b2-0000-7000-8000-000000000001"}} {
 		r := wantCode(t, consumerOnly, exitPending, args...)
 		if !strings.Contains(r.stderr, "add --inbox") {
 			t.Errorf("idemq %q on a consumer-only database: stderr %q, want the hint --inbox", args, r.stderr)
@@ -718,7 +719,9 @@ func TestDLQOnAConsumerOnlyDatabaseSaysInbox(t *testing.T) {
 
 	relayOnly := testenv.PostgresURL(t)
 	mustRun(t, relayOnly, "migrate", "--components", "outbox")
-	if r := wantCode(t, relayOnly, exitPending, "dlq", "groups", "--inbox"); !strings.Contains(r.stderr, "drop --inbox") {
-		t.Errorf("dlq groups --inbox on an outbox alone: stderr %q, want the hint to drop --inbox", r.stderr)
+	for _, args := range [][]string{{"dlq", "groups", "--inbox"}, {"dlq", "show", "--inbox", "billing", "order-1"}} {
+		if r := wantCode(t, relayOnly, exitPending, args...); !strings.Contains(r.stderr, "drop --inbox") {
+			t.Errorf("idemq %q on an outbox alone: stderr %q, want the hint to drop --inbox", args, r.stderr)
+		}
 	}
 }

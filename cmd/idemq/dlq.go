@@ -268,12 +268,12 @@ func dlqShow(ctx context.Context, cmd *cli.Command, o *dlqOptions) error {
 	if err != nil {
 		return usageError("dlq show %q: %v", cmd.Args().First(), err)
 	}
-	ob, done, err := openOutbox(ctx, cmd)
+	set, done, err := openDeadSet(ctx, cmd, o)
 	if err != nil {
 		return err
 	}
 	defer done()
-	dead, err := ob.DeadLetters(ctx, outbox.DeadFilter{IDs: []uuid.UUID{id}})
+	dead, err := set.ob.DeadLetters(ctx, outbox.DeadFilter{IDs: []uuid.UUID{id}})
 	if err != nil {
 		return err
 	}
@@ -394,18 +394,4 @@ func (o *dlqOptions) failedWindow() (before, after time.Time) {
 		after = o.since
 	}
 	return before, after
-}
-
-// openOutbox connects and returns the outbox; done closes the pool.
-func openOutbox(ctx context.Context, cmd *cli.Command) (*outbox.Outbox, func(), error) {
-	pool, err := connect(ctx, cmd)
-	if err != nil {
-		return nil, nil, err
-	}
-	ob, _, err := stores(cmd, pool)
-	if err != nil {
-		pool.Close()
-		return nil, nil, err
-	}
-	return ob, pool.Close, nil
 }

@@ -69,16 +69,12 @@ func inboxDeadShow(ctx context.Context, cmd *cli.Command, o *dlqOptions) error {
 		return usageError("dlq show --inbox: want SCOPE KEY")
 	}
 	scope, key := cmd.Args().Get(0), cmd.Args().Get(1)
-	pool, err := connect(ctx, cmd)
+	set, done, err := openDeadSet(ctx, cmd, o)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	_, ib, err := stores(cmd, pool)
-	if err != nil {
-		return err
-	}
-	dead, err := o.inboxDeadLetters(ctx, ib, inbox.DeadFilter{Scope: scope, Key: key})
+	defer done()
+	dead, err := o.inboxDeadLetters(ctx, set.ib, inbox.DeadFilter{Scope: scope, Key: key})
 	if errors.Is(err, inbox.ErrInvalidKey) {
 		return usageError("%w", err)
 	}
