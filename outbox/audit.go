@@ -100,9 +100,10 @@ func (f DeadFilter) MarshalJSON() ([]byte, error) {
 		FailedAfter       *time.Time  `json:"failed_after,omitempty"`
 		Limit             int         `json:"limit,omitempty"`
 		After             *uuid.UUID  `json:"after,omitempty"`
+		All               bool        `json:"all,omitempty"`
 	}
 	o := opt{IDs: f.IDs, Destination: f.Destination, DestinationPrefix: f.DestinationPrefix, Key: f.Key, KeyPrefix: f.KeyPrefix,
-		ErrorClass: f.ErrorClass, Limit: f.Limit}
+		ErrorClass: f.ErrorClass, Limit: f.Limit, All: f.All && f.selectsAll()}
 	if !f.FailedBefore.IsZero() {
 		o.FailedBefore = &f.FailedBefore
 	}

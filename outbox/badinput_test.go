@@ -71,3 +71,84 @@ func TestBadInputMaxPayloadAboveTheMaximumIsRefused(t *testing.T) {
 		t.Errorf("New(MaxPayload: MaxPayloadMax) = %v", err)
 	}
 }
+
+// TestBadInputDeadFilterRefusesBlankValues: a filter field of blanks looks
+// like a filter and is none, a NUL byte got a raw SQLSTATE from Postgres,
+// and a negative limit a bare error: every dead-letter call refuses them
+// with an idemq.ErrConfig naming the field, and nothing is replayed or
+// purged.
+func TestBadInputDeadFilterRefusesBlankValues(t *testing.T) {
+	t.Parallel()
+	b := setup(t, outbox.Config{})
+	if err := b.ob.Enqueue(b.ctx, outbox.Message{Destination: "billing", Key: "k", Payload: []byte("a")}); err != nil {
+		t.Fatal(err)
+	}
+	kill(t, b, "boom", "a")
+	for _, c := range []struct {
+		f     outbox.DeadFilter
+		field string
+	}{
+		{outbox.DeadFilter{ErrorClass: " "}, "ErrorClass"},
+		{outbox.DeadFilter{Destination: "\t"}, "Destination"},
+		{outbox.DeadFilter{DestinationPrefix: "  "}, "DestinationPrefix"},
+		{outbox.DeadFilter{Key: "\n"}, "Key"},
+		{outbox.DeadFilter{KeyPrefix: " "}, "KeyPrefix"},
+		{outbox.DeadFilter{Key: "k\x00"}, "Key"},
+		{outbox.DeadFilter{ErrorClass: "\x00"}, "ErrorClass"},
+		{outbox.DeadFilter{Limit: -1}, "Limit"},
+	} {
+		calls := map[string]func() error{
+			"DeadLetters": func() error { _, err := b.ob.DeadLetters(b.ctx, c.f); return err },
+			"DeadGroups":  func() error { _, err := b.ob.DeadGroups(b.ctx, c.f); return err },
+			"Replay":      func() error { _, err := b.ob.Replay(b.ctx, c.f); return err },
+			"Purge":       func() error { _, err := b.ob.Purge(b.ctx, c.f); return err },
+		}
+		for name, call := range calls {
+			err := call()
+			if ce, ok := errors.AsType[*idemq.ConfigError](err); !ok || ce.Field != c.field {
+				t.Errorf("%s(%+v) = %v, want an idemq.ErrConfig naming %s", name, c.f, err, c.field)
+			}
+		}
+	}
+	dead, err := b.ob.DeadLetters(b.ctx, outbox.DeadFilter{})
+	if err != nil || len(dead) != 1 {
+		t.Fatalf("%d dead letters left (%v), want the 1 no call was allowed to touch", len(dead), err)
+	}
+}
+
+// TestBadInputReplayAndPurgeOfEverythingMustSayAll: a filter whose fields
+// are all empty (as a blank form field or an unset variable leaves it)
+// replayed or purged every dead letter; Replay and Purge refuse it with an
+// idemq.ErrConfig, as inbox.DeadFilter does, and All says everything is
+// meant. Listing needs no All.
+func TestBadInputReplayAndPurgeOfEverythingMustSayAll(t *testing.T) {
+	t.Parallel()
+	b := setup(t, outbox.Config{})
+	for _, p := range []string{"a", "b"} {
+		if err := b.ob.Enqueue(b.ctx, outbox.Message{Destination: "billing", Key: p, Payload: []byte(p)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	kill(t, b, "boom", "a", "b")
+	for name, f := range map[string]outbox.DeadFilter{
+		"zero":          {},
+		"empty fields":  {Destination: "", Key: "", ErrorClass: ""},
+		"a limit alone": {Limit: 1},
+	} {
+		if n, err := b.ob.Purge(b.ctx, f); !errors.Is(err, idemq.ErrConfig) || n != 0 {
+			t.Errorf("Purge %s: %d, %v; want an ErrConfig and nothing purged", name, n, err)
+		}
+		if n, err := b.ob.Replay(b.ctx, f); !errors.Is(err, idemq.ErrConfig) || n != 0 {
+			t.Errorf("Replay %s: %d, %v; want an ErrConfig and nothing replayed", name, n, err)
+		}
+	}
+	if dead, err := b.ob.DeadLetters(b.ctx, outbox.DeadFilter{}); err != nil || len(dead) != 2 {
+		t.Fatalf("after refused calls: %d dead letters, %v; want both kept (and listed without All)", len(dead), err)
+	}
+	if n, err := b.ob.Replay(b.ctx, outbox.DeadFilter{Limit: 1, All: true}); err != nil || n != 1 {
+		t.Fatalf("replay of the first with All: %d, %v", n, err)
+	}
+	if n, err := b.ob.Purge(b.ctx, outbox.DeadFilter{All: true}); err != nil || n != 1 {
+		t.Fatalf("purge of every dead letter with All: %d, %v", n, err)
+	}
+}

@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -65,6 +66,44 @@ type DeadFilter struct {
 	// enqueue order. For DeadLetters it defaults to 100; for Replay and
 	// Purge zero means no limit.
 	Limit int
+	// All lets Replay and Purge act on every dead letter: without it they
+	// refuse a filter that sets none of IDs, Destination,
+	// DestinationPrefix, Key, KeyPrefix, ErrorClass, FailedBefore,
+	// FailedAfter and After (idemq.ErrConfig), so that a value left empty
+	// by mistake (a blank form field, an unset variable) never selects
+	// everything. Listing needs no All. (inbox.DeadFilter has the same.)
+	All bool
+}
+
+// selectsAll reports whether f narrows nothing: every dead letter, or the
+// first Limit of them.
+func (f DeadFilter) selectsAll() bool {
+	return f.IDs == nil && f.Destination == "" && f.DestinationPrefix == "" && f.Key == "" && f.KeyPrefix == "" && f.ErrorClass == "" &&
+		f.FailedBefore.IsZero() && f.FailedAfter.IsZero() && f.After == uuid.Nil
+}
+
+// validate refuses, with an error matching [idemq.ErrConfig], a filter
+// that says one thing and would do another: a string field set to blanks
+// (a form or a flag that sent " " looks like a filter, and a caller that
+// trims it gets "no filter": everything), a NUL byte (Postgres cannot
+// compare it, and answered with a raw SQLSTATE), or a negative Limit. An
+// empty field is no filter, as the zero value is everywhere in idemq:
+// callers that take a filter from people refuse empty values themselves
+// (the idemq binary does).
+func (f DeadFilter) validate() error {
+	for field, v := range map[string]string{"Destination": f.Destination, "DestinationPrefix": f.DestinationPrefix,
+		"Key": f.Key, "KeyPrefix": f.KeyPrefix, "ErrorClass": f.ErrorClass} {
+		switch {
+		case v != "" && strings.TrimSpace(v) == "":
+			return idemq.NewConfigError("outbox.DeadFilter", field, "%q is blank: leave it empty for no filter on it, or give a value", v)
+		case strings.ContainsRune(v, 0):
+			return idemq.NewConfigError("outbox.DeadFilter", field, "%q holds a NUL byte, which no dead letter can match", v)
+		}
+	}
+	if f.Limit < 0 {
+		return idemq.NewConfigError("outbox.DeadFilter", "Limit", "%d is negative: leave it 0 for the default", f.Limit)
+	}
+	return nil
 }
 
 // args are the parameters of the dead-letter filter and limit
@@ -102,8 +141,8 @@ func (f DeadFilter) args(defaultLimit int) []any {
 
 // DeadLetters lists the dead letters that match f, oldest enqueued first.
 func (o *Outbox) DeadLetters(ctx context.Context, f DeadFilter) ([]DeadLetter, error) {
-	if f.Limit < 0 {
-		return nil, fmt.Errorf("outbox: negative limit %d", f.Limit)
+	if err := f.validate(); err != nil {
+		return nil, err
 	}
 	rows, err := o.db.Query(ctx, o.q.ListDead, f.args(100)...)
 	if err != nil {
@@ -130,7 +169,8 @@ func (o *Outbox) DeadLetters(ctx context.Context, f DeadFilter) ([]DeadLetter, e
 // attempts reset, same id and the same place in their key's order (ahead of
 // any later message of the key still pending). Followers a relay parked
 // behind them (relay option ParkFollowers) are released once their key has
-// no dead letter left. Replay returns the number of messages moved.
+// no dead letter left. Replay returns the number of messages moved. A
+// filter that selects everything must say f.All.
 func (o *Outbox) Replay(ctx context.Context, f DeadFilter) (int64, error) {
 	return inTx(ctx, o.db, func(tx pgx.Tx) (int64, error) { return o.ReplayTx(ctx, tx, f) })
 }
@@ -147,7 +187,7 @@ func (o *Outbox) ReplayTx(ctx context.Context, tx pgx.Tx, f DeadFilter) (int64, 
 
 // Purge deletes the dead letters that match f and returns how many it
 // deleted. Followers parked behind them are released once their key has no
-// dead letter left.
+// dead letter left. A filter that selects everything must say f.All.
 func (o *Outbox) Purge(ctx context.Context, f DeadFilter) (int64, error) {
 	return inTx(ctx, o.db, func(tx pgx.Tx) (int64, error) { return o.PurgeTx(ctx, tx, f) })
 }
@@ -168,6 +208,13 @@ func (o *Outbox) PurgeTx(ctx context.Context, tx pgx.Tx, f DeadFilter) (int64, e
 func (o *Outbox) settleDead(ctx context.Context, tx pgx.Tx, f DeadFilter, stmt string) (int64, error) {
 	if nilcheck.IsNil(tx) {
 		return 0, idemq.NewConfigError("outbox", "tx", "is nil: pass a transaction, or use the call without Tx")
+	}
+	if err := f.validate(); err != nil {
+		return 0, err
+	}
+	if !f.All && f.selectsAll() {
+		return 0, idemq.NewConfigError("outbox.DeadFilter", "All", "is false, and no other field narrows the selection: set IDs, Destination, "+
+			"a Key, ErrorClass or a time (an empty value is no filter), or All to mean every dead letter")
 	}
 	seqs, keys, err := o.lockDead(ctx, tx, f, stmt == o.q.Replay)
 	if err != nil || len(seqs) == 0 {
@@ -190,9 +237,6 @@ func (o *Outbox) settleDead(ctx context.Context, tx pgx.Tx, f DeadFilter, stmt s
 // their owners (the relays skip them when they rebalance), so the
 // partitions of a relay that died meanwhile wait for it to end.
 func (o *Outbox) lockDead(ctx context.Context, tx pgx.Tx, f DeadFilter, replay bool) (seqs []int64, keys []string, err error) {
-	if f.Limit < 0 {
-		return nil, nil, fmt.Errorf("negative limit %d", f.Limit)
-	}
 	rows, err := tx.Query(ctx, o.q.LockDead, f.args(0)...)
 	if err != nil {
 		return nil, nil, err

@@ -46,7 +46,10 @@
 // The relay moves a message it gives up on to the dead-letter table beside
 // the outbox ([Config.Table]+"_dead"), with its error. [Outbox.DeadLetters]
 // lists them, [Outbox.Replay] puts them back (attempts reset, same id, same
-// place in their key's order) and [Outbox.Purge] deletes them. Both bump
+// place in their key's order) and [Outbox.Purge] deletes them, those a
+// [DeadFilter] selects: a filter that narrows nothing must say
+// [DeadFilter].All, and a blank value is refused, so that a field left
+// empty by mistake never replays or purges everything. Both bump
 // the generation of the relays' lease rows of the partitions of the keys
 // they touch (the tables [Config.Table]+"_lease" and +"_relays"; see the
 // relay package): the relay that owns them reads them again from the

@@ -66,8 +66,8 @@ func GroupID(class, destination string) string {
 // of dead letters; with them it reads the (error_class, destination, seq)
 // index of the dead letters they select.
 func (o *Outbox) DeadGroups(ctx context.Context, f DeadFilter) ([]DeadGroup, error) {
-	if f.Limit < 0 {
-		return nil, fmt.Errorf("outbox: negative limit %d", f.Limit)
+	if err := f.validate(); err != nil {
+		return nil, err
 	}
 	args := f.args(100)
 	stmt := o.q.DeadGroups

@@ -172,7 +172,7 @@ WHERE application_name = $1 ORDER BY random() LIMIT 1) p WHERE pg_terminate_back
 		return err
 	case faultReplay:
 		return pgx.BeginFunc(ctx, f.pool, func(tx pgx.Tx) error {
-			n, err := f.ob.ReplayTx(ctx, tx, outbox.DeadFilter{Limit: size})
+			n, err := f.ob.ReplayTx(ctx, tx, outbox.DeadFilter{Limit: size, All: true})
 			f.note(kind, "%d dead letters, %s", n, held)
 			time.Sleep(hold)
 			return err

@@ -179,7 +179,7 @@ func produce(ctx context.Context, t *testing.T, b bundle) {
 // empty or deadline passes, and says what is left.
 func drain(t *testing.T, b bundle, deadline time.Time) string {
 	for {
-		if _, err := b.ob.Replay(b.ctx, outbox.DeadFilter{}); err != nil {
+		if _, err := b.ob.Replay(b.ctx, outbox.DeadFilter{All: true}); err != nil {
 			t.Fatal(err)
 		}
 		st, err := b.ob.Stats(b.ctx)

@@ -3,9 +3,11 @@ package main
 import (
 	"context"
 	"io"
+	"strings"
 
 	"github.com/urfave/cli/v3"
 
+	"github.com/idemq/idemq/request/pgstore"
 	"github.com/idemq/idemq/transports/webhook/endpoints"
 )
 
@@ -20,6 +22,7 @@ const (
 	flagInboxInterval  = "inbox-partition-interval"
 	flagInboxRetention = "inbox-retention"
 	flagJSON           = "json"
+	flagRequestsTable  = "requests-table"
 )
 
 // newApp returns the command tree. Flags are read from the command line,
@@ -56,6 +59,8 @@ func newApp(stdout, stderr io.Writer) *cli.Command {
 				Sources: cli.EnvVars("IDEMQ_INBOX_RETENTION")},
 			&cli.StringFlag{Name: flagWebhookTable, Value: endpoints.TableDefault, Usage: "webhook endpoint table (keys in <table>_keys)",
 				Sources: cli.EnvVars("IDEMQ_WEBHOOK_TABLE")},
+			&cli.StringFlag{Name: flagRequestsTable, Value: pgstore.TableDefault, Usage: "table of request/pgstore's HTTP and gRPC request records",
+				Sources: cli.EnvVars("IDEMQ_REQUESTS_TABLE")},
 			&cli.BoolFlag{Name: flagJSON, Usage: "print JSON instead of tables", Sources: cli.EnvVars("IDEMQ_JSON")},
 		},
 		Commands: []*cli.Command{migrateCommand(), relayCommand(), dlqCommand(), gcCommand(), statsCommand(), webhookCommand(), uiCommand(), versionCommand()},
@@ -77,13 +82,70 @@ func groupAction(ctx context.Context, cmd *cli.Command) error {
 }
 
 // markUsageErrors makes every flag-parsing error of cmd and its subcommands
-// exit with exitUsage.
+// exit with exitUsage, and makes every command's action refuse first
+// arguments it does not take and empty values (see refuseEmpty).
 func markUsageErrors(cmd *cli.Command) {
 	cmd.OnUsageError = func(_ context.Context, _ *cli.Command, err error, _ bool) error {
 		return usageError("%w", err)
+	}
+	// A command without subcommands that names no arguments takes none:
+	// `idemq ui extra` used to start anyway, the extra word ignored.
+	noArgs := len(cmd.Commands) == 0 && cmd.ArgsUsage == ""
+	if action := cmd.Action; action != nil {
+		cmd.Action = func(ctx context.Context, cmd *cli.Command) error {
+			if noArgs && cmd.Args().Present() {
+				return usageError("%s takes no arguments, got %q", cmd.FullName(), cmd.Args().Slice())
+			}
+			if err := refuseEmpty(cmd); err != nil {
+				return err
+			}
+			return action(ctx, cmd)
+		}
 	}
 	cmd.CommandNotFound = nil
 	for _, sub := range cmd.Commands {
 		markUsageErrors(sub)
 	}
+}
+
+// emptyMeans are the string flags whose empty value is documented and
+// means something (the libpq environment, a plain inbox, no HTTP server,
+// ...). Any other flag given an empty or blank value is a usage error: an
+// empty --class, --key or --destination used to mean "no filter", so that
+// dlq purge --class "" purged every dead letter, and an empty table or
+// prefix would silently be the default.
+var emptyMeans = map[string]bool{flagDatabaseURL: true, flagInboxPartition: true, "http-addr": true, "listen-url": true,
+	"nats-url": true, "config": true}
+
+// refuseEmpty refuses an empty or blank argument, and a flag of cmd or of
+// its parents set, on the command line or in the environment, to an empty
+// or blank value (or a list holding one), unless emptyMeans says the empty
+// value is meant.
+func refuseEmpty(cmd *cli.Command) error {
+	for i, arg := range cmd.Args().Slice() {
+		if strings.TrimSpace(arg) == "" {
+			return usageError("%s: argument %d %q is empty: give a value", cmd.FullName(), i+1, arg)
+		}
+	}
+	for _, c := range cmd.Lineage() {
+		for _, fl := range c.Flags {
+			name := fl.Names()[0]
+			if !fl.IsSet() || emptyMeans[name] {
+				continue
+			}
+			var values []string
+			switch v := fl.Get().(type) {
+			case string:
+				values = []string{v}
+			case []string:
+				values = v
+			}
+			for _, v := range values {
+				if strings.TrimSpace(v) == "" {
+					return usageError("--%s %q: the value is empty (which is neither \"no filter\" nor the default): give one, or leave the flag out", name, v)
+				}
+			}
+		}
+	}
+	return nil
 }

@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -399,7 +400,7 @@ func TestBadInputWebhookAddRefusesNumbersItCannotKeep(t *testing.T) {
 	for _, flags := range [][]string{
 		{"--rate-limit", "NaN"}, {"--rate-limit", "+Inf"}, {"--rate-limit", "-Inf"}, {"--rate-limit", "-1"},
 		{"--timeout", "999us"}, {"--timeout", "0s"}, {"--timeout", "-1s"},
-		{"--concurrency", "-1"},
+		{"--concurrency", "-1"}, {"--concurrency", "0"}, {"--concurrency", "2147483648"},
 	} {
 		args := append([]string{"webhook", "add", "--url", "https://partner.example/hook"}, flags...)
 		r := wantCode(t, url, exitUsage, args...)
@@ -500,5 +501,227 @@ func TestBadInputWebhookEnableWithoutOutboxChangesNothing(t *testing.T) {
 	mustJSON(t, url, &eps, "webhook", "list")
 	if len(eps) != 1 || !eps[0].Enabled {
 		t.Errorf("after migrating the outbox, enable left %+v, want partner enabled", eps)
+	}
+}
+
+// TestBadInputEmptyFlagValueIsAUsageError: an empty filter used to mean
+// "no filter": dlq purge --class "" purged every outbox dead letter, and
+// so did --destination, --destination-prefix, --key and --key-prefix, and
+// --inbox with --scope, --key or --class; dlq replay --class "" replayed
+// them all. An empty or blank value of any flag (where empty is not
+// documented to mean something) is a usage error in every command, on the
+// command line and in the environment, and nothing is touched.
+func TestBadInputEmptyFlagValueIsAUsageError(t *testing.T) {
+	t.Parallel()
+	url, pool, ob := database(t)
+	for _, dest := range []string{"payments", "payments", "emails"} {
+		if err := ob.Enqueue(context.Background(), outbox.Message{Destination: dest, Key: dest, Payload: []byte(`{}`)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadLetter(t, pool, ob, 3)
+	ib := inboxDeadLetterSet(t, pool, "billing", "order-1", "order-2")
+	var cases [][]string
+	for _, verb := range []string{"purge", "replay", "list", "groups", "classify"} {
+		for _, flag := range []string{"--class", "--destination", "--destination-prefix", "--key", "--key-prefix", "--group", "--id"} {
+			for _, empty := range []string{"", " "} {
+				cases = append(cases, []string{"dlq", verb, flag, empty})
+			}
+		}
+		for _, flag := range []string{"--scope", "--key", "--class", "--id", "--group"} {
+			cases = append(cases, []string{"dlq", verb, "--inbox", flag, ""}, []string{"dlq", verb, "--inbox", "--conflicts", flag, " "})
+		}
+	}
+	cases = append(cases,
+		[]string{"dlq", "purge", "--yes", "--class", ""},
+		[]string{"dlq", "purge", "--destination", "payments", "--key", ""},
+		[]string{"dlq", "purge", "--id", "", "--id", "", "--dry-run"},
+		[]string{"dlq", "show", "--inbox", "", ""},
+		[]string{"dlq", "show", "--inbox", "billing", " "},
+		[]string{"--schema", "", "dlq", "purge", "--all"},
+		[]string{"dlq", "purge", "--all", "--outbox-table", ""},
+		[]string{"dlq", "purge", "--inbox", "--all", "--inbox-table", " "},
+		[]string{"gc", "--requests-table", ""},
+		[]string{"ui", "--requests-table", ""},
+		[]string{"webhook", "enable", ""},
+		[]string{"webhook", "disable", " "},
+		[]string{"webhook", "add", "--url", "http://example.com/", "--id", ""},
+		[]string{"migrate", "--components", ""},
+	)
+	for _, args := range cases {
+		r := wantCode(t, url, exitUsage, args...)
+		if !strings.Contains(r.stderr, "empty") {
+			t.Errorf("idemq %q: stderr %q does not say the value is empty", args, r.stderr)
+		}
+	}
+	r := runWithEnv(t, env("DATABASE_URL="+url, "IDEMQ_OUTBOX_TABLE="), "dlq", "purge", "--all")
+	if r.code != exitUsage || !strings.Contains(r.stderr, "empty") {
+		t.Errorf("IDEMQ_OUTBOX_TABLE= dlq purge --all: exit %d, stderr %q; want a usage error saying it is empty", r.code, r.stderr)
+	}
+	if n := deadCount(t, ob); n != 3 {
+		t.Fatalf("%d outbox dead letters left, want the 3 nothing was asked to touch", n)
+	}
+	for _, key := range []string{"order-1", "order-2"} {
+		if rec, err := ib.Get(context.Background(), "billing", key); err != nil || rec.Status != inbox.FailedFinal {
+			t.Fatalf("%s is %+v, %v; want it still a dead letter", key, rec, err)
+		}
+	}
+}
+
+// TestBadInputRelaySizesAndKafkaTxNames: --batch-size 2147483648 crashed
+// the relay with out of memory and passed --check; kafka-tx routes
+// defaulted to a transactional id prefix and a watermark topic shared by
+// every outbox on the cluster, and --check took an empty prefix, a
+// watermark topic Kafka refuses, and a route into the watermark topic.
+// Each is a usage error, with --check and without it, whether or not the
+// database answers.
+func TestBadInputRelaySizesAndKafkaTxNames(t *testing.T) {
+	t.Parallel()
+	url := testenv.PostgresURL(t)
+	nats := []string{"--route", "orders=nats", "--nats-url", "nats://127.0.0.1:1"}
+	tx := []string{"--route", "pay.*=kafka-tx", "--kafka-brokers", "127.0.0.1:1"}
+	named := slices.Concat(tx, []string{"--kafka-tx-id-prefix", "billing-outbox-"})
+	dir := t.TempDir()
+	noNames := filepath.Join(dir, "no-names.json")
+	if err := os.WriteFile(noNames, []byte(`{"routes": ["pay.*=kafka-tx"], "kafka_brokers": ["127.0.0.1:1"], "kafka_tx_id_prefix": ""}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		want string
+		args []string
+	}{
+		{"--batch-size: 2147483648 is above the maximum of", append([]string{"--batch-size", "2147483648"}, nats...)},
+		{"--batch-size: 10001 is above the maximum of 10000", append([]string{"--batch-size", "10001"}, nats...)},
+		{"--workers: 65 is above the maximum of 64", append([]string{"--workers", "65"}, nats...)},
+		{"--publish-timeout: 1ns is below the minimum", append([]string{"--publish-timeout", "1ns"}, nats...)},
+		{"--publish-timeout: 2h0m0s is above the maximum", append([]string{"--publish-timeout", "2h"}, nats...)},
+		{"--publish-timeout 0s: want a positive duration", append([]string{"--publish-timeout", "0s"}, nats...)},
+		{"--lease-ttl: 2h0m0s is above the maximum", append([]string{"--lease-ttl", "2h"}, nats...)},
+		{"need --kafka-tx-id-prefix and --kafka-watermark-topic", tx},
+		{"need --kafka-tx-id-prefix and --kafka-watermark-topic", slices.Concat(tx, []string{"--kafka-watermark-topic", "billing-outbox-watermarks"})},
+		{"need --kafka-tx-id-prefix and --kafka-watermark-topic", named},
+		{"need --kafka-tx-id-prefix and --kafka-watermark-topic", []string{"--config", noNames}},
+		{"--kafka-tx-id-prefix \"\": the value is empty", slices.Concat(tx, []string{"--kafka-tx-id-prefix", "", "--kafka-watermark-topic", "wm"})},
+		{"--kafka-watermark-topic \"\": the value is empty", slices.Concat(named, []string{"--kafka-watermark-topic", ""})},
+		{"Kafka allows ASCII letters", slices.Concat(named, []string{"--kafka-watermark-topic", "bad topic!"})},
+		{"at most 249", slices.Concat(named, []string{"--kafka-watermark-topic", strings.Repeat("w", 300)})},
+		{`"." is not a Kafka topic name`, slices.Concat(named, []string{"--kafka-watermark-topic", "."})},
+		{`".." is not a Kafka topic name`, slices.Concat(named, []string{"--kafka-watermark-topic", ".."})},
+		{"publishes into the watermark topic", slices.Concat(named, []string{"--kafka-watermark-topic", "wm", "--route", "audit=kafka-tx:wm"})},
+		{"publishes into the watermark topic", slices.Concat(named, []string{"--kafka-watermark-topic", "wm", "--route", "wm=franz"})},
+		{"TARGET topic \"orders/eu\" holds '/'", []string{"--route", "orders=kafka:orders/eu", "--kafka-brokers", "127.0.0.1:1"}},
+	} {
+		for _, check := range []string{"--check", "--migrate"} {
+			args := append([]string{"relay", check}, tc.args...)
+			for _, db := range [][]string{{"--database-url", url}, {"--database-url", unreachableDB, "--connect-timeout", "3s"}} {
+				r := runIdemq(t, url, append(db, args...)...)
+				if r.code != exitUsage || !strings.Contains(r.stderr, tc.want) {
+					t.Errorf("idemq %q: exit %d, stderr %q; want exit 2 saying %q", append(db, args...), r.code, r.stderr, tc.want)
+				}
+			}
+		}
+	}
+	r := runWithEnv(t, env("DATABASE_URL="+unreachableDB, "IDEMQ_RELAY_BATCH_SIZE=2147483648"), append([]string{"relay", "--check"}, nats...)...)
+	if r.code != exitUsage || !strings.Contains(r.stderr, "--batch-size") {
+		t.Errorf("IDEMQ_RELAY_BATCH_SIZE=2147483648 relay --check: exit %d, stderr %q; want exit 2 naming --batch-size", r.code, r.stderr)
+	}
+	wantCode(t, url, exitPending, "migrate", "validate") // nothing was migrated
+
+	// The largest values are taken, and --check prints every setting.
+	var got relayCheck
+	mustJSON(t, unreachableDB, &got, append([]string{"relay", "--check", "--batch-size", "10000", "--workers", "64", "--publish-timeout", "1h",
+		"--kafka-tx-id-prefix", "billing-outbox-", "--kafka-watermark-topic", "billing-outbox-watermarks"}, tx...)...)
+	if got.BatchSize != 10000 || got.Workers != 64 || got.PublishTimeout != "1h0m0s" || got.LeaseTTL != "10s" ||
+		got.KafkaTxIDPrefix != "billing-outbox-" || got.KafkaWatermarkTopic != "billing-outbox-watermarks" {
+		t.Errorf("relay --check --json: %+v, want the sizes, timeouts and kafka-tx names given", got)
+	}
+}
+
+// TestRelayHelpIsTruthful: the help explains a route's TARGET, gives the
+// maxima, has --publish-timeout, and says how long a relay stalled in the
+// middle of a batch holds its partitions (publish timeout + lease/3, 33s
+// on the defaults), not only the 10s lease.
+func TestRelayHelpIsTruthful(t *testing.T) {
+	t.Parallel()
+	help := mustRun(t, unreachableDB, "relay", "--help")
+	for _, want := range []string{"TARGET is the Kafka topic", "the topic or subject to publish to", "--publish-timeout",
+		"IDEMQ_RELAY_PUBLISH_TIMEOUT", "--publish-timeout + --lease-ttl/3 (33s on the defaults)", "rows per claim (at most 10000)",
+		"batches in flight at once (at most 64)", "required with them"} {
+		if !strings.Contains(strings.Join(strings.Fields(help), " "), want) {
+			t.Errorf("relay --help does not say %q:\n%s", want, help)
+		}
+	}
+}
+
+// TestBadInputSettingsAreNotIgnored: settings that were accepted and
+// ignored are usage errors, before anything is applied: an inbox
+// partition interval without a partitioned layout; a plain migrate of a
+// partitioned inbox, which said "nothing to apply" while its consumers'
+// plain Config failed every claim; ui --requests-table 'Bad;Name', which
+// left the lookups out without a word; arguments to a command that takes
+// none (ui started anyway); a gc batch above its maximum.
+func TestBadInputSettingsAreNotIgnored(t *testing.T) {
+	t.Parallel()
+	url := testenv.PostgresURL(t)
+	for _, tc := range []struct {
+		want string
+		args []string
+	}{
+		{"--inbox-partition-interval applies to a partitioned inbox", []string{"migrate", "--inbox-partition-interval", "1h"}},
+		{"--inbox-partition-interval applies to a partitioned inbox", []string{"--inbox-partition-interval", "1h", "gc"}},
+		{"--inbox-partition-interval applies to a partitioned inbox", []string{"relay", "--check", "--webhooks", "--inbox-partition-interval", "1h"}},
+		{"--requests-table: invalid table name", []string{"ui", "--listen", freeAddr(t), "--requests-table", "Bad;Name"}},
+		{"--requests-table: invalid table name", []string{"migrate", "--components", "requests", "--requests-table", "Bad;Name"}},
+		{"takes no arguments", []string{"ui", "--listen", freeAddr(t), "extra"}},
+		{"takes no arguments", []string{"stats", "extra"}},
+		{"takes no arguments", []string{"dlq", "list", "--inbox", "extra"}},
+		{"takes no arguments", []string{"migrate", "validate", "extra"}},
+		{"--batch-size 100001: want 1 to 100000", []string{"gc", "--batch-size", "100001"}},
+		{"--batch-size 2147483648: want 1 to 100000", []string{"gc", "--batch-size", "2147483648"}},
+	} {
+		r := wantCode(t, url, exitUsage, tc.args...)
+		if !strings.Contains(r.stderr, tc.want) {
+			t.Errorf("idemq %q: stderr %q, want it to say %q", tc.args, r.stderr, tc.want)
+		}
+	}
+	wantCode(t, url, exitPending, "migrate", "validate") // nothing was applied
+
+	mustRun(t, url, "--inbox-partitioned", "arrival", "migrate")
+	for _, args := range [][]string{{"migrate"}, {"migrate", "--components", "inbox"}} {
+		r := wantCode(t, url, exitUsage, args...)
+		if !strings.Contains(r.stderr, "is partitioned") || strings.Contains(r.stdout, "nothing to apply") {
+			t.Errorf("plain idemq %q on a partitioned inbox: stdout %q, stderr %q; want it refused, saying the table is partitioned",
+				args, r.stdout, r.stderr)
+		}
+	}
+	mustRun(t, url, "migrate", "--components", "outbox,webhook") // without the inbox, its layout does not matter
+	if out := mustRun(t, url, "--inbox-partitioned", "arrival", "migrate"); !strings.Contains(out, "nothing to apply") {
+		t.Errorf("migrate with the table's layout: %q", out)
+	}
+}
+
+// TestDLQOnAConsumerOnlyDatabaseSaysInbox: on a database with the inbox's
+// tables and no outbox, the dlq commands said to migrate; they say to add
+// --inbox (as idemq stats does), and the reverse with --inbox on an
+// outbox alone.
+func TestDLQOnAConsumerOnlyDatabaseSaysInbox(t *testing.T) {
+	t.Parallel()
+	consumerOnly := testenv.PostgresURL(t)
+	mustRun(t, consumerOnly, "migrate", "--components", "inbox")
+	for _, args := range [][]string{{"dlq", "groups"}, {"dlq", "list"}, {"dlq", "replay"}, {"dlq", "purge", "--all"},
+		{"dlq", "show", "0193a1b2-0000-7000-8000-000000000001"}} {
+		r := wantCode(t, consumerOnly, exitPending, args...)
+		if !strings.Contains(r.stderr, "add --inbox") {
+			t.Errorf("idemq %q on a consumer-only database: stderr %q, want the hint --inbox", args, r.stderr)
+		}
+	}
+	mustRun(t, consumerOnly, "dlq", "groups", "--inbox")
+
+	relayOnly := testenv.PostgresURL(t)
+	mustRun(t, relayOnly, "migrate", "--components", "outbox")
+	for _, args := range [][]string{{"dlq", "groups", "--inbox"}, {"dlq", "show", "--inbox", "billing", "order-1"}} {
+		if r := wantCode(t, relayOnly, exitPending, args...); !strings.Contains(r.stderr, "drop --inbox") {
+			t.Errorf("idemq %q on an outbox alone: stderr %q, want the hint to drop --inbox", args, r.stderr)
+		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/inbox"
 	"github.com/idemq/idemq/outbox"
+	"github.com/idemq/idemq/request/pgstore"
 )
 
 const (
@@ -36,6 +37,10 @@ func connect(ctx context.Context, cmd *cli.Command) (*pgxpool.Pool, error) {
 		return nil, err
 	}
 	if _, err := registry(cmd, pool); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	if _, err := requestStore(cmd, pool); err != nil {
 		pool.Close()
 		return nil, err
 	}
@@ -88,6 +93,11 @@ func stores(cmd *cli.Command, db outbox.DB) (*outbox.Outbox, *inbox.Store, error
 	var layout inbox.Partitioning
 	switch p := cmd.String(flagInboxPartition); p {
 	case "":
+		// A plain inbox has no buckets: the interval would be ignored.
+		if cmd.Duration(flagInboxInterval) != 0 {
+			return nil, nil, usageError("--%s applies to a partitioned inbox: give --%s arrival or key with it, or leave it out",
+				flagInboxInterval, flagInboxPartition)
+		}
 	case "arrival":
 		layout = inbox.PartitionByArrival
 	case "key":
@@ -101,6 +111,15 @@ func stores(cmd *cli.Command, db outbox.DB) (*outbox.Outbox, *inbox.Store, error
 		return nil, nil, flagConfigError(err, map[string]string{"Schema": flagSchema, "Table": flagInboxTable})
 	}
 	return ob, ib, nil
+}
+
+// requestStore builds request/pgstore's store on db from the flags.
+func requestStore(cmd *cli.Command, db pgstore.DB) (*pgstore.Store, error) {
+	s, err := pgstore.New(db, pgstore.Config{Schema: cmd.String(flagSchema), Table: cmd.String(flagRequestsTable)})
+	if err != nil {
+		return nil, flagConfigError(err, map[string]string{"Schema": flagSchema, "Table": flagRequestsTable})
+	}
+	return s, nil
 }
 
 // configError turns a constructor's idemq.ErrConfig into a usage error.

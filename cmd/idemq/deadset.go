@@ -21,7 +21,8 @@ import (
 // --inbox the consumers' dead letters (with --conflicts, their conflicts),
 // and the moves replay and purge make on them.
 type deadSet struct {
-	cmd  *cli.Command
+	cmd  *cli.Command // for the global flags and the output
+	o    *dlqOptions
 	pool *pgxpool.Pool
 	ob   *outbox.Outbox // nil with --inbox
 	of   outbox.DeadFilter
@@ -34,15 +35,11 @@ type deadSet struct {
 
 // openDeadSet reads the filter flags, refusing bad ones before it
 // connects; done closes the pool.
-func openDeadSet(ctx context.Context, cmd *cli.Command) (s *deadSet, done func(), err error) {
-	s = &deadSet{cmd: cmd}
-	if cmd.Bool("inbox") {
-		s.inf, err = inboxFilter(cmd)
-		s.keys = cmd.StringSlice("id")
-	} else {
-		s.of, err = outboxFilter(cmd)
-	}
-	if err != nil {
+func openDeadSet(ctx context.Context, cmd *cli.Command, o *dlqOptions) (s *deadSet, done func(), err error) {
+	s = &deadSet{cmd: cmd, o: o}
+	if o.inbox {
+		s.inf, s.keys = o.inboxFilter(), o.ids
+	} else if s.of, err = o.outboxFilter(); err != nil {
 		return nil, nil, err
 	}
 	if s.pool, err = connect(ctx, cmd); err != nil {
@@ -53,12 +50,16 @@ func openDeadSet(ctx context.Context, cmd *cli.Command) (s *deadSet, done func()
 		s.pool.Close()
 		return nil, nil, err
 	}
-	if cmd.Bool("inbox") {
+	if o.inbox {
 		s.ib = ib
 	} else {
 		s.ob = ob
 	}
 	s.audited = ob
+	if err := s.checkTables(ctx, ob, ib); err != nil {
+		s.pool.Close()
+		return nil, nil, err
+	}
 	if err := s.selectGroup(ctx); err != nil {
 		s.pool.Close()
 		return nil, nil, err
@@ -66,12 +67,36 @@ func openDeadSet(ctx context.Context, cmd *cli.Command) (s *deadSet, done func()
 	return s, s.pool.Close, nil
 }
 
+// checkTables says, when the dead letters the flags name have no table
+// here, whether the other kind has one: on a consumer's database without
+// an outbox, dlq groups said to migrate where the answer is --inbox (as
+// idemq stats says).
+func (s *deadSet) checkTables(ctx context.Context, ob *outbox.Outbox, ib *inbox.Store) error {
+	oc, ic := ob.Config(), ib.Config()
+	outboxHere, err := tableExists(ctx, s.pool, oc.Schema, oc.Table+"_dead")
+	if err != nil {
+		return err
+	}
+	inboxHere, err := tableExists(ctx, s.pool, ic.Schema, ic.Table)
+	switch {
+	case err != nil:
+		return err
+	case s.ob != nil && !outboxHere && inboxHere:
+		return withCode(exitPending, "no outbox tables in schema %q, only the inbox's: add --inbox for the consumers' dead letters "+
+			"(or run `idemq migrate --components outbox` if this service has an outbox)", oc.Schema)
+	case s.ib != nil && !inboxHere && outboxHere:
+		return withCode(exitPending, "no inbox table in schema %q, only the outbox's: drop --inbox for the relay's dead letters "+
+			"(or run `idemq migrate --components inbox` if this service has consumers)", ic.Schema)
+	}
+	return nil
+}
+
 // noun names what the set holds.
 func (s *deadSet) noun() string {
 	if s.ob != nil {
 		return "outbox dead letters"
 	}
-	return inboxNoun(s.cmd)
+	return s.o.inboxNoun()
 }
 
 // list returns the first --limit (default 100) of the set, for JSON and
@@ -83,7 +108,7 @@ func (s *deadSet) list(ctx context.Context) (rows any, human func(*table), n int
 	}
 	var dead []inboxDead
 	for _, f := range s.inboxFilters() {
-		d, err := inboxDeadLetters(ctx, s.cmd, s.ib, f)
+		d, err := s.o.inboxDeadLetters(ctx, s.ib, f)
 		if err != nil {
 			return nil, nil, 0, err
 		}
@@ -193,7 +218,7 @@ func (s *deadSet) checkInboxKeys(ctx context.Context) error {
 	var missing []string
 	for _, f := range s.inboxFilters()[:len(s.keys)] {
 		f.Limit = 1
-		dead, err := inboxDeadLetters(ctx, s.cmd, s.ib, f)
+		dead, err := s.o.inboxDeadLetters(ctx, s.ib, f)
 		if errors.Is(err, inbox.ErrInvalidKey) {
 			return usageError("--id %q: %w", f.Key, err)
 		}
@@ -217,7 +242,7 @@ func (s *deadSet) dryRun(ctx context.Context, verb string, n int64) error {
 	if err != nil {
 		return err
 	}
-	what := describeFilter(s.cmd)
+	what := s.o.describe()
 	return output(s.cmd, map[string]any{"would_have_" + verb: n, "dead_letters": rows}, func(t *table) {
 		human(t)
 		if int64(listed) < n {

@@ -5,7 +5,7 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"slices"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -18,35 +18,153 @@ import (
 	"github.com/idemq/idemq/outbox"
 )
 
-func dlqFlags() []cli.Flag {
+// dlqOptions are the flags of a dlq command, typed: the parser writes
+// each into its field (Destination), the flags' validators refuse a
+// non-positive age or limit and a --since in the future as they are
+// parsed, and validate checks how they combine. An empty value is refused
+// for every flag (refuseEmpty), so a zero field is a flag not given.
+type dlqOptions struct {
+	inbox, conflicts               bool
+	destination, destinationPrefix string
+	scope, key, keyPrefix          string
+	group, class                   string
+	since                          time.Time
+	ids                            []string
+	olderThan, newerThan           time.Duration
+	limit                          int
+	all, dryRun, yes               bool
+}
+
+// positive is the validator of a flag that must be above zero when given.
+func positive[T int | time.Duration](flag, what string) func(T) error {
+	return func(v T) error {
+		if v <= 0 {
+			return fmt.Errorf("--%s %v: want a positive %s", flag, v, what)
+		}
+		return nil
+	}
+}
+
+func dlqFlags(o *dlqOptions) []cli.Flag {
 	return []cli.Flag{
-		&cli.BoolFlag{Name: "inbox", Usage: "the inbox's dead letters (consumers) instead of the outbox's (relay)"},
-		&cli.BoolFlag{Name: "conflicts", Usage: "with --inbox: messages refused because their key was applied with another payload"},
-		&cli.StringFlag{Name: "destination", Usage: "outbox destination, exactly"},
-		&cli.StringFlag{Name: "destination-prefix", Usage: "outbox destinations starting with this"},
-		&cli.StringFlag{Name: "scope", Usage: "inbox scope (consumer name), exactly"},
-		&cli.StringFlag{Name: "key", Usage: "outbox ordering key, or inbox key, exactly"},
-		&cli.StringFlag{Name: "key-prefix", Usage: "outbox ordering keys starting with this"},
-		&cli.StringFlag{Name: "group", Usage: "the dead letters of one group (its id, as dlq groups shows it: 6 hex digits or more)"},
-		&cli.StringFlag{Name: "class", Usage: "dead letters of this error class exactly (as dlq groups shows it)"},
-		&cli.TimestampFlag{Name: "since", Usage: "dead letters that failed at or after this time (RFC 3339)",
-			Config: cli.TimestampConfig{Layouts: []string{time.RFC3339, time.DateTime, time.DateOnly}}},
-		&cli.StringSliceFlag{Name: "id", Usage: "outbox message id, or with --inbox inbox key (the message id) (repeatable)"},
-		&cli.DurationFlag{Name: "older-than", Usage: "dead letters that failed longer ago than this"},
-		&cli.DurationFlag{Name: "newer-than", Usage: "dead letters that failed within this"},
-		&cli.IntFlag{Name: "limit", Usage: "at most this many (list: default 100; replay and purge: no limit)"},
+		&cli.BoolFlag{Name: "inbox", Usage: "the inbox's dead letters (consumers) instead of the outbox's (relay)", Destination: &o.inbox},
+		&cli.BoolFlag{Name: "conflicts", Usage: "with --inbox: messages refused because their key was applied with another payload", Destination: &o.conflicts},
+		&cli.StringFlag{Name: "destination", Usage: "outbox destination, exactly", Destination: &o.destination},
+		&cli.StringFlag{Name: "destination-prefix", Usage: "outbox destinations starting with this", Destination: &o.destinationPrefix},
+		&cli.StringFlag{Name: "scope", Usage: "inbox scope (consumer name), exactly", Destination: &o.scope},
+		&cli.StringFlag{Name: "key", Usage: "outbox ordering key, or inbox key, exactly", Destination: &o.key},
+		&cli.StringFlag{Name: "key-prefix", Usage: "outbox ordering keys starting with this", Destination: &o.keyPrefix},
+		&cli.StringFlag{Name: "group", Usage: "the dead letters of one group (its id, as dlq groups shows it: 6 hex digits or more)", Destination: &o.group},
+		&cli.StringFlag{Name: "class", Usage: "dead letters of this error class exactly (as dlq groups shows it)", Destination: &o.class},
+		&cli.TimestampFlag{Name: "since", Usage: "dead letters that failed at or after this time (RFC 3339)", Destination: &o.since,
+			Config: cli.TimestampConfig{Layouts: []string{time.RFC3339, time.DateTime, time.DateOnly}},
+			Validator: func(t time.Time) error {
+				if t.After(time.Now()) {
+					return fmt.Errorf("--since %s is in the future", timestamp(t))
+				}
+				return nil
+			}},
+		&cli.StringSliceFlag{Name: "id", Usage: "outbox message id, or with --inbox inbox key (the message id) (repeatable)", Destination: &o.ids},
+		// A negative or zero age used to be dropped, which selected every
+		// dead letter; --limit 0 would be no limit.
+		&cli.DurationFlag{Name: "older-than", Usage: "dead letters that failed longer ago than this", Destination: &o.olderThan,
+			Validator: positive[time.Duration]("older-than", "age, e.g. 24h")},
+		&cli.DurationFlag{Name: "newer-than", Usage: "dead letters that failed within this", Destination: &o.newerThan,
+			Validator: positive[time.Duration]("newer-than", "age, e.g. 24h")},
+		&cli.IntFlag{Name: "limit", Usage: "at most this many (list: default 100; replay and purge: no limit)", Destination: &o.limit,
+			Validator: positive[int]("limit", "number (leave it out for no limit, or 100 for list)")},
 	}
 }
 
 // moveFlags are the flags of replay and, with purge, of purge.
-func moveFlags(purge bool) []cli.Flag {
-	flags := append(dlqFlags(),
-		&cli.BoolFlag{Name: "all", Usage: "every dead letter (purge: required when no filter is given)"},
-		&cli.BoolFlag{Name: "dry-run", Usage: "print what would change, and change nothing"})
+func moveFlags(o *dlqOptions, purge bool) []cli.Flag {
+	flags := append(dlqFlags(o),
+		&cli.BoolFlag{Name: "all", Usage: "every dead letter (purge: required when no filter is given)", Destination: &o.all},
+		&cli.BoolFlag{Name: "dry-run", Usage: "print what would change, and change nothing", Destination: &o.dryRun})
 	if purge {
-		flags = append(flags, &cli.BoolFlag{Name: "yes", Usage: "purge without asking, also on a terminal"})
+		flags = append(flags, &cli.BoolFlag{Name: "yes", Usage: "purge without asking, also on a terminal", Destination: &o.yes})
 	}
 	return flags
+}
+
+// dlqAction is a dlq command's action on its options.
+type dlqAction func(context.Context, *cli.Command, *dlqOptions) error
+
+// dlqSub returns the dlq subcommand name, whose flags (moveFlags for
+// replay and purge) are read into options of its own.
+func dlqSub(name, usage, argsUsage string, flags func(*dlqOptions) []cli.Flag, action dlqAction) *cli.Command {
+	o := &dlqOptions{}
+	return &cli.Command{Name: name, Usage: usage, ArgsUsage: argsUsage, Flags: flags(o),
+		Action: func(ctx context.Context, cmd *cli.Command) error {
+			if err := o.validate(); err != nil {
+				return err
+			}
+			return action(ctx, cmd, o)
+		}}
+}
+
+// validate refuses flags that do not combine: the outbox's with --inbox,
+// the inbox's without it, two names of one thing.
+func (o *dlqOptions) validate() error {
+	type flag struct {
+		name string
+		set  bool
+	}
+	outboxOnly := []flag{{"destination", o.destination != ""}, {"destination-prefix", o.destinationPrefix != ""}, {"key-prefix", o.keyPrefix != ""}}
+	inboxOnly := []flag{{"scope", o.scope != ""}, {"conflicts", o.conflicts}}
+	for _, f := range outboxOnly {
+		if o.inbox && f.set {
+			return usageError("--%s selects outbox dead letters: drop --inbox", f.name)
+		}
+	}
+	for _, f := range inboxOnly {
+		if !o.inbox && f.set {
+			return usageError("--%s selects inbox dead letters: add --inbox", f.name)
+		}
+	}
+	switch {
+	case o.inbox && len(o.ids) > 0 && o.key != "":
+		// With --inbox both name the inbox key (the message id).
+		return usageError("--id and --key both name inbox keys: give one of them")
+	case o.group != "" && o.class != "":
+		return usageError("--group and --class both name a class: give one")
+	case o.group != "" && o.conflicts:
+		return usageError("--group selects dead letters: conflicts have no error class")
+	case o.group != "" && len(strings.TrimSpace(o.group)) < 6:
+		return usageError("--group %q: give at least 6 hex digits of the id dlq groups shows", o.group)
+	}
+	return nil
+}
+
+// filters lists the filter flags given, as --name value; purge without
+// any of them needs --all.
+func (o *dlqOptions) filters() []string {
+	var parts []string
+	add := func(name string, set bool, value string) {
+		if set {
+			parts = append(parts, "--"+name+" "+value)
+		}
+	}
+	add("destination", o.destination != "", strconv.Quote(o.destination))
+	add("destination-prefix", o.destinationPrefix != "", strconv.Quote(o.destinationPrefix))
+	add("scope", o.scope != "", strconv.Quote(o.scope))
+	add("key", o.key != "", strconv.Quote(o.key))
+	add("key-prefix", o.keyPrefix != "", strconv.Quote(o.keyPrefix))
+	add("group", o.group != "", strconv.Quote(o.group))
+	add("class", o.class != "", strconv.Quote(o.class))
+	for _, id := range o.ids {
+		add("id", true, id)
+	}
+	add("older-than", o.olderThan > 0, o.olderThan.String())
+	add("newer-than", o.newerThan > 0, o.newerThan.String())
+	add("since", !o.since.IsZero(), timestamp(o.since))
+	return parts
+}
+
+// named reports whether a flag that names dead letters (rather than
+// narrowing them) is given: a move that finds none of them exits 5.
+func (o *dlqOptions) named() bool {
+	return o.destination != "" || o.scope != "" || o.key != "" || len(o.ids) > 0 || o.group != ""
 }
 
 func dlqCommand() *cli.Command {
@@ -66,46 +184,33 @@ func dlqCommand() *cli.Command {
 			"are written to the outbox's audit log.",
 		Action: groupAction,
 		Commands: []*cli.Command{
-			{Name: "list", Usage: "list dead letters, oldest first", Flags: dlqFlags(), Action: dlqList},
-			{Name: "show", Usage: "show one dead letter with its payload", ArgsUsage: "ID (outbox) | SCOPE KEY (--inbox)",
-				Flags: dlqFlags(), Action: dlqShow},
-			{Name: "replay", Usage: "put dead letters back for another attempt", Flags: moveFlags(false), Action: dlqMove(false)},
-			{Name: "purge", Usage: "delete dead letters (a filter or --all is required)", Flags: moveFlags(true), Action: dlqMove(true)},
-			{Name: "groups", Usage: "group dead letters by error class and destination (--inbox: scope), largest first",
-				Flags: dlqFlags(), Action: dlqGroups},
-			{Name: "classify", Usage: "store the error class of dead letters written before idemq stored classes",
-				Flags: dlqFlags(), Action: dlqClassify},
+			dlqSub("list", "list dead letters, oldest first", "", dlqFlags, dlqList),
+			dlqSub("show", "show one dead letter with its payload", "ID (outbox) | SCOPE KEY (--inbox)", dlqFlags, dlqShow),
+			dlqSub("replay", "put dead letters back for another attempt", "", func(o *dlqOptions) []cli.Flag { return moveFlags(o, false) }, dlqMove(false)),
+			dlqSub("purge", "delete dead letters (a filter or --all is required)", "", func(o *dlqOptions) []cli.Flag { return moveFlags(o, true) }, dlqMove(true)),
+			dlqSub("groups", "group dead letters by error class and destination (--inbox: scope), largest first", "", dlqFlags, dlqGroups),
+			dlqSub("classify", "store the error class of dead letters written before idemq stored classes", "", dlqFlags, dlqClassify),
 		},
 	}
 }
 
-// outboxFilter reads the filter flags for outbox dead letters.
-func outboxFilter(cmd *cli.Command) (outbox.DeadFilter, error) {
-	for _, f := range []string{"scope", "conflicts"} {
-		if cmd.IsSet(f) {
-			return outbox.DeadFilter{}, usageError("--%s selects inbox dead letters: add --inbox", f)
-		}
-	}
-	f := outbox.DeadFilter{
-		Destination:       cmd.String("destination"),
-		DestinationPrefix: cmd.String("destination-prefix"),
-		Key:               cmd.String("key"),
-		KeyPrefix:         cmd.String("key-prefix"),
-		ErrorClass:        cmd.String("class"),
-	}
-	var err error
-	if f.Limit, err = limitFlag(cmd); err != nil {
-		return f, err
-	}
-	for _, s := range cmd.StringSlice("id") {
+// outboxFilter is the filter the flags select among outbox dead letters.
+func (o *dlqOptions) outboxFilter() (outbox.DeadFilter, error) {
+	f := outbox.DeadFilter{Destination: o.destination, DestinationPrefix: o.destinationPrefix, Key: o.key, KeyPrefix: o.keyPrefix,
+		ErrorClass: o.class, Limit: o.limit}
+	for _, s := range o.ids {
 		id, err := uuid.Parse(s)
 		if err != nil {
 			return f, usageError("--id %q: %v", s, err)
 		}
 		f.IDs = append(f.IDs, id)
 	}
-	f.FailedBefore, f.FailedAfter, err = failedWindow(cmd)
-	return f, err
+	f.FailedBefore, f.FailedAfter = o.failedWindow()
+	// The command refuses empty values and shows what it selects (purge
+	// asks, and wants --all for everything): a filter with nothing set
+	// means every dead letter.
+	f.All = true
+	return f, nil
 }
 
 // deadLetterJSON is an outbox dead letter as the dlq commands print it:
@@ -124,8 +229,8 @@ type deadLetterJSON struct {
 	FailedAt    time.Time         `json:"failed_at"`
 }
 
-func dlqList(ctx context.Context, cmd *cli.Command) error {
-	set, done, err := openDeadSet(ctx, cmd)
+func dlqList(ctx context.Context, cmd *cli.Command, o *dlqOptions) error {
+	set, done, err := openDeadSet(ctx, cmd, o)
 	if err != nil {
 		return err
 	}
@@ -152,9 +257,9 @@ func jsonDead(dead []outbox.DeadLetter) []deadLetterJSON {
 	return out
 }
 
-func dlqShow(ctx context.Context, cmd *cli.Command) error {
-	if cmd.Bool("inbox") {
-		return inboxDeadShow(ctx, cmd)
+func dlqShow(ctx context.Context, cmd *cli.Command, o *dlqOptions) error {
+	if o.inbox {
+		return inboxDeadShow(ctx, cmd, o)
 	}
 	if cmd.Args().Len() != 1 {
 		return usageError("dlq show: want one message id")
@@ -163,12 +268,12 @@ func dlqShow(ctx context.Context, cmd *cli.Command) error {
 	if err != nil {
 		return usageError("dlq show %q: %v", cmd.Args().First(), err)
 	}
-	ob, done, err := openOutbox(ctx, cmd)
+	set, done, err := openDeadSet(ctx, cmd, o)
 	if err != nil {
 		return err
 	}
 	defer done()
-	dead, err := ob.DeadLetters(ctx, outbox.DeadFilter{IDs: []uuid.UUID{id}})
+	dead, err := set.ob.DeadLetters(ctx, outbox.DeadFilter{IDs: []uuid.UUID{id}})
 	if err != nil {
 		return err
 	}
@@ -192,25 +297,21 @@ func dlqShow(ctx context.Context, cmd *cli.Command) error {
 	})
 }
 
-// filterFlags are the dlq flags that narrow a selection; purge without any
-// of them needs --all.
-var filterFlags = []string{"destination", "destination-prefix", "scope", "key", "key-prefix", "group", "class", "id", "older-than", "newer-than", "since"}
-
 // dlqMove replays (purge false) or purges the selected dead letters. It
 // changes nothing when an --id names no dead letter; with --dry-run it
 // lists what would be moved; a purge asks first on a terminal.
-func dlqMove(purge bool) cli.ActionFunc {
+func dlqMove(purge bool) dlqAction {
 	verb := map[bool]string{false: "replayed", true: "purged"}[purge]
-	return func(ctx context.Context, cmd *cli.Command) error {
-		filtered := slices.ContainsFunc(filterFlags, cmd.IsSet)
+	return func(ctx context.Context, cmd *cli.Command, o *dlqOptions) error {
+		filtered := len(o.filters()) > 0
 		switch {
-		case purge && !filtered && !cmd.Bool("all"):
+		case purge && !filtered && !o.all:
 			return usageError("dlq purge without a filter would delete every dead letter: give a filter (--%s) or --all",
-				strings.Join(filterFlags, ", --"))
-		case cmd.Bool("all") && filtered:
+				"destination, --destination-prefix, --scope, --key, --key-prefix, --group, --class, --id, --older-than, --newer-than, --since")
+		case o.all && filtered:
 			return usageError("--all selects every dead letter: drop it or the filters")
 		}
-		set, done, err := openDeadSet(ctx, cmd)
+		set, done, err := openDeadSet(ctx, cmd, o)
 		if err != nil {
 			return err
 		}
@@ -228,14 +329,14 @@ func dlqMove(purge bool) cli.ActionFunc {
 		if err != nil {
 			return err
 		}
-		if n == 0 && slices.ContainsFunc([]string{"destination", "scope", "key", "id", "group"}, cmd.IsSet) {
-			return withCode(exitNotFound, "no %s %s; nothing changed", set.noun(), describeFilter(cmd))
+		if n == 0 && o.named() {
+			return withCode(exitNotFound, "no %s %s; nothing changed", set.noun(), o.describe())
 		}
-		if cmd.Bool("dry-run") {
+		if o.dryRun {
 			return set.dryRun(ctx, verb, n)
 		}
-		if purge && n > 0 && !cmd.Bool("yes") && term.IsTerminal(int(os.Stdin.Fd())) {
-			if !confirm(cmd, fmt.Sprintf("purge %d %s %s?", n, set.noun(), describeFilter(cmd))) {
+		if purge && n > 0 && !o.yes && term.IsTerminal(int(os.Stdin.Fd())) {
+			if !confirm(cmd, fmt.Sprintf("purge %d %s %s?", n, set.noun(), o.describe())) {
 				return withCode(exitFailure, "nothing purged: not confirmed (--yes skips the question)")
 			}
 			// Only what was counted: dead letters that failed since are
@@ -255,26 +356,11 @@ func dlqMove(purge bool) cli.ActionFunc {
 	}
 }
 
-// describeFilter says in words which dead letters the flags select.
-func describeFilter(cmd *cli.Command) string {
-	var parts []string
-	for _, name := range filterFlags {
-		if !cmd.IsSet(name) {
-			continue
-		}
-		switch name {
-		case "id":
-			parts = append(parts, "--id "+strings.Join(cmd.StringSlice(name), " --id "))
-		case "older-than", "newer-than":
-			parts = append(parts, "--"+name+" "+cmd.Duration(name).String())
-		case "since":
-			parts = append(parts, "--since "+timestamp(cmd.Timestamp(name)))
-		default:
-			parts = append(parts, fmt.Sprintf("--%s %q", name, cmd.String(name)))
-		}
-	}
-	if limit := cmd.Int("limit"); limit > 0 {
-		parts = append(parts, fmt.Sprintf("--limit %d", limit))
+// describe says in words which dead letters the flags select.
+func (o *dlqOptions) describe() string {
+	parts := o.filters()
+	if o.limit > 0 {
+		parts = append(parts, fmt.Sprintf("--limit %d", o.limit))
 	}
 	if len(parts) == 0 {
 		return "(all of them)"
@@ -294,52 +380,18 @@ func confirm(cmd *cli.Command, question string) bool {
 	return false
 }
 
-// limitFlag reads --limit. Zero means no limit to the stores (or 100 for
-// a list), so an explicit --limit 0 is refused rather than taken as "all".
-func limitFlag(cmd *cli.Command) (int, error) {
-	if n := cmd.Int("limit"); cmd.IsSet("limit") && n <= 0 {
-		return 0, usageError("--limit %d: want a positive number (leave it out for no limit, or 100 for list)", n)
-	}
-	return cmd.Int("limit"), nil
-}
-
-// failedWindow reads --older-than and --newer-than as the times dead
-// letters failed before and after. An age must be positive: a negative one
-// used to be dropped, which selected every dead letter.
-func failedWindow(cmd *cli.Command) (before, after time.Time, err error) {
+// failedWindow is --older-than, --newer-than and --since as the times
+// dead letters failed before and after.
+func (o *dlqOptions) failedWindow() (before, after time.Time) {
 	now := time.Now()
-	for name, at := range map[string]*time.Time{"older-than": &before, "newer-than": &after} {
-		if !cmd.IsSet(name) {
-			continue
-		}
-		d := cmd.Duration(name)
-		if d <= 0 {
-			return before, after, usageError("--%s %v: want a positive age, e.g. 24h", name, d)
-		}
-		*at = now.Add(-d)
+	if o.olderThan > 0 {
+		before = now.Add(-o.olderThan)
 	}
-	if cmd.IsSet("since") {
-		since := cmd.Timestamp("since")
-		if since.After(now) {
-			return before, after, usageError("--since %s is in the future", timestamp(since))
-		}
-		if since.After(after) {
-			after = since
-		}
+	if o.newerThan > 0 {
+		after = now.Add(-o.newerThan)
 	}
-	return before, after, nil
-}
-
-// openOutbox connects and returns the outbox; done closes the pool.
-func openOutbox(ctx context.Context, cmd *cli.Command) (*outbox.Outbox, func(), error) {
-	pool, err := connect(ctx, cmd)
-	if err != nil {
-		return nil, nil, err
+	if o.since.After(after) {
+		after = o.since
 	}
-	ob, _, err := stores(cmd, pool)
-	if err != nil {
-		pool.Close()
-		return nil, nil, err
-	}
-	return ob, pool.Close, nil
+	return before, after
 }

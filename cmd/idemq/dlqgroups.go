@@ -51,19 +51,10 @@ func (s *deadSet) groups(ctx context.Context) ([]groupJSON, error) {
 // selectGroup narrows the filter to the group --group names: its class and
 // destination (scope). No group with that id is exitNotFound.
 func (s *deadSet) selectGroup(ctx context.Context) error {
-	id := strings.ToLower(strings.TrimSpace(s.cmd.String("group")))
-	if !s.cmd.IsSet("group") {
+	if s.o.group == "" {
 		return nil
 	}
-	if s.cmd.IsSet("class") {
-		return usageError("--group and --class both name a class: give one")
-	}
-	if s.cmd.Bool("conflicts") {
-		return usageError("--group selects dead letters: conflicts have no error class")
-	}
-	if len(id) < 6 {
-		return usageError("--group %q: give at least 6 hex digits of the id dlq groups shows", id)
-	}
+	id := strings.ToLower(strings.TrimSpace(s.o.group))
 	all := *s
 	all.of, all.inf = outbox.DeadFilter{Limit: 100000}, inbox.DeadFilter{Limit: 100000}
 	groups, err := all.groups(ctx)
@@ -109,7 +100,7 @@ func (s *deadSet) audit(ctx context.Context, tx pgx.Tx, purge bool, n int64) err
 	prefix := "outbox."
 	if s.ib != nil {
 		prefix, filter = "inbox.", s.inf
-		if s.cmd.Bool("conflicts") {
+		if s.o.conflicts {
 			prefix = "inbox.conflicts."
 		}
 		if !purge {
@@ -125,7 +116,7 @@ func (s *deadSet) audit(ctx context.Context, tx pgx.Tx, purge bool, n int64) err
 		return err
 	}
 	return s.audited.RecordAuditTx(ctx, tx, outbox.AuditEntry{Actor: cliActor(), Action: prefix + action,
-		Target: s.cmd.String("group"), Filter: raw, Rows: n})
+		Target: s.o.group, Filter: raw, Rows: n})
 }
 
 // auditTable is the quoted name of ob's audit log.
@@ -144,8 +135,8 @@ func cliActor() string {
 	return "cli:" + name + "@" + host
 }
 
-func dlqGroups(ctx context.Context, cmd *cli.Command) error {
-	set, done, err := openDeadSet(ctx, cmd)
+func dlqGroups(ctx context.Context, cmd *cli.Command, o *dlqOptions) error {
+	set, done, err := openDeadSet(ctx, cmd, o)
 	if err != nil {
 		return err
 	}
@@ -172,8 +163,8 @@ func dlqGroups(ctx context.Context, cmd *cli.Command) error {
 
 // dlqClassify classifies, in batches, the dead letters stored without an
 // error class.
-func dlqClassify(ctx context.Context, cmd *cli.Command) error {
-	set, done, err := openDeadSet(ctx, cmd)
+func dlqClassify(ctx context.Context, cmd *cli.Command, o *dlqOptions) error {
+	set, done, err := openDeadSet(ctx, cmd, o)
 	if err != nil {
 		return err
 	}

@@ -6,11 +6,10 @@ import (
 	"time"
 
 	"github.com/urfave/cli/v3"
-
-	"github.com/idemq/idemq/request/pgstore"
 )
 
 func gcCommand() *cli.Command {
+	var batch int
 	return &cli.Command{
 		Name:  "gc",
 		Usage: "delete inbox and request records whose retention ran out",
@@ -18,18 +17,26 @@ func gcCommand() *cli.Command {
 			"kept: the inbox's, then the HTTP/gRPC request records of request/pgstore (skipped if that table was never\n" +
 			"migrated). A progress line on stderr shows it is working; the counts are printed at the end.",
 		Flags: []cli.Flag{
-			&cli.IntFlag{Name: "batch-size", Value: 1000, Usage: "records per DELETE", Sources: cli.EnvVars("IDEMQ_GC_BATCH_SIZE")},
-			&cli.StringFlag{Name: "requests-table", Value: pgstore.TableDefault, Usage: "table of request/pgstore's request records",
-				Sources: cli.EnvVars("IDEMQ_REQUESTS_TABLE")},
+			&cli.IntFlag{Name: "batch-size", Value: 1000, Usage: fmt.Sprintf("records per DELETE (at most %d)", gcBatchMax), Sources: cli.EnvVars("IDEMQ_GC_BATCH_SIZE"),
+				Destination: &batch, Validator: func(n int) error {
+					if n <= 0 || n > gcBatchMax {
+						return fmt.Errorf("--batch-size %d: want 1 to %d", n, gcBatchMax)
+					}
+					return nil
+				}},
 		},
-		Action: runGC,
+		Action: func(ctx context.Context, cmd *cli.Command) error { return runGC(ctx, cmd, batch) },
 	}
 }
 
-func runGC(ctx context.Context, cmd *cli.Command) error {
-	if cmd.Int("batch-size") <= 0 {
-		return usageError("--batch-size must be positive")
-	}
+// gcBatchMax is the largest gc --batch-size. One DELETE holds its row
+// locks and writes its WAL until it ends: past 100,000 rows a batch only
+// makes the pauses of concurrent writers longer (--batch-size 2147483648
+// was one unbounded DELETE).
+const gcBatchMax = 100_000
+
+// runGC collects in DELETEs of batch records.
+func runGC(ctx context.Context, cmd *cli.Command, batch int) error {
 	// Every flag is checked before the database is reached: a bad table
 	// name is a usage error (2) whether or not it answers.
 	pool, err := openPool(cmd)
@@ -37,9 +44,9 @@ func runGC(ctx context.Context, cmd *cli.Command) error {
 		return err
 	}
 	defer pool.Close()
-	requests, err := pgstore.New(pool, pgstore.Config{Schema: cmd.String(flagSchema), Table: cmd.String("requests-table")})
+	requests, err := requestStore(cmd, pool)
 	if err != nil {
-		return flagConfigError(err, map[string]string{"Schema": flagSchema, "Table": "requests-table"})
+		return err
 	}
 	_, ib, err := stores(cmd, pool)
 	if err != nil {
@@ -52,14 +59,14 @@ func runGC(ctx context.Context, cmd *cli.Command) error {
 	// spent until it returns.
 	start := time.Now()
 	stop := progress(cmd, start)
-	n, err := ib.GC(ctx, cmd.Int("batch-size"))
+	n, err := ib.GC(ctx, batch)
 	var r int64
 	pending, perr := requests.PendingMigrations(ctx)
 	if err == nil {
 		err = perr
 	}
 	if err == nil && len(pending) == 0 {
-		r, err = requests.GC(ctx, cmd.Int("batch-size"))
+		r, err = requests.GC(ctx, batch)
 	}
 	stop()
 	if err != nil {
@@ -69,7 +76,7 @@ func runGC(ctx context.Context, cmd *cli.Command) error {
 	return output(cmd, map[string]any{"deleted": n, "requests_deleted": r, "seconds": took.Seconds()}, func(t *table) {
 		t.note("deleted %d expired inbox records and %d expired request records in %v", n, r, took.Round(time.Millisecond))
 		if len(pending) > 0 {
-			t.note("request table %s is not migrated (pgstore.Store.Migrate): its records were not collected", cmd.String("requests-table"))
+			t.note("request table %s is not migrated (idemq migrate --components requests): its records were not collected", cmd.String(flagRequestsTable))
 		}
 	})
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/idemq/idemq/request"
 	"github.com/idemq/idemq/request/pgstore"
+	"github.com/idemq/idemq/testenv"
 )
 
 // TestGCRequests: gc also deletes the expired records of request/pgstore,
@@ -52,5 +53,30 @@ func TestGCRequests(t *testing.T) {
 	}
 	if rec, err := s.Get(ctx, held); err != nil || rec.State != request.InProgress {
 		t.Errorf("the record under a live lease: %+v, %v; want it kept", rec, err)
+	}
+}
+
+// TestMigrateRequestsComponent: migrate --components requests creates
+// request/pgstore's table (named by --requests-table), so that a deploy
+// gated on `idemq migrate validate` can gate on it, and gc then collects
+// it.
+func TestMigrateRequestsComponent(t *testing.T) {
+	t.Parallel()
+	url := testenv.PostgresURL(t)
+	wantCode(t, url, exitPending, "migrate", "validate", "--components", "requests")
+	mustRun(t, url, "migrate", "--components", "outbox,inbox,requests")
+	wantCode(t, url, exitOK, "migrate", "validate", "--components", "outbox,inbox,requests")
+	var listed []migration
+	mustJSON(t, url, &listed, "migrate", "list", "--components", "requests")
+	if len(listed) == 0 || listed[0].Table != pgstore.TableDefault || listed[len(listed)-1].AppliedAt == nil {
+		t.Fatalf("migrate list --components requests: %+v, want the applied migrations of %s", listed, pgstore.TableDefault)
+	}
+	if out := mustRun(t, url, "gc"); strings.Contains(out, "not migrated") {
+		t.Errorf("gc after migrate --components requests: %q", out)
+	}
+	wantCode(t, url, exitPending, "--requests-table", "api_requests", "migrate", "validate", "--components", "requests")
+	mustRun(t, url, "--requests-table", "api_requests", "migrate", "--components", "requests")
+	if out := mustRun(t, url, "gc", "--requests-table", "api_requests"); strings.Contains(out, "not migrated") {
+		t.Errorf("gc --requests-table api_requests after migrating it: %q", out)
 	}
 }

@@ -23,49 +23,17 @@ type inboxDead struct {
 	FailedAt  time.Time `json:"failed_at"` // conflicts: last seen
 }
 
-// inboxFilter reads the filter flags for inbox dead letters.
-func inboxFilter(cmd *cli.Command) (inbox.DeadFilter, error) {
-	for _, f := range []string{"destination", "destination-prefix", "key-prefix"} {
-		if cmd.IsSet(f) {
-			return inbox.DeadFilter{}, usageError("--%s selects outbox dead letters: drop --inbox", f)
-		}
-	}
-	if cmd.IsSet("id") && cmd.IsSet("key") {
-		// With --inbox both name the inbox key (the message id).
-		return inbox.DeadFilter{}, usageError("--id and --key both name inbox keys: give one of them")
-	}
-	f := inbox.DeadFilter{Scope: cmd.String("scope"), Key: cmd.String("key"), ErrorClass: cmd.String("class")}
-	var err error
-	if f.Limit, err = limitFlag(cmd); err != nil {
-		return f, err
-	}
-	f.FailedBefore, f.FailedAfter, err = failedWindow(cmd)
-	return f, err
-}
-
-// openInbox connects and returns the inbox and the filter the flags select;
-// done closes the pool.
-func openInbox(ctx context.Context, cmd *cli.Command) (*inbox.Store, inbox.DeadFilter, func(), error) {
-	f, err := inboxFilter(cmd)
-	if err != nil {
-		return nil, f, nil, err
-	}
-	pool, err := connect(ctx, cmd)
-	if err != nil {
-		return nil, f, nil, err
-	}
-	_, ib, err := stores(cmd, pool)
-	if err != nil {
-		pool.Close()
-		return nil, f, nil, err
-	}
-	return ib, f, pool.Close, nil
+// inboxFilter is the filter the flags select among inbox dead letters.
+func (o *dlqOptions) inboxFilter() inbox.DeadFilter {
+	f := inbox.DeadFilter{Scope: o.scope, Key: o.key, ErrorClass: o.class, Limit: o.limit}
+	f.FailedBefore, f.FailedAfter = o.failedWindow()
+	return f
 }
 
 // inboxDeadLetters lists what the flags select: dead letters, or conflicts.
-func inboxDeadLetters(ctx context.Context, cmd *cli.Command, ib *inbox.Store, f inbox.DeadFilter) ([]inboxDead, error) {
+func (o *dlqOptions) inboxDeadLetters(ctx context.Context, ib *inbox.Store, f inbox.DeadFilter) ([]inboxDead, error) {
 	out := []inboxDead{}
-	if cmd.Bool("conflicts") {
+	if o.conflicts {
 		cs, err := ib.Conflicts(ctx, f)
 		for _, c := range cs {
 			out = append(out, inboxDead{Scope: c.Scope, Key: c.Key, Seen: c.Seen, CreatedAt: c.CreatedAt, FailedAt: c.UpdatedAt,
@@ -89,24 +57,24 @@ func inboxDeadRows(t *table, dead []inboxDead) {
 }
 
 // inboxNoun names what the flags select in the inbox.
-func inboxNoun(cmd *cli.Command) string {
-	if cmd.Bool("conflicts") {
+func (o *dlqOptions) inboxNoun() string {
+	if o.conflicts {
 		return "conflicts"
 	}
 	return "inbox dead letters"
 }
 
-func inboxDeadShow(ctx context.Context, cmd *cli.Command) error {
+func inboxDeadShow(ctx context.Context, cmd *cli.Command, o *dlqOptions) error {
 	if cmd.Args().Len() != 2 {
 		return usageError("dlq show --inbox: want SCOPE KEY")
 	}
 	scope, key := cmd.Args().Get(0), cmd.Args().Get(1)
-	ib, _, done, err := openInbox(ctx, cmd)
+	set, done, err := openDeadSet(ctx, cmd, o)
 	if err != nil {
 		return err
 	}
 	defer done()
-	dead, err := inboxDeadLetters(ctx, cmd, ib, inbox.DeadFilter{Scope: scope, Key: key})
+	dead, err := o.inboxDeadLetters(ctx, set.ib, inbox.DeadFilter{Scope: scope, Key: key})
 	if errors.Is(err, inbox.ErrInvalidKey) {
 		return usageError("%w", err)
 	}

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/urfave/cli/v3"
 
@@ -16,7 +17,7 @@ import (
 
 // component is a set of idemq tables with its own migrations.
 type component struct {
-	name string // "outbox", "inbox", "webhook"
+	name string // "outbox", "inbox", "webhook", "requests"
 	// open builds the component's store on db, a pool or a transaction.
 	open func(db migrate.DB) (migrate.Store, error)
 }
@@ -49,7 +50,7 @@ const flagComponents = "components"
 
 func componentsFlag(defaults ...string) cli.Flag {
 	return &cli.StringSliceFlag{Name: flagComponents, Value: defaults,
-		Usage: "which tables: outbox, inbox, webhook", Sources: cli.EnvVars("IDEMQ_COMPONENTS")}
+		Usage: "which tables: outbox, inbox, webhook, requests (request/pgstore's)", Sources: cli.EnvVars("IDEMQ_COMPONENTS")}
 }
 
 // allComponents returns every component, by name.
@@ -66,6 +67,9 @@ func allComponents(cmd *cli.Command) map[string]component {
 		"webhook": {name: "webhook", open: func(db migrate.DB) (migrate.Store, error) {
 			return registry(cmd, db)
 		}},
+		"requests": {name: "requests", open: func(db migrate.DB) (migrate.Store, error) {
+			return requestStore(cmd, db)
+		}},
 	}
 }
 
@@ -77,7 +81,7 @@ func components(cmd *cli.Command) ([]component, error) {
 		for name := range strings.SplitSeq(name, ",") {
 			c, ok := all[strings.TrimSpace(name)]
 			if !ok {
-				return nil, usageError("--%s: unknown component %q (want outbox, inbox or webhook)", flagComponents, name)
+				return nil, usageError("--%s: unknown component %q (want outbox, inbox, webhook or requests)", flagComponents, name)
 			}
 			out = append(out, c)
 		}
@@ -118,6 +122,9 @@ func migrateUp(ctx context.Context, cmd *cli.Command) error {
 		return err
 	}
 	defer pool.Close()
+	if err := checkInboxLayout(ctx, cmd, pool); err != nil {
+		return err
+	}
 	ib, err := partitionedInbox(cmd, pool)
 	if err != nil {
 		return err
@@ -337,4 +344,33 @@ func partitionedInbox(cmd *cli.Command, pool *pgxpool.Pool) (*inbox.Store, error
 	}
 	_, ib, err := stores(cmd, pool)
 	return ib, err
+}
+
+// checkInboxLayout refuses to migrate, before anything is applied, a
+// partitioned inbox table as a plain one: the plain migrations are all
+// applied there, so migrate used to say "nothing to apply" while the
+// flags described another layout than the table's, and the consumers
+// configured like the flags failed on every claim. (Which partitioned
+// layout, arrival or key, and its interval are not recorded in the table:
+// they must match the consumers' inbox.Config.)
+func checkInboxLayout(ctx context.Context, cmd *cli.Command, pool *pgxpool.Pool) error {
+	comps, err := components(cmd)
+	if err != nil || cmd.String(flagInboxPartition) != "" || !slices.ContainsFunc(comps, func(c component) bool { return c.name == "inbox" }) {
+		return err
+	}
+	_, ib, err := stores(cmd, pool)
+	if err != nil {
+		return err
+	}
+	c := ib.Config()
+	table := pgx.Identifier{c.Schema, c.Table}.Sanitize()
+	var partitioned bool
+	if err := pool.QueryRow(ctx, `SELECT coalesce((SELECT relkind = 'p' FROM pg_class WHERE oid = to_regclass($1)), false)`, table).Scan(&partitioned); err != nil {
+		return err
+	}
+	if partitioned {
+		return usageError("inbox table %s is partitioned, and --%s is not given: nothing was applied; give --%s arrival or key "+
+			"(and --%s) as the consumers' inbox.Config has them", table, flagInboxPartition, flagInboxPartition, flagInboxInterval)
+	}
+	return nil
 }

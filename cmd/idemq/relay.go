@@ -20,21 +20,46 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/urfave/cli/v3"
 
-	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/migrate"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
 	"github.com/idemq/idemq/transports/webhook/endpoints"
 )
 
+// relayOptions are the relay command's settings, typed: the flag parser
+// writes each flag into its field (Destination), readConfig fills in from
+// the --config file what the flags leave unset, and validate checks all of
+// them before the relay touches the database or a broker. relay --check is
+// validate and a print, so it refuses what the relay would.
+type relayOptions struct {
+	sinkConfig
+	configPath          string
+	httpAddr            string
+	migrate, check      bool
+	logFormat, logLevel string
+	// relay is the relay.Config the flags set; Logger and Hooks are added
+	// when it runs.
+	relay relay.Config
+
+	// Filled in by validate.
+	logger *slog.Logger
+	plan   sinkPlan
+	comps  []component
+}
+
 func relayCommand() *cli.Command {
+	o := &relayOptions{}
+	c := &o.relay
 	return &cli.Command{
 		Name:  "relay",
 		Usage: "run the outbox relay: publish outbox messages to Kafka, NATS and webhook endpoints",
 		Description: "Routes map destinations to sinks: --route 'orders.*=kafka' --route 'shipping.*=jetstream:SHIPPING.in'.\n" +
+			"A route is PATTERN=SINK[:TARGET]: PATTERN is a destination, or a prefix of destinations when it ends in *;\n" +
+			"TARGET is the Kafka topic (kafka, franz, kafka-tx) or the NATS subject (jetstream, nats) every message the\n" +
+			"route matches is published to; without :TARGET the message's destination is its topic or subject.\n" +
 			"Kafka sinks: kafka (kafka-go, the default), franz (franz-go, idempotent producer), kafka-tx (franz-go, one Kafka\n" +
 			"transaction per outbox partition and batch, fenced by the relay's leases: exactly once for read_committed consumers;\n" +
-			"--kafka-tx-id-prefix and --kafka-watermark-topic must be unique to the outbox).\n" +
+			"kafka-tx routes need --kafka-tx-id-prefix and --kafka-watermark-topic, both unique to the outbox).\n" +
 			"SIGTERM or Ctrl-C stops claiming; batches in flight get --shutdown-grace to finish, the rest is released, not lost.\n" +
 			"--http-addr serves /metrics (Prometheus), /healthz (the relay loop is running) and /readyz\n" +
 			"(database reachable, schema current, relay claiming).\n" +
@@ -43,78 +68,138 @@ func relayCommand() *cli.Command {
 			"It exits 4 when migrations are pending, unless --migrate applies them first.\n" +
 			"--check validates the flags, environment and --config file without contacting anything: exit 0 or 2.",
 		Flags: []cli.Flag{
-			&cli.StringSliceFlag{Name: "route", Usage: "PATTERN=SINK[:TARGET]; SINK is kafka, franz, kafka-tx, jetstream or nats; PATTERN may end in *",
-				Sources: cli.EnvVars("IDEMQ_ROUTES")},
-			&cli.StringSliceFlag{Name: "kafka-brokers", Usage: "Kafka bootstrap brokers host:port", Sources: cli.EnvVars("IDEMQ_KAFKA_BROKERS")},
-			&cli.StringFlag{Name: "kafka-tx-id-prefix", Value: kafkaTxIDPrefixDefault, Usage: "kafka-tx routes: transactional.id prefix (+ outbox partition)",
-				Sources: cli.EnvVars("IDEMQ_KAFKA_TX_ID_PREFIX")},
-			&cli.StringFlag{Name: "kafka-watermark-topic", Value: kafkaWatermarkTopicDefault, Usage: "kafka-tx routes: compacted topic of the watermarks (created if missing)",
-				Sources: cli.EnvVars("IDEMQ_KAFKA_WATERMARK_TOPIC")},
-			&cli.StringFlag{Name: "nats-url", Usage: "NATS server URL", Sources: cli.EnvVars("IDEMQ_NATS_URL", "NATS_URL")},
+			&cli.StringSliceFlag{Name: "route", Usage: "PATTERN=SINK[:TARGET]; SINK is kafka, franz, kafka-tx, jetstream or nats; PATTERN may end in *; " +
+				"TARGET is the topic or subject to publish to (default: the message's destination)",
+				Sources: cli.EnvVars("IDEMQ_ROUTES"), Destination: &o.Routes},
+			&cli.StringSliceFlag{Name: "kafka-brokers", Usage: "Kafka bootstrap brokers host:port", Sources: cli.EnvVars("IDEMQ_KAFKA_BROKERS"),
+				Destination: &o.KafkaBrokers},
+			&cli.StringFlag{Name: "kafka-tx-id-prefix", Usage: "kafka-tx routes (required with them): transactional.id prefix (+ outbox partition), unique to this outbox " +
+				"(earlier versions defaulted to " + kafkaTxIDPrefixBefore + ")",
+				Sources: cli.EnvVars("IDEMQ_KAFKA_TX_ID_PREFIX"), Destination: &o.KafkaTxIDPrefix},
+			&cli.StringFlag{Name: "kafka-watermark-topic", Usage: "kafka-tx routes (required with them): compacted topic of the watermarks (created if missing), " +
+				"unique to this outbox (earlier versions defaulted to " + kafkaWatermarkTopicBefore + ")",
+				Sources: cli.EnvVars("IDEMQ_KAFKA_WATERMARK_TOPIC"), Destination: &o.KafkaWatermarkTopic},
+			&cli.StringFlag{Name: "nats-url", Usage: "NATS server URL", Sources: cli.EnvVars("IDEMQ_NATS_URL", "NATS_URL"), Destination: &o.NATSURL},
 			&cli.BoolFlag{Name: "webhooks", Usage: "deliver webhook/<endpoint> destinations to the registered webhook endpoints",
-				Sources: cli.EnvVars("IDEMQ_WEBHOOKS")},
+				Sources: cli.EnvVars("IDEMQ_WEBHOOKS"), Destination: &o.Webhooks},
 			&cli.StringSliceFlag{Name: "webhook-allow-network", Usage: "CIDR the webhook SSRF guard lets through (repeatable)",
-				Sources: cli.EnvVars("IDEMQ_WEBHOOK_ALLOW_NETWORKS")},
+				Sources: cli.EnvVars("IDEMQ_WEBHOOK_ALLOW_NETWORKS"), Destination: &o.WebhookAllowNetworks},
 			&cli.StringFlag{Name: "config", Usage: "JSON file with routes, kafka_brokers, kafka_tx_id_prefix, kafka_watermark_topic, nats_url, webhooks and webhook_allow_networks, for what the flags leave unset",
-				Sources: cli.EnvVars("IDEMQ_CONFIG")},
+				Sources: cli.EnvVars("IDEMQ_CONFIG"), Destination: &o.configPath},
 			&cli.StringFlag{Name: "http-addr", Usage: "address for /metrics, /healthz and /readyz (empty: none)",
-				Sources: cli.EnvVars("IDEMQ_HTTP_ADDR")},
-			&cli.BoolFlag{Name: "migrate", Usage: "apply pending migrations before starting", Sources: cli.EnvVars("IDEMQ_MIGRATE")},
-			&cli.BoolFlag{Name: "check", Usage: "check the flags, environment and --config file, print the relay's settings and exit (0 valid, 2 not); contacts no database or broker"},
-			&cli.IntFlag{Name: "workers", Usage: "batches in flight at once", Value: relay.WorkersDefault, Sources: cli.EnvVars("IDEMQ_RELAY_WORKERS")},
-			&cli.IntFlag{Name: "batch-size", Usage: "rows per claim", Value: relay.BatchSizeDefault, Sources: cli.EnvVars("IDEMQ_RELAY_BATCH_SIZE")},
-			&cli.IntFlag{Name: "max-attempts", Usage: "failed publishes before a dead letter", Value: relay.RetryDefault.MaxAttempts,
-				Sources: cli.EnvVars("IDEMQ_RELAY_MAX_ATTEMPTS")},
-			&cli.DurationFlag{Name: "poll-interval", Value: relay.PollIntervalDefault, Usage: "how often an idle relay looks for rows without a NOTIFY", Sources: cli.EnvVars("IDEMQ_RELAY_POLL_INTERVAL")},
-			&cli.DurationFlag{Name: "lease-ttl", Value: relay.LeaseTTLDefault, Usage: "how long a dead relay's key partitions wait before other relays take them over",
-				Sources: cli.EnvVars("IDEMQ_RELAY_LEASE_TTL")},
+				Sources: cli.EnvVars("IDEMQ_HTTP_ADDR"), Destination: &o.httpAddr},
+			&cli.BoolFlag{Name: "migrate", Usage: "apply pending migrations before starting", Sources: cli.EnvVars("IDEMQ_MIGRATE"), Destination: &o.migrate},
+			&cli.BoolFlag{Name: "check", Usage: "check the flags, environment and --config file, print the relay's settings and exit (0 valid, 2 not); contacts no database or broker",
+				Destination: &o.check},
+			&cli.IntFlag{Name: "workers", Usage: fmt.Sprintf("batches in flight at once (at most %d)", relay.WorkersMax), Value: relay.WorkersDefault,
+				Sources: cli.EnvVars("IDEMQ_RELAY_WORKERS"), Destination: &c.Workers},
+			&cli.IntFlag{Name: "batch-size", Usage: fmt.Sprintf("rows per claim (at most %d)", relay.BatchSizeMax), Value: relay.BatchSizeDefault,
+				Sources: cli.EnvVars("IDEMQ_RELAY_BATCH_SIZE"), Destination: &c.BatchSize},
+			&cli.IntFlag{Name: "max-attempts", Usage: "failed publishes before a dead letter (no maximum: it is only compared)", Value: relay.RetryDefault.MaxAttempts,
+				Sources: cli.EnvVars("IDEMQ_RELAY_MAX_ATTEMPTS"), Destination: &c.Retry.MaxAttempts},
+			&cli.DurationFlag{Name: "poll-interval", Value: relay.PollIntervalDefault, Usage: fmt.Sprintf("how often an idle relay looks for rows without a NOTIFY (at least %v)", relay.PollIntervalMin),
+				Sources: cli.EnvVars("IDEMQ_RELAY_POLL_INTERVAL"), Destination: &c.PollInterval},
+			&cli.DurationFlag{Name: "lease-ttl", Value: relay.LeaseTTLDefault, Usage: fmt.Sprintf("how long a dead relay's key partitions wait before other relays take them over "+
+				"(%v to %v); a relay stalled in the middle of a batch holds them up to --publish-timeout + --lease-ttl/3 (%v on the defaults)",
+				relay.LeaseTTLMin, relay.LeaseTTLMax, (relay.PublishTimeoutDefault + relay.LeaseTTLDefault/3).Round(time.Second)),
+				Sources: cli.EnvVars("IDEMQ_RELAY_LEASE_TTL"), Destination: &c.LeaseTTL},
+			&cli.DurationFlag{Name: "publish-timeout", Value: relay.PublishTimeoutDefault, Usage: fmt.Sprintf("how long one batch's publish may take before its rows go back for a retry (%v to %v)",
+				relay.PublishTimeoutMin, relay.PublishTimeoutMax),
+				Sources: cli.EnvVars("IDEMQ_RELAY_PUBLISH_TIMEOUT"), Destination: &c.PublishTimeout},
 			&cli.DurationFlag{Name: "shutdown-grace", Value: relay.ShutdownGraceDefault, Usage: "time in-flight batches get after SIGTERM",
-				Sources: cli.EnvVars("IDEMQ_SHUTDOWN_GRACE")},
-			&cli.DurationFlag{Name: "stats-interval", Value: relay.StatsIntervalDefault, Usage: "how often the backlog gauges refresh",
-				Sources: cli.EnvVars("IDEMQ_RELAY_STATS_INTERVAL")},
+				Sources: cli.EnvVars("IDEMQ_SHUTDOWN_GRACE"), Destination: &c.ShutdownGrace},
+			&cli.DurationFlag{Name: "stats-interval", Value: relay.StatsIntervalDefault, Usage: fmt.Sprintf("how often the backlog gauges refresh (at least %v)", relay.StatsIntervalMin),
+				Sources: cli.EnvVars("IDEMQ_RELAY_STATS_INTERVAL"), Destination: &c.StatsInterval},
 			&cli.BoolFlag{Name: "park-followers", Usage: "hold a key's later messages while an earlier one is a dead letter",
-				Sources: cli.EnvVars("IDEMQ_RELAY_PARK_FOLLOWERS")},
+				Sources: cli.EnvVars("IDEMQ_RELAY_PARK_FOLLOWERS"), Destination: &c.ParkFollowers},
 			&cli.StringFlag{Name: "listen-url", Usage: "direct Postgres connection for LISTEN when --database-url goes through a transaction-mode pooler such as PgBouncer (empty: the database URL)",
-				Sources: cli.EnvVars("IDEMQ_LISTEN_URL")},
+				Sources: cli.EnvVars("IDEMQ_LISTEN_URL"), Destination: &c.ListenConnString},
 			&cli.BoolFlag{Name: "poll-only", Usage: "do not LISTEN: find new messages by polling every --poll-interval",
-				Sources: cli.EnvVars("IDEMQ_RELAY_POLL_ONLY")},
+				Sources: cli.EnvVars("IDEMQ_RELAY_POLL_ONLY"), Destination: &c.DisableListen},
 			&cli.DurationFlag{Name: "stall-threshold", Value: relay.StallThresholdDefault, Usage: "log a stall when a message free to go has been due this long",
-				Sources: cli.EnvVars("IDEMQ_RELAY_STALL_THRESHOLD")},
-			&cli.StringFlag{Name: "log-format", Value: "json", Usage: "log format on stderr: json or text", Sources: cli.EnvVars("IDEMQ_LOG_FORMAT")},
-			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "least level logged: debug, info, warn or error", Sources: cli.EnvVars("IDEMQ_LOG_LEVEL")},
+				Sources: cli.EnvVars("IDEMQ_RELAY_STALL_THRESHOLD"), Destination: &c.StallThreshold},
+			&cli.StringFlag{Name: "log-format", Value: "json", Usage: "log format on stderr: json or text", Sources: cli.EnvVars("IDEMQ_LOG_FORMAT"), Destination: &o.logFormat},
+			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "least level logged: debug, info, warn or error", Sources: cli.EnvVars("IDEMQ_LOG_LEVEL"), Destination: &o.logLevel},
 			componentsFlag("outbox"),
 		},
-		Action: runRelay,
+		Action: func(ctx context.Context, cmd *cli.Command) error { return runRelay(ctx, cmd, o) },
 	}
 }
 
-func runRelay(ctx context.Context, cmd *cli.Command) error {
-	// Every flag is checked before the relay touches the database or a
-	// broker: a typo must not migrate anything, and is a usage error (2)
-	// whether or not the database answers.
-	logger, err := newLogger(cmd.Root().ErrWriter, cmd.String("log-format"), cmd.String("log-level"))
-	if err != nil {
+// validate checks every setting, in the order a person reads them, before
+// the relay touches the database or a broker: a typo must not migrate
+// anything, and is a usage error (2) whether or not the database answers.
+// The relay.Config fields are checked by relay.New itself (it contacts
+// nothing), so their limits are the library's.
+func (o *relayOptions) validate(cmd *cli.Command, pool *pgxpool.Pool, ob *outbox.Outbox) (err error) {
+	if o.logger, err = newLogger(cmd.Root().ErrWriter, o.logFormat, o.logLevel); err != nil {
 		return err
 	}
-	sc, err := relaySinkConfig(cmd)
-	if err != nil {
+	if err := o.readConfig(cmd); err != nil {
 		return err
 	}
-	plan, err := sc.plan()
-	if err != nil {
+	if o.plan, err = o.sinkConfig.plan(); err != nil {
 		return err
 	}
-	if err := explicitZeros(cmd); err != nil {
+	// relay.Config takes zero for its default, so --shutdown-grace 0 would
+	// silently be 10 seconds and --max-attempts 0 ten attempts; the flags'
+	// defaults are positive, so zero or less was given.
+	c := o.relay
+	for name, n := range map[string]int{"workers": c.Workers, "batch-size": c.BatchSize, "max-attempts": c.Retry.MaxAttempts} {
+		if n <= 0 {
+			return usageError("--%s %d: want a positive number (leave it out for the default)", name, n)
+		}
+	}
+	for name, d := range map[string]time.Duration{"poll-interval": c.PollInterval, "lease-ttl": c.LeaseTTL, "publish-timeout": c.PublishTimeout,
+		"shutdown-grace": c.ShutdownGrace, "stats-interval": c.StatsInterval, "stall-threshold": c.StallThreshold} {
+		if d <= 0 {
+			return usageError("--%s %v: want a positive duration (leave it out for the default)", name, d)
+		}
+	}
+	if _, err := relay.New(pool, ob, relay.NewRouter(), c); err != nil {
+		return relayConfigError(err)
+	}
+	if o.httpAddr != "" {
+		if _, _, err := net.SplitHostPort(o.httpAddr); err != nil {
+			return usageError("--http-addr %q: %v", o.httpAddr, err)
+		}
+	}
+	if o.comps, err = components(cmd); err != nil {
 		return err
 	}
-	comps, err := components(cmd)
-	if err != nil {
-		return err
-	}
-	if sc.Webhooks && !slices.ContainsFunc(comps, func(c component) bool { return c.name == "webhook" }) {
+	if o.Webhooks && !slices.ContainsFunc(o.comps, func(c component) bool { return c.name == "webhook" }) {
 		// The webhook Sink reads the registry: its tables must be current too.
-		comps = append(comps, allComponents(cmd)["webhook"])
+		o.comps = append(o.comps, allComponents(cmd)["webhook"])
 	}
+	return nil
+}
+
+// readConfig fills in, from the --config file, what the flags leave unset.
+func (o *relayOptions) readConfig(cmd *cli.Command) error {
+	if o.configPath == "" {
+		return nil
+	}
+	file, err := readSinkConfig(o.configPath)
+	if err != nil {
+		return err
+	}
+	for flag, fill := range map[string]func(){
+		"route":                 func() { o.Routes = file.Routes },
+		"kafka-brokers":         func() { o.KafkaBrokers = file.KafkaBrokers },
+		"nats-url":              func() { o.NATSURL = file.NATSURL },
+		"kafka-tx-id-prefix":    func() { o.KafkaTxIDPrefix = file.KafkaTxIDPrefix },
+		"kafka-watermark-topic": func() { o.KafkaWatermarkTopic = file.KafkaWatermarkTopic },
+		"webhooks":              func() { o.Webhooks = file.Webhooks },
+		"webhook-allow-network": func() { o.WebhookAllowNetworks = file.WebhookAllowNetworks },
+	} {
+		if !cmd.IsSet(flag) {
+			fill()
+		}
+	}
+	return nil
+}
+
+func runRelay(ctx context.Context, cmd *cli.Command, o *relayOptions) error {
 	pool, err := openPool(cmd)
 	if err != nil {
 		return err
@@ -124,7 +209,10 @@ func runRelay(ctx context.Context, cmd *cli.Command) error {
 	if err != nil {
 		return err
 	}
-	m, err := migrator(pool, comps)
+	if err := o.validate(cmd, pool, ob); err != nil {
+		return err
+	}
+	m, err := migrator(pool, o.comps)
 	if err != nil {
 		return err
 	}
@@ -132,29 +220,16 @@ func runRelay(ctx context.Context, cmd *cli.Command) error {
 	if err != nil {
 		return err
 	}
-	cfg := relay.Config{
-		Workers:          cmd.Int("workers"),
-		BatchSize:        cmd.Int("batch-size"),
-		PollInterval:     cmd.Duration("poll-interval"),
-		LeaseTTL:         cmd.Duration("lease-ttl"),
-		ShutdownGrace:    cmd.Duration("shutdown-grace"),
-		StatsInterval:    cmd.Duration("stats-interval"),
-		ParkFollowers:    cmd.Bool("park-followers"),
-		StallThreshold:   cmd.Duration("stall-threshold"),
-		ListenConnString: cmd.String("listen-url"),
-		DisableListen:    cmd.Bool("poll-only"),
-		Retry:            idemq.Retry{MaxAttempts: cmd.Int("max-attempts")},
-		Logger:           logger,
-	}
-	if cmd.Bool("check") {
-		return checkRelay(cmd, pool, ob, cfg, sc)
+	if o.check {
+		return o.print(cmd, pool, ob)
 	}
 	tel, err := outboxTelemetry(ctx, ob)
 	if err != nil {
 		return err
 	}
 	defer tel.shutdown() //nolint:errcheck // best effort on exit
-	cfg.Hooks = tel.RelayHooks(relay.Hooks{})
+	cfg := o.relay
+	cfg.Logger, cfg.Hooks = o.logger, tel.RelayHooks(relay.Hooks{})
 	router := relay.NewRouter() // routed by buildSinks, before Run
 	r, err := relay.New(pool, ob, router, cfg)
 	if err != nil {
@@ -164,7 +239,7 @@ func runRelay(ctx context.Context, cmd *cli.Command) error {
 	if err := ping(ctx, cmd, pool); err != nil {
 		return err
 	}
-	if cmd.Bool("migrate") {
+	if o.migrate {
 		if _, err := m.Migrate(ctx); err != nil {
 			return err
 		}
@@ -175,25 +250,27 @@ func runRelay(ctx context.Context, cmd *cli.Command) error {
 	} else if err != nil {
 		return err
 	}
-	if plan.outbox, err = relay.OutboxName(ctx, pool, ob); err != nil {
+	if o.plan.outbox, err = relay.OutboxName(ctx, pool, ob); err != nil {
 		return err
 	}
-	s, err := buildSinks(plan, router, reg, tel.Telemetry)
+	s, err := buildSinks(o.plan, router, reg, tel.Telemetry)
 	if err != nil {
 		return err
 	}
 	defer s.close()
 
 	h := &health{pool: pool, relay: r, migrator: m}
-	if addr := cmd.String("http-addr"); addr != "" {
-		stop, err := serveHTTP(addr, h.handler(tel.registry), logger)
+	if o.httpAddr != "" {
+		stop, err := serveHTTP(o.httpAddr, h.handler(tel.registry), o.logger)
 		if err != nil {
 			return err
 		}
 		defer stop()
 	}
 	h.running.Store(true)
-	logger.Info("relay starting", "schema", ob.Config().Schema, "outbox", ob.Config().Table, "routes", sc.Routes)
+	o.logger.Info("relay starting", "schema", ob.Config().Schema, "outbox", ob.Config().Table, "routes", o.Routes,
+		"workers", cfg.Workers, "batch_size", cfg.BatchSize, "lease_ttl", cfg.LeaseTTL, "publish_timeout", cfg.PublishTimeout,
+		"poll_interval", cfg.PollInterval)
 	err = r.Run(ctx)
 	h.running.Store(false)
 	if err != nil {
@@ -202,27 +279,26 @@ func runRelay(ctx context.Context, cmd *cli.Command) error {
 	return nil
 }
 
-// checkRelay is relay --check: everything runRelay checks before it
-// reaches the database, plus what the relay itself refuses at
-// construction (relay.New contacts nothing) and the --http-addr syntax.
-// It prints the settings the relay would run with. The OpenTelemetry
-// setup is not built: its exporters would flush to the OTLP endpoint on
-// shutdown.
-func checkRelay(cmd *cli.Command, pool *pgxpool.Pool, ob *outbox.Outbox, cfg relay.Config, sc sinkConfig) error {
-	if _, err := relay.New(pool, ob, relay.NewRouter(), cfg); err != nil {
-		return relayConfigError(err)
-	}
-	addr := cmd.String("http-addr")
-	if addr != "" {
-		if _, _, err := net.SplitHostPort(addr); err != nil {
-			return usageError("--http-addr %q: %v", addr, err)
-		}
-	}
+// print is relay --check's output: the settings the relay would run with.
+// The OpenTelemetry setup is not built: its exporters would flush to the
+// OTLP endpoint on shutdown.
+func (o *relayOptions) print(cmd *cli.Command, pool *pgxpool.Pool, ob *outbox.Outbox) error {
 	cc := pool.Config().ConnConfig
+	c := o.relay
 	settings := relayCheck{OK: true, Database: fmt.Sprintf("%s:%d/%s", cc.Host, cc.Port, cc.Database), Schema: ob.Config().Schema,
-		Outbox: ob.Config().Table, Routes: sc.Routes, KafkaBrokers: sc.KafkaBrokers, NATSURL: redactURL(sc.NATSURL),
-		Webhooks: sc.Webhooks, WebhookAllowNetworks: sc.WebhookAllowNetworks, HTTPAddr: addr,
-		Workers: cmd.Int("workers"), BatchSize: cmd.Int("batch-size"), MaxAttempts: cmd.Int("max-attempts")}
+		Outbox: ob.Config().Table, Routes: o.Routes, KafkaBrokers: o.KafkaBrokers, NATSURL: redactURL(o.NATSURL),
+		Webhooks: o.Webhooks, WebhookAllowNetworks: o.WebhookAllowNetworks, HTTPAddr: o.httpAddr,
+		Workers: c.Workers, BatchSize: c.BatchSize, MaxAttempts: c.Retry.MaxAttempts}
+	if slices.ContainsFunc(o.plan.routes, func(r route) bool { return r.sink == "kafka-tx" }) {
+		settings.KafkaTxIDPrefix, settings.KafkaWatermarkTopic = o.KafkaTxIDPrefix, o.KafkaWatermarkTopic
+	}
+	for _, d := range []struct {
+		to *string
+		d  time.Duration
+	}{{&settings.PollInterval, c.PollInterval}, {&settings.LeaseTTL, c.LeaseTTL}, {&settings.PublishTimeout, c.PublishTimeout},
+		{&settings.ShutdownGrace, c.ShutdownGrace}, {&settings.StatsInterval, c.StatsInterval}, {&settings.StallThreshold, c.StallThreshold}} {
+		*d.to = d.d.String()
+	}
 	return output(cmd, settings, func(t *table) {
 		t.note("relay configuration valid (no database or broker was contacted)")
 		t.row("database", settings.Database)
@@ -234,12 +310,22 @@ func checkRelay(cmd *cli.Command, pool *pgxpool.Pool, ob *outbox.Outbox, cfg rel
 			t.row("route", endpoints.DestinationPrefix+"*=webhook")
 		}
 		t.row("kafka brokers", strings.Join(settings.KafkaBrokers, ","))
+		if settings.KafkaTxIDPrefix != "" {
+			t.row("kafka tx id prefix", settings.KafkaTxIDPrefix)
+			t.row("kafka watermark topic", settings.KafkaWatermarkTopic)
+		}
 		t.row("nats url", settings.NATSURL)
 		t.row("webhook allow networks", strings.Join(settings.WebhookAllowNetworks, ","))
-		t.row("http addr", addr)
+		t.row("http addr", settings.HTTPAddr)
 		t.row("workers", strconv.Itoa(settings.Workers))
 		t.row("batch size", strconv.Itoa(settings.BatchSize))
 		t.row("max attempts", strconv.Itoa(settings.MaxAttempts))
+		t.row("poll interval", settings.PollInterval)
+		t.row("lease ttl", settings.LeaseTTL)
+		t.row("publish timeout", settings.PublishTimeout)
+		t.row("shutdown grace", settings.ShutdownGrace)
+		t.row("stats interval", settings.StatsInterval)
+		t.row("stall threshold", settings.StallThreshold)
 	})
 }
 
@@ -251,6 +337,8 @@ type relayCheck struct {
 	Outbox               string   `json:"outbox_table"`
 	Routes               []string `json:"routes"`
 	KafkaBrokers         []string `json:"kafka_brokers"`
+	KafkaTxIDPrefix      string   `json:"kafka_tx_id_prefix,omitempty"`
+	KafkaWatermarkTopic  string   `json:"kafka_watermark_topic,omitempty"`
 	NATSURL              string   `json:"nats_url"`
 	Webhooks             bool     `json:"webhooks"`
 	WebhookAllowNetworks []string `json:"webhook_allow_networks"`
@@ -258,16 +346,28 @@ type relayCheck struct {
 	Workers              int      `json:"workers"`
 	BatchSize            int      `json:"batch_size"`
 	MaxAttempts          int      `json:"max_attempts"`
+	PollInterval         string   `json:"poll_interval"`
+	LeaseTTL             string   `json:"lease_ttl"`
+	PublishTimeout       string   `json:"publish_timeout"`
+	ShutdownGrace        string   `json:"shutdown_grace"`
+	StatsInterval        string   `json:"stats_interval"`
+	StallThreshold       string   `json:"stall_threshold"`
 }
 
 // newLogger returns the relay's logger on w: format json or text, at
-// level (debug, info, warn, error) and above.
+// level (debug, info, warn, error) and above. Durations print as text
+// ("1.5s"), in JSON too, where slog would print nanoseconds.
 func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 	var lv slog.Level
 	if err := lv.UnmarshalText([]byte(level)); err != nil {
 		return nil, usageError("--log-level %q: want debug, info, warn or error", level)
 	}
-	opts := &slog.HandlerOptions{Level: lv}
+	opts := &slog.HandlerOptions{Level: lv, ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
+		if a.Value.Kind() == slog.KindDuration {
+			a.Value = slog.StringValue(a.Value.Duration().String())
+		}
+		return a
+	}}
 	switch format {
 	case "json":
 		return slog.New(slog.NewJSONHandler(w, opts)), nil
@@ -279,66 +379,12 @@ func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 
 // relayFlags names the flag of each relay.Config field the relay sets.
 var relayFlags = map[string]string{"Workers": "workers", "BatchSize": "batch-size", "PollInterval": "poll-interval",
-	"LeaseTTL": "lease-ttl", "ShutdownGrace": "shutdown-grace", "StatsInterval": "stats-interval", "Retry.MaxAttempts": "max-attempts", "StallThreshold": "stall-threshold"}
+	"LeaseTTL": "lease-ttl", "PublishTimeout": "publish-timeout", "ShutdownGrace": "shutdown-grace", "StatsInterval": "stats-interval",
+	"Retry.MaxAttempts": "max-attempts", "StallThreshold": "stall-threshold", "ListenConnString": "listen-url"}
 
 // relayConfigError is configError naming the flag, not the Go field, of a
 // value relay.New refused.
 func relayConfigError(err error) error { return flagConfigError(err, relayFlags) }
-
-// explicitZeros refuses a relay flag given as 0 (or less): relay.Config
-// takes zero for its default, so --shutdown-grace 0 would silently be 10
-// seconds, and --max-attempts 0 ten attempts.
-func explicitZeros(cmd *cli.Command) error {
-	for _, name := range []string{"workers", "batch-size", "max-attempts"} {
-		if cmd.IsSet(name) && cmd.Int(name) <= 0 {
-			return usageError("--%s %d: want a positive number (leave it out for the default)", name, cmd.Int(name))
-		}
-	}
-	for _, name := range []string{"poll-interval", "lease-ttl", "shutdown-grace", "stats-interval", "stall-threshold"} {
-		if cmd.IsSet(name) && cmd.Duration(name) <= 0 {
-			return usageError("--%s %v: want a positive duration (leave it out for the default)", name, cmd.Duration(name))
-		}
-	}
-	return nil
-}
-
-// relaySinkConfig reads the sink flags and, for what they leave unset,
-// the --config file.
-func relaySinkConfig(cmd *cli.Command) (sinkConfig, error) {
-	sc := sinkConfig{Routes: cmd.StringSlice("route"), KafkaBrokers: cmd.StringSlice("kafka-brokers"), NATSURL: cmd.String("nats-url"),
-		KafkaTxIDPrefix: cmd.String("kafka-tx-id-prefix"), KafkaWatermarkTopic: cmd.String("kafka-watermark-topic"),
-		Webhooks: cmd.Bool("webhooks"), WebhookAllowNetworks: cmd.StringSlice("webhook-allow-network")}
-	path := cmd.String("config")
-	if path == "" {
-		return sc, nil
-	}
-	file, err := readSinkConfig(path)
-	if err != nil {
-		return sc, err
-	}
-	if !cmd.IsSet("route") {
-		sc.Routes = file.Routes
-	}
-	if !cmd.IsSet("kafka-brokers") {
-		sc.KafkaBrokers = file.KafkaBrokers
-	}
-	if !cmd.IsSet("nats-url") {
-		sc.NATSURL = file.NATSURL
-	}
-	if !cmd.IsSet("kafka-tx-id-prefix") && file.KafkaTxIDPrefix != "" {
-		sc.KafkaTxIDPrefix = file.KafkaTxIDPrefix
-	}
-	if !cmd.IsSet("kafka-watermark-topic") && file.KafkaWatermarkTopic != "" {
-		sc.KafkaWatermarkTopic = file.KafkaWatermarkTopic
-	}
-	if !cmd.IsSet("webhooks") {
-		sc.Webhooks = file.Webhooks
-	}
-	if !cmd.IsSet("webhook-allow-network") {
-		sc.WebhookAllowNetworks = file.WebhookAllowNetworks
-	}
-	return sc, nil
-}
 
 // health answers /healthz and /readyz.
 type health struct {

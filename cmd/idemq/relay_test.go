@@ -361,3 +361,43 @@ func TestRelayExportsOTLP(t *testing.T) {
 		t.Fatalf("relay exit %d after SIGTERM", code)
 	}
 }
+
+// TestRelayLogsDurationsAsText: the JSON log printed durations as raw
+// nanoseconds ("retry_in":69849693). They print as Go durations, in the
+// line that says a destination is held as in the start line.
+func TestRelayLogsDurationsAsText(t *testing.T) {
+	t.Parallel()
+	url, _, ob := database(t)
+	if err := ob.Enqueue(context.Background(), outbox.Message{Destination: "unrouted.orders", Payload: []byte(`{}`)}); err != nil {
+		t.Fatal(err)
+	}
+	p := start(t, url, "relay", "--migrate", "--webhooks", "--log-format", "json", "--lease-ttl", "1500ms")
+	lines := map[string]map[string]any{}
+	idemqtest.WaitForNoError(t, "the start and the hold logged", func() error {
+		for line := range strings.Lines(p.stderr.String()) {
+			var rec map[string]any
+			if json.Unmarshal([]byte(line), &rec) == nil {
+				lines[fmt.Sprint(rec["msg"])] = rec
+			}
+		}
+		for msg := range lines {
+			if strings.HasPrefix(msg, "relay: holding the messages") {
+				lines["held"] = lines[msg]
+			}
+		}
+		if lines["relay starting"] == nil || lines["held"] == nil {
+			return fmt.Errorf("no start or hold line yet:\n%s", p.stderr.String())
+		}
+		return nil
+	})
+	for _, c := range []struct{ line, attr, want string }{
+		{"relay starting", "lease_ttl", "1.5s"},
+		{"relay starting", "publish_timeout", "30s"},
+		{"held", "retry_in", ""},
+	} {
+		v, ok := lines[c.line][c.attr].(string)
+		if _, err := time.ParseDuration(v); !ok || err != nil || c.want != "" && v != c.want {
+			t.Errorf("%s line: %s is %#v, want a duration as text %s", c.line, c.attr, lines[c.line][c.attr], c.want)
+		}
+	}
+}

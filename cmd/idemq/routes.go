@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"unicode"
 
@@ -44,7 +45,8 @@ type sinkConfig struct {
 	KafkaBrokers []string `json:"kafka_brokers"`
 	// KafkaTxIDPrefix and KafkaWatermarkTopic configure the kafka-tx
 	// routes' transactional ids (prefix + outbox partition) and watermark
-	// topic; both must be unique to the outbox.
+	// topic; both must be unique to the outbox, and are required with a
+	// kafka-tx route.
 	KafkaTxIDPrefix     string `json:"kafka_tx_id_prefix"`
 	KafkaWatermarkTopic string `json:"kafka_watermark_topic"`
 	NATSURL             string `json:"nats_url"`
@@ -56,12 +58,40 @@ type sinkConfig struct {
 	WebhookAllowNetworks []string `json:"webhook_allow_networks"`
 }
 
-// The defaults of the kafka-tx routes' transactional id prefix and
-// watermark topic, for one outbox per Kafka cluster.
+// The transactional id prefix and watermark topic the kafka-tx routes
+// took by default before they had to be given. A fixed name is shared by
+// every outbox on a Kafka cluster: two relays of different outboxes fenced
+// each other's transactions without a word. Nothing derived from the
+// relay's settings is unique either (two Postgres servers hold databases
+// of the same name, and a host name changes with a failover), and a name
+// that changes loses the watermarks that keep the transactions exactly
+// once; so both are required, and the help names the old defaults for a
+// relay that ran on them.
 const (
-	kafkaTxIDPrefixDefault     = "idemq-relay-"
-	kafkaWatermarkTopicDefault = "idemq-relay-watermarks"
+	kafkaTxIDPrefixBefore     = "idemq-relay-"
+	kafkaWatermarkTopicBefore = "idemq-relay-watermarks"
 )
+
+// topicMaxLen is the longest Kafka topic name (the broker's limit).
+const topicMaxLen = 249
+
+// validTopic refuses what a Kafka broker refuses as a topic name: empty,
+// "." or "..", longer than 249 characters, or holding a character other
+// than ASCII letters, digits, '.', '_' and '-'.
+func validTopic(topic string) error {
+	switch {
+	case topic == "", topic == ".", topic == "..":
+		return fmt.Errorf("%q is not a Kafka topic name", topic)
+	case len(topic) > topicMaxLen:
+		return fmt.Errorf("topic %.20q... is %d characters long: Kafka allows at most %d", topic, len(topic), topicMaxLen)
+	}
+	for _, r := range topic {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-') {
+			return fmt.Errorf("topic %q holds %q: Kafka allows ASCII letters, digits, '.', '_' and '-'", topic, r)
+		}
+	}
+	return nil
+}
 
 // readSinkConfig reads a --config file.
 func readSinkConfig(path string) (sinkConfig, error) {
@@ -210,9 +240,38 @@ func (c sinkConfig) plan() (sinkPlan, error) {
 		if err := r.add(scratch, nop); err != nil {
 			return p, usageError("route %q: %w", spec, err)
 		}
+		if r.kafka() && r.target != "" {
+			if err := validTopic(r.target); err != nil {
+				return p, usageError("route %q: TARGET %w", spec, err)
+			}
+		}
 		p.routes = append(p.routes, r)
 	}
-	return p, nil
+	return p, c.checkTx(p.routes)
+}
+
+// checkTx checks the settings of the kafka-tx routes, if any: a
+// transactional id prefix and a valid watermark topic, both given, and no
+// route publishing into the watermark topic.
+func (c sinkConfig) checkTx(routes []route) error {
+	if !slices.ContainsFunc(routes, func(r route) bool { return r.sink == "kafka-tx" }) {
+		return nil
+	}
+	if c.KafkaTxIDPrefix == "" || c.KafkaWatermarkTopic == "" {
+		return usageError("kafka-tx routes need --kafka-tx-id-prefix and --kafka-watermark-topic (or kafka_tx_id_prefix and kafka_watermark_topic "+
+			"in --config), both unique to this outbox, e.g. billing-outbox- and billing-outbox-watermarks; a relay that ran on the defaults "+
+			"of earlier versions keeps them with --kafka-tx-id-prefix %s --kafka-watermark-topic %s", kafkaTxIDPrefixBefore, kafkaWatermarkTopicBefore)
+	}
+	if err := validTopic(c.KafkaWatermarkTopic); err != nil {
+		return usageError("--kafka-watermark-topic: %w", err)
+	}
+	for _, r := range routes {
+		if r.kafka() && (r.target == c.KafkaWatermarkTopic || r.target == "" && !r.prefix && r.pattern == c.KafkaWatermarkTopic) {
+			return usageError("route %q publishes into the watermark topic %s, which holds the kafka-tx routes' watermarks: route it elsewhere",
+				r.spec, c.KafkaWatermarkTopic)
+		}
+	}
+	return nil
 }
 
 // sinks holds the broker connections behind a Router, closed by close.
@@ -284,8 +343,8 @@ func buildSinks(p sinkPlan, router *relay.Router, reg *endpoints.Registry, tel *
 				txSink, err = franz.NewTxSink(franz.TxConfig{
 					Outbox:                p.outbox,
 					SinkConfig:            franz.SinkConfig{Topic: topicOf(txs)},
-					TransactionalIDPrefix: cmp(p.KafkaTxIDPrefix, func() string { return kafkaTxIDPrefixDefault }),
-					WatermarkTopic:        cmp(p.KafkaWatermarkTopic, func() string { return kafkaWatermarkTopicDefault }),
+					TransactionalIDPrefix: p.KafkaTxIDPrefix,
+					WatermarkTopic:        p.KafkaWatermarkTopic,
 				}, kgo.SeedBrokers(p.KafkaBrokers...))
 				if err == nil {
 					s.closers = append(s.closers, txSink.Close)

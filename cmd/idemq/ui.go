@@ -15,10 +15,16 @@ import (
 	"github.com/urfave/cli/v3"
 
 	"github.com/idemq/idemq/console"
-	"github.com/idemq/idemq/request/pgstore"
 )
 
+// uiOptions are the ui command's flags, typed.
+type uiOptions struct {
+	listen       string
+	allowActions bool
+}
+
 func uiCommand() *cli.Command {
+	o := &uiOptions{}
 	return &cli.Command{
 		Name:  "ui",
 		Usage: "serve the operator console (and /metrics) over HTTP",
@@ -31,16 +37,17 @@ func uiCommand() *cli.Command {
 			"outbox's audit log. Pages of stores whose\n" +
 			"tables do not exist (inbox, webhooks, request records) are left out.",
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "listen", Value: "127.0.0.1:8080", Usage: "address to serve on", Sources: cli.EnvVars("IDEMQ_UI_LISTEN")},
-			&cli.BoolFlag{Name: "allow-actions", Usage: "let signed-in users replay, purge, release and enable", Sources: cli.EnvVars("IDEMQ_UI_ALLOW_ACTIONS")},
-			&cli.StringFlag{Name: "requests-table", Value: pgstore.TableDefault, Usage: "table of request/pgstore's request records, for lookups"},
+			&cli.StringFlag{Name: "listen", Value: "127.0.0.1:8080", Usage: "address to serve on", Sources: cli.EnvVars("IDEMQ_UI_LISTEN"),
+				Destination: &o.listen},
+			&cli.BoolFlag{Name: "allow-actions", Usage: "let signed-in users replay, purge, release and enable", Sources: cli.EnvVars("IDEMQ_UI_ALLOW_ACTIONS"),
+				Destination: &o.allowActions},
 		},
-		Action: runUI,
+		Action: func(ctx context.Context, cmd *cli.Command) error { return runUI(ctx, cmd, o) },
 	}
 }
 
-func runUI(ctx context.Context, cmd *cli.Command) error {
-	cfg := console.Config{AllowActions: cmd.Bool("allow-actions"), Token: os.Getenv("IDEMQ_UI_TOKEN"), TokenName: os.Getenv("IDEMQ_UI_TOKEN_NAME"),
+func runUI(ctx context.Context, cmd *cli.Command, o *uiOptions) error {
+	cfg := console.Config{AllowActions: o.allowActions, Token: os.Getenv("IDEMQ_UI_TOKEN"), TokenName: os.Getenv("IDEMQ_UI_TOKEN_NAME"),
 		User: os.Getenv("IDEMQ_UI_USER"), Password: os.Getenv("IDEMQ_UI_PASSWORD")}
 	if cfg.AllowActions && cfg.Token == "" && cfg.User == "" {
 		return usageError("--allow-actions needs a signed-in user: set IDEMQ_UI_TOKEN, or IDEMQ_UI_USER and IDEMQ_UI_PASSWORD")
@@ -73,14 +80,13 @@ func runUI(ctx context.Context, cmd *cli.Command) error {
 			return err
 		}
 	}
-	if ok, err := tableExists(ctx, pool, cmd.String(flagSchema), cmd.String("requests-table")); err != nil {
+	if ok, err := tableExists(ctx, pool, cmd.String(flagSchema), cmd.String(flagRequestsTable)); err != nil {
 		return err
 	} else if ok {
-		req, err := pgstore.New(pool, pgstore.Config{Schema: cmd.String(flagSchema), Table: cmd.String("requests-table")})
-		if err != nil {
-			return usageError("%w", err)
+		// connect checked the table flags: this cannot fail.
+		if cfg.Requests, err = requestStore(cmd, pool); err != nil {
+			return err
 		}
-		cfg.Requests = req
 	}
 	logger := slog.New(slog.NewTextHandler(cmd.Root().ErrWriter, nil))
 	cfg.Logger = logger
@@ -104,7 +110,7 @@ func runUI(ctx context.Context, cmd *cli.Command) error {
 	})
 	mux.Handle("/", ui)
 
-	ln, err := net.Listen("tcp", cmd.String("listen"))
+	ln, err := net.Listen("tcp", o.listen)
 	if err != nil {
 		return usageError("--listen: %v", err)
 	}

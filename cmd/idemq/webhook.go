@@ -93,27 +93,90 @@ func webhookCommand() *cli.Command {
 			"Migrate their tables with: idemq migrate --components webhook. Commands naming an unknown endpoint exit 5.",
 		Action: groupAction,
 		Commands: []*cli.Command{
-			{Name: "add", Usage: "register an endpoint; prints its signing secret once", Action: webhookAdd, Flags: []cli.Flag{
-				&cli.StringFlag{Name: "url", Required: true, Usage: "http(s) URL the deliveries are POSTed to"},
-				&cli.StringFlag{Name: "id", Usage: "endpoint id (letters, digits, _.-); default a UUIDv7"},
-				&cli.StringSliceFlag{Name: "event-type", Usage: "event types it receives (repeatable); default all"},
-				&cli.StringFlag{Name: "secret", Usage: "signing key (whsec_... or whsk_...); default a fresh whsec_ secret"},
-				&cli.DurationFlag{Name: "timeout", Usage: "per-delivery timeout; default the relay's"},
-				&cli.IntFlag{Name: "concurrency", Usage: "deliveries in flight; default the relay's"},
-				&cli.FloatFlag{Name: "rate-limit", Usage: "deliveries per second; default unlimited"},
-			}},
+			webhookAddCommand(),
 			{Name: "list", Usage: "list the endpoints: enabled or disabled and why, failing since, and the breaker state a relay last reported",
 				Action: webhookList},
-			{Name: "rotate", Usage: "add a new signing key; the old ones sign on for --grace", ArgsUsage: "ID", Action: webhookRotate,
-				Flags: []cli.Flag{
-					&cli.StringFlag{Name: "secret", Usage: "the new key; default a fresh whsec_ secret"},
-					&cli.DurationFlag{Name: "grace", Value: 24 * time.Hour, Usage: "how long the old keys keep signing"},
-				}},
+			webhookRotateCommand(),
 			{Name: "enable", Usage: "deliver again, the held rows at once and first", ArgsUsage: "ID", Action: webhookEnable},
-			{Name: "disable", Usage: "hold deliveries (rows stay in the outbox)", ArgsUsage: "ID", Action: webhookDisable,
-				Flags: []cli.Flag{&cli.StringFlag{Name: "reason", Value: "disabled by an operator"}}},
+			webhookDisableCommand(),
 		},
 	}
+}
+
+// webhookAddOptions are webhook add's flags, typed; validate checks them
+// before anything connects.
+type webhookAddOptions struct {
+	endpoint endpoints.Endpoint // URL, ID, EventTypes, Timeout, Concurrency, RateLimit
+	secret   string
+}
+
+func webhookAddCommand() *cli.Command {
+	o := &webhookAddOptions{}
+	e := &o.endpoint
+	return &cli.Command{Name: "add", Usage: "register an endpoint; prints its signing secret once",
+		Action: func(ctx context.Context, cmd *cli.Command) error { return webhookAdd(ctx, cmd, o) },
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "url", Required: true, Usage: "http(s) URL the deliveries are POSTed to", Destination: &e.URL},
+			&cli.StringFlag{Name: "id", Usage: "endpoint id (letters, digits, _.-); default a UUIDv7", Destination: &e.ID},
+			&cli.StringSliceFlag{Name: "event-type", Usage: "event types it receives (repeatable); default all", Destination: &e.EventTypes},
+			&cli.StringFlag{Name: "secret", Usage: "signing key (whsec_... or whsk_...); default a fresh whsec_ secret", Destination: &o.secret},
+			// The registry keeps whole milliseconds, and 0 means the relay's default.
+			&cli.DurationFlag{Name: "timeout", Usage: "per-delivery timeout; default the relay's", Destination: &e.Timeout,
+				Validator: func(d time.Duration) error {
+					if d < time.Millisecond {
+						return fmt.Errorf("--timeout %v: want at least 1ms (leave it out for the relay's default)", d)
+					}
+					return nil
+				}},
+			// The registry keeps a 32-bit number.
+			&cli.IntFlag{Name: "concurrency", Usage: fmt.Sprintf("deliveries in flight (at most %d); default the relay's", math.MaxInt32),
+				Destination: &e.Concurrency, Validator: func(n int) error {
+					if n <= 0 || n > math.MaxInt32 {
+						return fmt.Errorf("--concurrency %d: want 1 to %d (leave it out for the relay's default)", n, math.MaxInt32)
+					}
+					return nil
+				}},
+			&cli.FloatFlag{Name: "rate-limit", Usage: "deliveries per second; default unlimited", Destination: &e.RateLimit,
+				Validator: func(rate float64) error {
+					if math.IsNaN(rate) || math.IsInf(rate, 0) || rate < 0 {
+						return fmt.Errorf("--rate-limit %v: want a finite number of deliveries per second (0: unlimited)", rate)
+					}
+					return nil
+				}},
+		}}
+}
+
+// webhookRotateOptions are webhook rotate's flags, typed.
+type webhookRotateOptions struct {
+	secret string
+	grace  time.Duration
+}
+
+func webhookRotateCommand() *cli.Command {
+	o := &webhookRotateOptions{}
+	return &cli.Command{Name: "rotate", Usage: "add a new signing key; the old ones sign on for --grace", ArgsUsage: "ID",
+		Action: func(ctx context.Context, cmd *cli.Command) error { return webhookRotate(ctx, cmd, o) },
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "secret", Usage: "the new key; default a fresh whsec_ secret", Destination: &o.secret},
+			&cli.DurationFlag{Name: "grace", Value: 24 * time.Hour, Usage: "how long the old keys keep signing", Destination: &o.grace,
+				Validator: func(d time.Duration) error {
+					if d < 0 {
+						return errors.New("--grace must not be negative")
+					}
+					return nil
+				}},
+		}}
+}
+
+func webhookDisableCommand() *cli.Command {
+	var reason string
+	return &cli.Command{Name: "disable", Usage: "hold deliveries (rows stay in the outbox)", ArgsUsage: "ID",
+		Action: func(ctx context.Context, cmd *cli.Command) error {
+			return webhookSetState(ctx, cmd, func(reg *endpoints.Registry, _ *pgxpool.Pool, id string) (string, error) {
+				return "", reg.Disable(ctx, id, reason)
+			})
+		},
+		Flags: []cli.Flag{&cli.StringFlag{Name: "reason", Value: "disabled by an operator", Destination: &reason}}}
 }
 
 // withRegistry connects, builds the registry and runs f with it.
@@ -142,20 +205,10 @@ func endpointArg(cmd *cli.Command) (string, error) {
 	return cmd.Args().First(), nil
 }
 
-func webhookAdd(ctx context.Context, cmd *cli.Command) error {
-	if rate := cmd.Float("rate-limit"); math.IsNaN(rate) || math.IsInf(rate, 0) || rate < 0 {
-		return usageError("--rate-limit %v: want a finite number of deliveries per second (0: unlimited)", rate)
-	}
-	// The registry keeps whole milliseconds, and 0 means the relay's default.
-	if cmd.IsSet("timeout") && cmd.Duration("timeout") < time.Millisecond {
-		return usageError("--timeout %v: want at least 1ms (leave it out for the relay's default)", cmd.Duration("timeout"))
-	}
-	if cmd.Int("concurrency") < 0 {
-		return usageError("--concurrency %d: want a positive number (leave it out for the relay's default)", cmd.Int("concurrency"))
-	}
-	secret := cmp(cmd.String("secret"), signing.NewSecret)
-	ep := endpoints.Endpoint{ID: cmd.String("id"), URL: cmd.String("url"), EventTypes: cmd.StringSlice("event-type"), Keys: []string{secret},
-		Timeout: cmd.Duration("timeout"), Concurrency: cmd.Int("concurrency"), RateLimit: cmd.Float("rate-limit")}
+func webhookAdd(ctx context.Context, cmd *cli.Command, o *webhookAddOptions) error {
+	secret := cmp(o.secret, signing.NewSecret)
+	ep := o.endpoint
+	ep.Keys = []string{secret}
 	return withRegistry(ctx, cmd, func(reg *endpoints.Registry, _ *pgxpool.Pool) error {
 		added, err := reg.Add(ctx, ep)
 		if err != nil {
@@ -215,17 +268,14 @@ func webhookList(ctx context.Context, cmd *cli.Command) error {
 	})
 }
 
-func webhookRotate(ctx context.Context, cmd *cli.Command) error {
+func webhookRotate(ctx context.Context, cmd *cli.Command, o *webhookRotateOptions) error {
 	id, err := endpointArg(cmd)
 	if err != nil {
 		return err
 	}
-	if cmd.Duration("grace") < 0 {
-		return usageError("--grace must not be negative")
-	}
-	secret := cmp(cmd.String("secret"), signing.NewSecret)
+	secret := cmp(o.secret, signing.NewSecret)
 	return withRegistry(ctx, cmd, func(reg *endpoints.Registry, _ *pgxpool.Pool) error {
-		if err := reg.RotateKey(ctx, id, secret, cmd.Duration("grace")); err != nil {
+		if err := reg.RotateKey(ctx, id, secret, o.grace); err != nil {
 			if errors.Is(err, signing.ErrInvalidSigningKey) {
 				return usageError("%w", err)
 			}
@@ -234,7 +284,7 @@ func webhookRotate(ctx context.Context, cmd *cli.Command) error {
 		return output(cmd, map[string]string{"id": id, "secret": secret}, func(t *table) {
 			t.row("id", id)
 			t.row("secret", secret)
-			t.note("the old keys sign on for %v", cmd.Duration("grace"))
+			t.note("the old keys sign on for %v", o.grace)
 		})
 	})
 }
@@ -262,12 +312,6 @@ func webhookEnable(ctx context.Context, cmd *cli.Command) error {
 			return err
 		})
 		return fmt.Sprintf("%d held messages due now", n), err
-	})
-}
-
-func webhookDisable(ctx context.Context, cmd *cli.Command) error {
-	return webhookSetState(ctx, cmd, func(reg *endpoints.Registry, _ *pgxpool.Pool, id string) (string, error) {
-		return "", reg.Disable(ctx, id, cmd.String("reason"))
 	})
 }
 
