@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -263,4 +264,166 @@ func TestFleetWakesAnIdleDatabase(t *testing.T) {
 	}, idemqtest.Within(time.Minute))
 	enqueueTenant(t, dbs[3], 3, 1)
 	idemqtest.WaitFor(t, "the row of the idle database published", func() bool { return sink.total() == 3 }, idemqtest.Within(time.Minute))
+}
+
+// fleetChildEnv carries the source file, the record database and the
+// child's application name to the fleet processes of
+// TestFleetProcessesSIGKILLed.
+const fleetChildEnv = "RELAY_TEST_FLEET_CHILD"
+
+// TestFleetProcessesSIGKILLed drains 10 databases with three fleet
+// processes (this test binary re-executed; LeaseTTL 1 s) while one of them
+// is SIGKILLed and started again every second or so. Their Sink records
+// every publish in a table of another database. Every message of every
+// database is published, the messages of each key first appear in their
+// enqueue order, and no process ever holds more connections on the server
+// than its budget (sampled from pg_stat_activity by application_name).
+func TestFleetProcessesSIGKILLed(t *testing.T) {
+	if v := os.Getenv(fleetChildEnv); v != "" {
+		fleetChild(t, v)
+		return
+	}
+	t.Parallel()
+	const budget, perDB, keys = 9, 400, 8
+	stamp := fmt.Sprint(time.Now().UnixNano())
+	dbs := fleetDatabases(t, 10, "fleet-kill-setup-"+stamp)
+	for _, d := range dbs {
+		enqueueTenant(t, d, perDB, keys)
+	}
+	recordURL := testenv.PostgresURL(t)
+	record, err := pgxpool.New(context.Background(), recordURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer record.Close()
+	if _, err := record.Exec(context.Background(), `CREATE TABLE published (n bigserial PRIMARY KEY, payload text NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "databases")
+	var list strings.Builder
+	for _, d := range dbs {
+		// Each child puts its number in place of "child".
+		fmt.Fprintf(&list, "%s %s\n", d.Name, strings.Replace(d.ConnString, "fleet-kill-setup-"+stamp, "fleet-kill-"+stamp+"-child", 1))
+	}
+	if err := os.WriteFile(file, []byte(list.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	start := func(i int) *exec.Cmd {
+		child := exec.Command(os.Args[0], "-test.run=^TestFleetProcessesSIGKILLed$", "-test.count=1")
+		child.Env = append(os.Environ(), fmt.Sprintf("%s=%s %s %d", fleetChildEnv, file, recordURL, i))
+		if err := child.Start(); err != nil {
+			t.Fatal(err)
+		}
+		return child
+	}
+	children := []*exec.Cmd{start(0), start(1), start(2)}
+	defer func() {
+		for _, c := range children {
+			_ = c.Process.Kill()
+			_ = c.Wait()
+		}
+	}()
+	admin := testenv.Postgres(t)
+	published := func() int {
+		var n int
+		if err := record.QueryRow(context.Background(), `SELECT count(DISTINCT payload) FROM published`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	kills, most := 0, 0
+	last := time.Now()
+	idemqtest.WaitFor(t, "every message of every database published", func() bool {
+		rows, err := admin.Query(context.Background(), `SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'fleet-kill-' || $1 || '-%' GROUP BY application_name`, stamp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for rows.Next() {
+			var n int
+			if err := rows.Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			most = max(most, n)
+		}
+		rows.Close()
+		if time.Since(last) > time.Second && kills < 12 {
+			i := kills % len(children)
+			_ = children[i].Process.Kill() // SIGKILL
+			_ = children[i].Wait()
+			children[i] = start(i)
+			kills++
+			last = time.Now()
+		}
+		return published() >= len(dbs)*perDB
+	}, idemqtest.Within(4*time.Minute))
+
+	// Each key's messages first appear in their enqueue order.
+	rows, err := record.Query(context.Background(), `SELECT payload FROM published ORDER BY n`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := map[string]bool{}
+	next := map[string]int{}
+	total := 0
+	for rows.Next() {
+		var p string
+		if err := rows.Scan(&p); err != nil {
+			t.Fatal(err)
+		}
+		total++
+		if first[p] {
+			continue // a re-publish after a kill
+		}
+		first[p] = true
+		i := strings.LastIndex(p, "/")
+		var place int
+		fmt.Sscan(p[i+1:], &place)
+		if place != next[p[:i]] {
+			t.Errorf("%s first published before place %d of its key", p, next[p[:i]])
+		}
+		next[p[:i]] = place + 1
+	}
+	if most > budget {
+		t.Errorf("a fleet process held %d connections on the server; budget %d", most, budget)
+	}
+	t.Logf("%d kills; %d messages, %d publishes (%d again after kills); at most %d connections per process (budget %d)",
+		kills, len(first), total, total-len(first), most, budget)
+}
+
+// fleetChild runs a fleet process of TestFleetProcessesSIGKILLed until it
+// is killed.
+func fleetChild(t *testing.T, env string) {
+	var file, recordURL, name string
+	if _, err := fmt.Sscan(env, &file, &recordURL, &name); err != nil {
+		t.Fatal(err)
+	}
+	record, err := pgxpool.New(context.Background(), recordURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer record.Close()
+	// Each process marks its connections with its own application_name.
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	own := filepath.Join(t.TempDir(), "databases")
+	if err := os.WriteFile(own, []byte(strings.ReplaceAll(string(data), "-child", "-"+name)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sink := relay.SinkFunc(func(ctx context.Context, batch []relay.Message) error {
+		for _, m := range batch {
+			if _, err := record.Exec(ctx, `INSERT INTO published (payload) VALUES ($1)`, string(m.Payload)); err != nil {
+				return err
+			}
+		}
+		time.Sleep(5 * time.Millisecond) // a broker round trip
+		return nil
+	})
+	f, err := relay.NewFleet(fleet.File(own), sink, relay.FleetConfig{ConnsPerServer: 9, Quantum: 300 * time.Millisecond,
+		Relay: relay.Config{BatchSize: 20, LeaseTTL: time.Second, Logger: quiet}, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = f.Run(context.Background()) // until SIGKILL
 }
