@@ -22,26 +22,60 @@ import (
 	"github.com/idemq/idemq/testenv"
 )
 
-// fleetDatabases creates n migrated databases whose connections carry
-// app as their application_name, so pg_stat_activity tells them apart.
+// fleetDatabases creates n migrated databases on the test server whose
+// connections carry app as their application_name, so pg_stat_activity
+// tells them apart.
 func fleetDatabases(t *testing.T, n int, app string) []fleet.Database {
+	t.Helper()
+	return fleetDatabasesOn(t, "", n, app, "tenant")
+}
+
+// fleetDatabasesOn is fleetDatabases on the server of adminURL ("" for the
+// test server), the databases named prefix-NN.
+func fleetDatabasesOn(t *testing.T, adminURL string, n int, app, prefix string) []fleet.Database {
 	t.Helper()
 	dbs := make([]fleet.Database, n)
 	for i := range dbs {
-		u, err := url.Parse(testenv.PostgresURL(t))
+		var connString string
+		if adminURL == "" {
+			connString = testenv.PostgresURL(t)
+		} else {
+			connString = createDatabase(t, adminURL, fmt.Sprintf("%s_%02d", prefix, i))
+		}
+		u, err := url.Parse(connString)
 		if err != nil {
 			t.Fatal(err)
 		}
 		q := u.Query()
 		q.Set("application_name", app)
 		u.RawQuery = q.Encode()
-		dbs[i] = fleet.Database{Name: fmt.Sprintf("tenant-%02d", i), ConnString: u.String()}
+		dbs[i] = fleet.Database{Name: fmt.Sprintf("%s-%02d", prefix, i), ConnString: u.String()}
 		ob := fleetOutbox(t, dbs[i])
 		if err := ob.Migrate(context.Background()); err != nil {
 			t.Fatal(err)
 		}
 	}
 	return dbs
+}
+
+// createDatabase creates the database name on the server of adminURL and
+// returns its connection string.
+func createDatabase(t *testing.T, adminURL, name string) string {
+	t.Helper()
+	admin, err := pgxpool.New(context.Background(), adminURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	if _, err := admin.Exec(context.Background(), "CREATE DATABASE "+name); err != nil {
+		t.Fatal(err)
+	}
+	u, err := url.Parse(adminURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Path = "/" + name
+	return u.String()
 }
 
 // fleetOutbox opens the outbox of d on a pool closed at cleanup.
@@ -121,16 +155,18 @@ func connections(t *testing.T, admin *pgxpool.Pool, app string) int {
 	return n
 }
 
-// TestFleetDrainsManyDatabasesWithinTheBudget drains 12 databases through
-// a budget that fits two of them at a time: every message of every
-// database is published once, in its key's order, and the process never
-// holds more connections on the server than the budget, sampled from
-// pg_stat_activity throughout.
+// TestFleetDrainsManyDatabasesWithinTheBudget drains 12 databases on two
+// servers (the test server and a private one) through a budget that fits
+// two databases of each server at a time: every message of every database
+// is published once, in its key's order, and the process never holds more
+// connections on either server than the budget, sampled from each
+// server's pg_stat_activity throughout.
 func TestFleetDrainsManyDatabasesWithinTheBudget(t *testing.T) {
 	t.Parallel()
 	const budget, perDB, keys = 9, 300, 7 // 1 watcher + 2 x (1 worker + 3)
 	app := "fleet-budget-" + fmt.Sprint(time.Now().UnixNano())
-	dbs := fleetDatabases(t, 12, app)
+	second := testenv.PrivatePostgres(t)
+	dbs := append(fleetDatabases(t, 6, app), fleetDatabasesOn(t, second.URL(), 6, app, "second")...)
 	for _, d := range dbs {
 		enqueueTenant(t, d, perDB, keys)
 	}
@@ -147,17 +183,22 @@ func TestFleetDrainsManyDatabasesWithinTheBudget(t *testing.T) {
 	defer running.Stop()
 
 	admin := testenv.Postgres(t)
+	admin2, err := pgxpool.New(context.Background(), second.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin2.Close()
 	most := 0
 	want := len(dbs) * perDB
 	idemqtest.WaitFor(t, "every message of every database published", func() bool {
-		most = max(most, connections(t, admin, app))
+		most = max(most, connections(t, admin, app), connections(t, admin2, app))
 		return sink.total() >= want
 	}, idemqtest.Within(2*time.Minute))
 	if err := running.Stop(); err != nil {
 		t.Fatal(err)
 	}
 	if most > budget {
-		t.Errorf("the fleet held %d connections on the server; budget %d", most, budget)
+		t.Errorf("the fleet held %d connections on a server; budget %d", most, budget)
 	}
 	if len(sink.wrong) > 0 {
 		t.Errorf("out of order: %v", sink.wrong)
@@ -167,7 +208,7 @@ func TestFleetDrainsManyDatabasesWithinTheBudget(t *testing.T) {
 			t.Errorf("%s: %d messages published, want %d", d.Name, got, perDB)
 		}
 	}
-	t.Logf("12 databases x %d messages drained; at most %d connections (budget %d)", perDB, most, budget)
+	t.Logf("12 databases on 2 servers x %d messages drained; at most %d connections on a server (budget %d)", perDB, most, budget)
 }
 
 // TestFleetFollowsItsSource adds a database to the source file while the
