@@ -146,7 +146,8 @@ type Fleet struct {
 
 	mu     sync.Mutex
 	dbs    map[string]*fleetDB
-	loaded bool // the Source was read once
+	loaded bool          // the Source was read once
+	wake   chan struct{} // a visit ended, or a relay caught up
 }
 
 // FleetDatabase is the state of one database of a [Fleet].
@@ -183,8 +184,10 @@ type fleetRun struct {
 	cancel   context.CancelFunc
 	done     chan visit
 	started  time.Time
-	active   atomic.Int64 // unix nanoseconds of the last sign of work
-	draining atomic.Bool  // the relay started
+	active    atomic.Int64 // unix nanoseconds of the last sign of work
+	published atomic.Int64 // rows published in this visit
+	draining  atomic.Bool  // the relay started
+	caughtUp  atomic.Bool  // its last batch was not full: nothing more was due
 }
 
 // visit is what a visit found.
@@ -221,7 +224,7 @@ func NewFleet(src fleet.Source, sink Sink, cfg FleetConfig) (*Fleet, error) {
 		return nil, err
 	}
 	return &Fleet{src: src, sink: sink, cfg: cfg, budget: budget, sql: sql,
-		log: cfg.Logger.With("component", "idemq.relay.fleet"), dbs: map[string]*fleetDB{}}, nil
+		log: cfg.Logger.With("component", "idemq.relay.fleet"), dbs: map[string]*fleetDB{}, wake: make(chan struct{}, 1)}, nil
 }
 
 // Ready is closed once Run read the Source the first time.
@@ -290,7 +293,16 @@ func (f *Fleet) Run(ctx context.Context) error {
 			f.log.Info("relay fleet stopped")
 			return nil
 		case <-tick.C:
+		case <-f.wake:
 		}
+	}
+}
+
+// signal wakes the scheduler.
+func (f *Fleet) signal() {
+	select {
+	case f.wake <- struct{}{}:
+	default:
 	}
 }
 
@@ -393,9 +405,12 @@ func (f *Fleet) schedule(ctx context.Context, now time.Time) {
 			idle := now.Sub(time.Unix(0, r.active.Load()))
 			crowded := len(waiting[d.server]) > 0
 			// A crowded server takes back the connections of a relay that
-			// had its turn, or that has been idle since its first second.
-			turn := now.Sub(r.started)
-			if crowded && (turn >= f.cfg.Quantum || turn >= time.Second && idle >= 200*time.Millisecond) || idle >= f.cfg.IdleRelease {
+			// had its turn, that published and then found nothing more for
+			// a moment, or that published nothing in its first second.
+			turn, published := now.Sub(r.started), r.published.Load() > 0
+			caughtUp := r.caughtUp.Load() || idle >= 100*time.Millisecond
+			if crowded && (turn >= f.cfg.Quantum || published && caughtUp || !published && turn >= time.Second) ||
+				idle >= f.cfg.IdleRelease {
 				r.cancel()
 			}
 		}
@@ -443,6 +458,7 @@ func (f *Fleet) start(ctx context.Context, db fleet.Database, server string, oth
 	go func() {
 		defer cancel()
 		r.done <- f.visit(vctx, db, r, others)
+		f.signal()
 	}()
 	return r
 }
@@ -477,12 +493,17 @@ func (f *Fleet) visit(ctx context.Context, db fleet.Database, run *fleetRun, oth
 	if err != nil {
 		return visit{err: err}
 	}
-	var published atomic.Int64
 	cfg := f.cfg.Relay
 	cfg.Logger = f.cfg.Relay.Logger.With("database", db.Name)
-	cfg.Hooks = fleetHooks(cfg.Hooks, func(n int) {
+	cfg.Hooks = fleetHooks(cfg.Hooks, func(published int, batch bool) {
 		run.active.Store(time.Now().UnixNano())
-		published.Add(int64(n))
+		run.published.Add(int64(published))
+		if batch && published < cfg.BatchSize {
+			run.caughtUp.Store(true)
+			f.signal()
+		} else if batch {
+			run.caughtUp.Store(false)
+		}
 	})
 	rl, err := New(pool, ob, f.sink, cfg)
 	if err != nil {
@@ -491,7 +512,7 @@ func (f *Fleet) visit(ctx context.Context, db fleet.Database, run *fleetRun, oth
 	run.draining.Store(true)
 	run.active.Store(time.Now().UnixNano())
 	runErr := rl.Run(ctx)
-	v := visit{published: published.Load(), err: runErr}
+	v := visit{published: run.published.Load(), err: runErr}
 	if runErr == nil {
 		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
@@ -534,23 +555,23 @@ func (f *Fleet) stopAll() {
 }
 
 // fleetHooks returns user's hooks with work reported to active: a
-// published batch, a retried, held, skipped or dead-lettered message.
-func fleetHooks(user Hooks, active func(published int)) Hooks {
+// published batch (batch true), a retried or dead-lettered message.
+func fleetHooks(user Hooks, active func(published int, batch bool)) Hooks {
 	h := user
 	h.OnPublished = func(e PublishedEvent) {
-		active(len(e.Messages))
+		active(len(e.Messages), true)
 		if user.OnPublished != nil {
 			user.OnPublished(e)
 		}
 	}
 	h.OnRetried = func(e RetriedEvent) {
-		active(0)
+		active(0, false)
 		if user.OnRetried != nil {
 			user.OnRetried(e)
 		}
 	}
 	h.OnDeadLettered = func(e DeadLetteredEvent) {
-		active(0)
+		active(0, false)
 		if user.OnDeadLettered != nil {
 			user.OnDeadLettered(e)
 		}

@@ -25,14 +25,14 @@ import (
 // fleetDatabases creates n migrated databases on the test server whose
 // connections carry app as their application_name, so pg_stat_activity
 // tells them apart.
-func fleetDatabases(t *testing.T, n int, app string) []fleet.Database {
+func fleetDatabases(t testing.TB, n int, app string) []fleet.Database {
 	t.Helper()
 	return fleetDatabasesOn(t, "", n, app, "tenant")
 }
 
 // fleetDatabasesOn is fleetDatabases on the server of adminURL ("" for the
 // test server), the databases named prefix-NN.
-func fleetDatabasesOn(t *testing.T, adminURL string, n int, app, prefix string) []fleet.Database {
+func fleetDatabasesOn(t testing.TB, adminURL string, n int, app, prefix string) []fleet.Database {
 	t.Helper()
 	dbs := make([]fleet.Database, n)
 	for i := range dbs {
@@ -60,7 +60,7 @@ func fleetDatabasesOn(t *testing.T, adminURL string, n int, app, prefix string) 
 
 // createDatabase creates the database name on the server of adminURL and
 // returns its connection string.
-func createDatabase(t *testing.T, adminURL, name string) string {
+func createDatabase(t testing.TB, adminURL, name string) string {
 	t.Helper()
 	admin, err := pgxpool.New(context.Background(), adminURL)
 	if err != nil {
@@ -78,24 +78,31 @@ func createDatabase(t *testing.T, adminURL, name string) string {
 	return u.String()
 }
 
-// fleetOutbox opens the outbox of d on a pool closed at cleanup.
-func fleetOutbox(t *testing.T, d fleet.Database) *outbox.Outbox {
+// fleetOutbox opens the outbox of d on a pool of its own.
+func fleetOutbox(t testing.TB, d fleet.Database) *outbox.Outbox {
 	t.Helper()
-	pool, err := pgxpool.New(context.Background(), strings.Replace(d.ConnString, "application_name=", "application_name=setup-", 1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	ob, err := outbox.New(pool, outbox.Config{})
+	ob, err := outbox.New(fleetOutboxPool(t, d), outbox.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return ob
 }
 
+// fleetOutboxPool opens a pool on d, closed at cleanup, whose connections
+// are not counted as the fleet's.
+func fleetOutboxPool(t testing.TB, d fleet.Database) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), strings.Replace(d.ConnString, "application_name=", "application_name=setup-", 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
 // enqueueTenant writes n messages of keys keys into d, the payload naming the
 // database, the key and the message's place in its key's order.
-func enqueueTenant(t *testing.T, d fleet.Database, n, keys int) {
+func enqueueTenant(t testing.TB, d fleet.Database, n, keys int) {
 	t.Helper()
 	msgs := make([]outbox.Message, n)
 	for i := range msgs {
