@@ -181,9 +181,9 @@ type fleetDB struct {
 
 // fleetRun is one visit of a database: its pool, then its relay.
 type fleetRun struct {
-	cancel   context.CancelFunc
-	done     chan visit
-	started  time.Time
+	cancel    context.CancelFunc
+	done      chan visit
+	started   time.Time
 	active    atomic.Int64 // unix nanoseconds of the last sign of work
 	published atomic.Int64 // rows published in this visit
 	draining  atomic.Bool  // the relay started
