@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"unicode"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -75,14 +76,15 @@ func File(path string) Source {
 			if line == "" || strings.HasPrefix(line, "#") {
 				continue
 			}
-			name, conn, ok := strings.Cut(line, " ")
-			if !ok {
-				name, conn, ok = strings.Cut(line, "\t")
-			}
-			if !ok || strings.TrimSpace(conn) == "" {
+			i := strings.IndexFunc(line, unicode.IsSpace)
+			if i < 0 {
 				return nil, fmt.Errorf("fleet: %s:%d: want NAME CONNSTRING", path, n)
 			}
-			dbs = append(dbs, Database{Name: name, ConnString: strings.TrimSpace(conn)})
+			name, conn := line[:i], strings.TrimSpace(line[i:])
+			if conn == "" {
+				return nil, fmt.Errorf("fleet: %s:%d: want NAME CONNSTRING", path, n)
+			}
+			dbs = append(dbs, Database{Name: name, ConnString: conn})
 		}
 		if err := sc.Err(); err != nil {
 			return nil, fmt.Errorf("fleet: read the databases: %w", err)

@@ -24,8 +24,8 @@ type Watcher struct {
 	last   map[string]int64 // database name -> tup_inserted last seen
 }
 
-// NewWatcher returns a watcher of server, which connects through the
-// first of dbs (databases on that server) that answers.
+// NewWatcher returns a watcher of server (host:port, as
+// [Database.Server] gives it). It connects at its first Changed.
 func NewWatcher(server string) *Watcher {
 	return &Watcher{server: server, last: map[string]int64{}}
 }
