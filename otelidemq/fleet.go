@@ -79,7 +79,9 @@ func (t *Telemetry) ObserveFleet(f *relay.Fleet) (metric.Registration, error) {
 			o.ObserveInt64(conns, int64(f.Budget().InUse(server)), metric.WithAttributes(at))
 			o.ObserveInt64(published, c.published, metric.WithAttributes(at))
 		}
-		slices.SortFunc(failed, func(a, b relay.FleetDatabase) int { return cmp.Or(a.Since.Compare(b.Since), cmp.Compare(a.Name, b.Name)) })
+		slices.SortFunc(failed, func(a, b relay.FleetDatabase) int {
+			return cmp.Or(a.Since.Compare(b.Since), cmp.Compare(a.Name, b.Name))
+		})
 		for _, d := range failed[:min(len(failed), FleetTopFailing)] {
 			o.ObserveFloat64(failing, time.Since(d.Since).Seconds(), metric.WithAttributes(keyFleetDatabase.String(d.Name), semconv.ServerAddress(d.Server)))
 		}
