@@ -7,6 +7,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -474,4 +476,51 @@ func fleetChild(t *testing.T, env string) {
 		t.Fatal(err)
 	}
 	_ = f.Run(context.Background()) // until SIGKILL
+}
+
+// TestFleetManyIdleDatabases runs one fleet process over
+// IDEMQ_FLEET_IDLE_DATABASES empty databases (30 in make test, 1,000 in
+// make soak): once it has looked at each, it holds only its watcher's
+// connection and its memory is logged; a row then enqueued in one of them
+// is published, and how long that took is logged against the documented
+// bound (the watch interval plus the statistics' delay).
+func TestFleetManyIdleDatabases(t *testing.T) {
+	t.Parallel()
+	n := 30
+	if v, err := strconv.Atoi(os.Getenv("IDEMQ_FLEET_IDLE_DATABASES")); err == nil && v > 0 {
+		n = v
+	}
+	app := "fleet-idle-many-" + fmt.Sprint(time.Now().UnixNano())
+	dbs := fleetDatabases(t, n, app)
+	sink := newFleetSink()
+	f, err := relay.NewFleet(fleet.Static(dbs...), sink, relay.FleetConfig{IdleRelease: 100 * time.Millisecond,
+		Relay: relay.Config{Logger: quiet}, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	running, err := idemq.Start(context.Background(), f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer running.Stop()
+	admin := testenv.Postgres(t)
+	idemqtest.WaitFor(t, "every database looked at and released", func() bool {
+		for _, d := range f.Databases() {
+			if d.Draining || d.Err != nil {
+				return false
+			}
+		}
+		return connections(t, admin, app) <= 1
+	}, idemqtest.Within(10*time.Minute))
+	var mem runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&mem)
+	t.Logf("%d idle databases: %d connection(s) held on the server, heap in use %.1f MiB", n, connections(t, admin, app), float64(mem.HeapInuse)/(1<<20))
+
+	target := dbs[n/2]
+	start := time.Now()
+	enqueueTenant(t, target, 1, 1)
+	idemqtest.WaitFor(t, "the row of one idle database published", func() bool { return sink.total() == 1 }, idemqtest.Within(2*time.Minute))
+	t.Logf("a row enqueued in 1 of %d idle databases published after %v (bound: WatchInterval %v + up to 10 s of statistics delay; Sweep %v at most)",
+		n, time.Since(start).Round(time.Millisecond), relay.WatchIntervalDefault, relay.SweepDefault)
 }
