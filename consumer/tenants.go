@@ -377,7 +377,7 @@ func (noDatabase) Exec(context.Context, string, ...any) (pgconn.CommandTag, erro
 	return pgconn.CommandTag{}, errNoDatabase
 }
 func (noDatabase) Query(context.Context, string, ...any) (pgx.Rows, error) { return nil, errNoDatabase }
-func (noDatabase) QueryRow(context.Context, string, ...any) pgx.Row      { return errRow{} }
+func (noDatabase) QueryRow(context.Context, string, ...any) pgx.Row        { return errRow{} }
 
 type errRow struct{}
 
