@@ -1,11 +1,9 @@
 package consumer
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -28,20 +26,10 @@ type Route func(msg *Message) (database string, err error)
 type RoutedConfig struct {
 	// Config configures the consumer of each database.
 	Config
-	// ConnsPerServer is the most connections the consumer holds on one
-	// Postgres server, all its tenants' pools together. Defaults to 20.
-	ConnsPerServer int
-	// ConnsPerDatabase is the size of each tenant's pool. Defaults to 4.
-	ConnsPerDatabase int
-	// Reload is the least time between two reads of the Source: it is
-	// read again when a message names a database it does not list (a
-	// tenant added), at most this often. Defaults to 5 seconds.
-	Reload time.Duration
+	// Pools sizes the tenants' pools and the connection budget of each
+	// server (fleet.PoolsConfig's defaults: 20 per server, 4 per tenant).
+	Pools fleet.PoolsConfig
 }
-
-// ErrUnknownTenant reports a message whose [Route] names no database of
-// the Source, even after reading it again: a dead letter, never retried.
-var ErrUnknownTenant = errors.New("consumer: the message's tenant database is not in the fleet")
 
 // NewRouted returns a transactional Consumer that applies each message in
 // the database of its tenant: route names the database among those src
@@ -49,13 +37,15 @@ var ErrUnknownTenant = errors.New("consumer: the message's tenant database is no
 // in that database's inbox, with that database's writes. One broker
 // subscription serves every tenant: pass the Consumer to any subscriber.
 //
-// Pools are opened on a tenant's first message, within ConnsPerServer per
-// server; when a server's budget is spent, the least recently used idle
-// pool of that server is closed to make room, and a message that finds
-// no room is Retry. ProcessBatch splits a batch by database and keeps each
-// message's place. Each database needs the inbox migrated
-// ([Consumer.Migrate] migrates them all). [Consumer.Store] is nil: the
-// inbox of one tenant is [Consumer.Tenant]'s.
+// Pools are opened on a tenant's first message, within the budget of its
+// server (fleet.Pools): a message whose tenant the Source does not list,
+// even read again, is a dead letter (fleet.ErrUnknown); one that finds
+// its server's connections all in use is Retry. ProcessBatch splits a
+// batch by database and keeps each message's place. Each database needs
+// the inbox migrated ([Consumer.Migrate] migrates them all).
+// [Consumer.Store] is nil: the inbox of one tenant is
+// [Consumer.Tenant]'s. The DeadLetter hook is not called for a message
+// without a tenant: there is no database to call it in.
 func NewRouted(src fleet.Source, route Route, scope string, handler Handler, cfg RoutedConfig) (*Consumer, error) {
 	switch {
 	case nilcheck.IsNil(src):
@@ -64,16 +54,6 @@ func NewRouted(src fleet.Source, route Route, scope string, handler Handler, cfg
 		return nil, idemq.NewConfigError(component, "route", "is nil")
 	case handler == nil:
 		return nil, idemq.NewConfigError(component, "handler", "is nil")
-	}
-	cfg.ConnsPerServer = cmp.Or(cfg.ConnsPerServer, 20)
-	cfg.ConnsPerDatabase = cmp.Or(cfg.ConnsPerDatabase, 4)
-	cfg.Reload = cmp.Or(cfg.Reload, 5*time.Second)
-	if cfg.ConnsPerDatabase < 1 || cfg.ConnsPerServer < cfg.ConnsPerDatabase {
-		return nil, idemq.NewConfigError(component, "ConnsPerServer", "%d cannot hold one tenant's pool of ConnsPerDatabase %d", cfg.ConnsPerServer, cfg.ConnsPerDatabase)
-	}
-	budget, err := fleet.NewBudget(cfg.ConnsPerServer)
-	if err != nil {
-		return nil, err
 	}
 	if scope == "" || len(scope) > maxScope {
 		return nil, idemq.NewConfigError(component, "scope", "must be 1 to %d bytes, got %d", maxScope, len(scope))
@@ -93,34 +73,22 @@ func NewRouted(src fleet.Source, route Route, scope string, handler Handler, cfg
 		return nil, err
 	}
 	c := &Consumer{scope: scope, claims: claims, handler: handler, cfg: cfg.Config}
-	c.tenants = &tenants{src: src, route: route, scope: scope, handler: handler, cfg: cfg, budget: budget, open: map[string]*tenant{}}
+	pools, err := fleet.NewPools(src, cfg.Pools, func(db fleet.Database, pool *pgxpool.Pool) (*Consumer, error) {
+		tcfg := cfg.Config
+		tcfg.Logger = tcfg.Logger.With("database", db.Name)
+		return New(pool, scope, handler, tcfg)
+	})
+	if err != nil {
+		return nil, err
+	}
+	c.tenants = &tenants{route: route, pools: pools}
 	return c, nil
 }
 
 // tenants is the routing state of a consumer made by NewRouted.
 type tenants struct {
-	src     fleet.Source
-	route   Route
-	scope   string
-	handler Handler
-	cfg     RoutedConfig
-	budget  *fleet.Budget
-
-	mu     sync.Mutex
-	known  map[string]fleet.Database // by name, from the last read
-	read   time.Time                 // of the Source
-	open   map[string]*tenant        // pools opened, by database name
-	readMu sync.Mutex                // one read of the Source at a time
-}
-
-// tenant is one database's consumer and pool.
-type tenant struct {
-	db       fleet.Database
-	server   string
-	pool     *pgxpool.Pool
-	consumer *Consumer
-	used     time.Time // last message, for eviction
-	busy     int       // messages in flight
+	route Route
+	pools *fleet.Pools[*Consumer]
 }
 
 // process applies msg in its tenant's database.
@@ -129,12 +97,12 @@ func (t *tenants) process(ctx context.Context, c *Consumer, msg *Message) Result
 	if !ok {
 		return res
 	}
-	tn, err := t.tenant(db)
+	tc, release, err := t.pools.Get(ctx, db)
 	if err != nil {
-		return c.finish(ctx, time.Now(), retryLater(msgID(msg), err))
+		return t.unreachable(ctx, c, msg, err)
 	}
-	defer t.release(tn)
-	return tn.consumer.Process(ctx, msg)
+	defer release()
+	return tc.Process(ctx, msg)
 }
 
 // processBatch splits msgs by database, applies each part with
@@ -143,7 +111,7 @@ func (t *tenants) process(ctx context.Context, c *Consumer, msg *Message) Result
 func (t *tenants) processBatch(ctx context.Context, c *Consumer, msgs []*Message) []Result {
 	results := make([]Result, len(msgs))
 	type part struct {
-		db   fleet.Database
+		db   string
 		idx  []int
 		msgs []*Message
 	}
@@ -155,35 +123,33 @@ func (t *tenants) processBatch(ctx context.Context, c *Consumer, msgs []*Message
 			results[i] = res
 			continue
 		}
-		p := byDB[db.Name]
+		p := byDB[db]
 		if p == nil {
 			p = &part{db: db}
-			byDB[db.Name] = p
+			byDB[db] = p
 			parts = append(parts, p)
 		}
 		p.idx, p.msgs = append(p.idx, i), append(p.msgs, msg)
 	}
 	for _, p := range parts {
-		tn, err := t.tenant(p.db)
-		for j, msg := range p.msgs {
-			if err != nil {
-				results[p.idx[j]] = c.finish(ctx, time.Now(), retryLater(msgID(msg), err))
-			}
-		}
+		tc, release, err := t.pools.Get(ctx, p.db)
 		if err != nil {
+			for j, msg := range p.msgs {
+				results[p.idx[j]] = t.unreachable(ctx, c, msg, err)
+			}
 			continue
 		}
-		for j, r := range tn.consumer.ProcessBatch(ctx, p.msgs) {
+		for j, r := range tc.ProcessBatch(ctx, p.msgs) {
 			results[p.idx[j]] = r
 		}
-		t.release(tn)
+		release()
 	}
 	return results
 }
 
-// resolve returns the database of msg's tenant, or the result of a
+// resolve returns the name of msg's tenant database, or the result of a
 // message that has none.
-func (t *tenants) resolve(ctx context.Context, c *Consumer, msg *Message) (fleet.Database, Result, bool) {
+func (t *tenants) resolve(ctx context.Context, c *Consumer, msg *Message) (string, Result, bool) {
 	var name string
 	err := guard("Route", func() (err error) {
 		if msg == nil {
@@ -193,16 +159,19 @@ func (t *tenants) resolve(ctx context.Context, c *Consumer, msg *Message) (fleet
 		return err
 	})
 	if err != nil {
-		return fleet.Database{}, c.finish(ctx, time.Now(), Result{Outcome: DeadLettered, Key: msgID(msg), Err: fmt.Errorf("%w: route: %w", ErrInvalidMessage, err)}), false
+		return "", c.finish(ctx, time.Now(), Result{Outcome: DeadLettered, Key: msgID(msg), Err: fmt.Errorf("%w: route: %w", ErrInvalidMessage, err)}), false
 	}
-	db, err := t.lookup(ctx, name)
-	if err != nil {
-		return fleet.Database{}, c.finish(ctx, time.Now(), retryLater(msgID(msg), err)), false
+	return name, Result{}, true
+}
+
+// unreachable is the result of a message whose tenant's consumer could
+// not be had: a dead letter for a database the fleet does not list, a
+// Retry otherwise (the Source or the budget failed).
+func (t *tenants) unreachable(ctx context.Context, c *Consumer, msg *Message, err error) Result {
+	if errors.Is(err, fleet.ErrUnknown) {
+		return c.finish(ctx, time.Now(), Result{Outcome: DeadLettered, Key: msgID(msg), Err: err})
 	}
-	if db.Name == "" {
-		return fleet.Database{}, c.finish(ctx, time.Now(), Result{Outcome: DeadLettered, Key: msgID(msg), Err: fmt.Errorf("%w: %q", ErrUnknownTenant, name)}), false
-	}
-	return db, Result{}, true
+	return c.finish(ctx, time.Now(), retryLater(msgID(msg), err))
 }
 
 func msgID(msg *Message) string {
@@ -212,120 +181,10 @@ func msgID(msg *Message) string {
 	return msg.ID
 }
 
-// lookup returns the database named name, reading the Source again (at
-// most every Reload) when it does not list it; a zero Database when it is
-// not in the fleet.
-func (t *tenants) lookup(ctx context.Context, name string) (fleet.Database, error) {
-	t.mu.Lock()
-	db, ok := t.known[name]
-	stale := time.Since(t.read) >= t.cfg.Reload
-	t.mu.Unlock()
-	if ok || !stale && t.known != nil {
-		return db, nil
-	}
-	t.readMu.Lock()
-	defer t.readMu.Unlock()
-	t.mu.Lock()
-	db, ok = t.known[name]
-	fresh := time.Since(t.read) < t.cfg.Reload && t.known != nil
-	t.mu.Unlock()
-	if ok || fresh {
-		return db, nil
-	}
-	dbs, err := t.src.Databases(ctx)
-	if err != nil {
-		return fleet.Database{}, err
-	}
-	known := make(map[string]fleet.Database, len(dbs))
-	for _, d := range dbs {
-		known[d.Name] = d
-	}
-	t.mu.Lock()
-	t.known, t.read = known, time.Now()
-	for n, tn := range t.open { // removed tenants, or moved ones, are closed once idle
-		if d, ok := known[n]; (!ok || d.ConnString != tn.db.ConnString) && tn.busy == 0 {
-			t.closeLocked(tn)
-		}
-	}
-	t.mu.Unlock()
-	return known[name], nil
-}
-
-// tenant returns db's tenant with a hold on it, opening its pool within
-// the server's budget.
-func (t *tenants) tenant(db fleet.Database) (*tenant, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if tn, ok := t.open[db.Name]; ok && tn.db.ConnString == db.ConnString {
-		tn.busy++
-		tn.used = time.Now()
-		return tn, nil
-	}
-	server, err := db.Server()
-	if err != nil {
-		return nil, err
-	}
-	for !t.budget.TryReserve(server, t.cfg.ConnsPerDatabase) {
-		if !t.evictLocked(server) {
-			return nil, fmt.Errorf("consumer: the connection budget of %s (%d) is in use by other tenants' messages", server, t.cfg.ConnsPerServer)
-		}
-	}
-	pcfg, err := pgxpool.ParseConfig(db.ConnString)
-	if err != nil {
-		t.budget.Release(server, t.cfg.ConnsPerDatabase)
-		return nil, err
-	}
-	pcfg.MaxConns, pcfg.MinConns, pcfg.MinIdleConns = int32(t.cfg.ConnsPerDatabase), 0, 0
-	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg) // connects on first use
-	if err != nil {
-		t.budget.Release(server, t.cfg.ConnsPerDatabase)
-		return nil, err
-	}
-	cfg := t.cfg.Config
-	cfg.Logger = cfg.Logger.With("database", db.Name)
-	c, err := New(pool, t.scope, t.handler, cfg)
-	if err != nil {
-		pool.Close()
-		t.budget.Release(server, t.cfg.ConnsPerDatabase)
-		return nil, err
-	}
-	tn := &tenant{db: db, server: server, pool: pool, consumer: c, used: time.Now(), busy: 1}
-	t.open[db.Name] = tn
-	return tn, nil
-}
-
-// release ends a hold on tn.
-func (t *tenants) release(tn *tenant) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	tn.busy--
-}
-
-// evictLocked closes the least recently used idle tenant of server and
-// reports whether there was one.
-func (t *tenants) evictLocked(server string) bool {
-	var lru *tenant
-	for _, tn := range t.open {
-		if tn.server == server && tn.busy == 0 && (lru == nil || tn.used.Before(lru.used)) {
-			lru = tn
-		}
-	}
-	if lru != nil {
-		t.closeLocked(lru)
-	}
-	return lru != nil
-}
-
-func (t *tenants) closeLocked(tn *tenant) {
-	delete(t.open, tn.db.Name)
-	tn.pool.Close()
-	t.budget.Release(tn.server, t.cfg.ConnsPerDatabase)
-}
-
 // migrate migrates the inbox of every database of the Source, four at a
 // time, and reports every failure.
 func (t *tenants) migrate(ctx context.Context, c *Consumer) error {
-	dbs, err := t.src.Databases(ctx)
+	dbs, err := t.pools.Databases(ctx)
 	if err != nil {
 		return err
 	}
@@ -351,19 +210,12 @@ func (c *Consumer) Tenant(ctx context.Context, database string) (*Consumer, erro
 	if c.tenants == nil {
 		return nil, idemq.NewConfigError(component, "Tenant", "the consumer is not routed (see NewRouted)")
 	}
-	db, err := c.tenants.lookup(ctx, database)
+	tc, release, err := c.tenants.pools.Get(ctx, database)
 	if err != nil {
 		return nil, err
 	}
-	if db.Name == "" {
-		return nil, fmt.Errorf("%w: %q", ErrUnknownTenant, database)
-	}
-	tn, err := c.tenants.tenant(db)
-	if err != nil {
-		return nil, err
-	}
-	c.tenants.release(tn)
-	return tn.consumer, nil
+	release()
+	return tc, nil
 }
 
 // noDatabase is the handle of a routed consumer's template, which only

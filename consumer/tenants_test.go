@@ -129,7 +129,7 @@ func TestRoutedConsumer(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	c := routedConsumer(t, fleet.File(file), consumer.RoutedConfig{ConnsPerServer: 4, ConnsPerDatabase: 2, Reload: time.Millisecond})
+	c := routedConsumer(t, fleet.File(file), consumer.RoutedConfig{Pools: fleet.PoolsConfig{ConnsPerServer: 4, ConnsPerDatabase: 2, Reload: time.Millisecond}})
 	if err := c.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -156,7 +156,7 @@ func TestRoutedConsumer(t *testing.T) {
 		t.Errorf("no tenant header: %v", r)
 	}
 	r := c.Process(ctx, &consumer.Message{ID: "y", Payload: []byte("y"), Headers: map[string]string{"tenant": dbs[4].Name}})
-	if r.Outcome != consumer.DeadLettered || !errors.Is(r.Err, consumer.ErrUnknownTenant) {
+	if r.Outcome != consumer.DeadLettered || !errors.Is(r.Err, fleet.ErrUnknown) {
 		t.Errorf("a tenant the source does not list: %v", r)
 	}
 	assertEffects(t, listed, perTenant)
