@@ -29,7 +29,9 @@ type tenantStore struct {
 	tenant string
 }
 
-func (s tenantStore) in(ctx context.Context) context.Context { return request.WithTenant(ctx, s.tenant) }
+func (s tenantStore) in(ctx context.Context) context.Context {
+	return request.WithTenant(ctx, s.tenant)
+}
 
 func (s tenantStore) Claim(ctx context.Context, id request.ID, fp []byte, d time.Duration) (request.Claim, error) {
 	return s.Routed.Claim(s.in(ctx), id, fp, d)
