@@ -106,9 +106,15 @@ func fleetOutboxPool(t testing.TB, d fleet.Database) *pgxpool.Pool {
 // database, the key and the message's place in its key's order.
 func enqueueTenant(t testing.TB, d fleet.Database, n, keys int) {
 	t.Helper()
+	enqueueKeys(t, d, n, keys, "k")
+}
+
+// enqueueKeys is enqueueTenant with keys named prefix and a number.
+func enqueueKeys(t testing.TB, d fleet.Database, n, keys int, prefix string) {
+	t.Helper()
 	msgs := make([]outbox.Message, n)
 	for i := range msgs {
-		key := fmt.Sprintf("k%d", i%keys)
+		key := fmt.Sprintf("%s%d", prefix, i%keys)
 		msgs[i] = outbox.Message{Destination: "events", Key: key, Payload: fmt.Appendf(nil, "%s/%s/%d", d.Name, key, i/keys)}
 	}
 	if err := fleetOutbox(t, d).Enqueue(context.Background(), msgs...); err != nil {
@@ -523,4 +529,59 @@ func TestFleetManyIdleDatabases(t *testing.T) {
 	idemqtest.WaitFor(t, "the row of one idle database published", func() bool { return sink.total() == 1 }, idemqtest.Within(2*time.Minute))
 	t.Logf("a row enqueued in 1 of %d idle databases published after %v (bound: WatchInterval %v + up to 10 s of statistics delay; Sweep %v at most)",
 		n, time.Since(start).Round(time.Millisecond), relay.WatchIntervalDefault, relay.SweepDefault)
+}
+
+// TestFleetIsolatesADroppedDatabase drops one of four databases while the
+// fleet drains them: the others are drained, the dropped one is reported
+// as dropped and holds no connection, and nothing waits on it.
+func TestFleetIsolatesADroppedDatabase(t *testing.T) {
+	t.Parallel()
+	app := "fleet-drop-" + fmt.Sprint(time.Now().UnixNano())
+	dbs := fleetDatabases(t, 4, app)
+	for _, d := range dbs {
+		enqueueTenant(t, d, 100, 4)
+	}
+	sink := newFleetSink()
+	f, err := relay.NewFleet(fleet.Static(dbs...), sink, relay.FleetConfig{ConnsPerServer: 9, Quantum: 200 * time.Millisecond,
+		Relay: relay.Config{Logger: quiet}, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	running, err := idemq.Start(context.Background(), f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer running.Stop()
+	admin := testenv.Postgres(t)
+	u, err := url.Parse(dbs[0].ConnString)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Exec(context.Background(), `DROP DATABASE `+strings.TrimPrefix(u.Path, "/")+` WITH (FORCE)`); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range dbs[1:] {
+		enqueueKeys(t, d, 100, 4, "after") // more work after the drop
+	}
+	idemqtest.WaitFor(t, "the other databases drained", func() bool {
+		sink.mu.Lock()
+		defer sink.mu.Unlock()
+		for _, d := range dbs[1:] {
+			if sink.count[d.Name] < 200 {
+				return false
+			}
+		}
+		return true
+	}, idemqtest.Within(2*time.Minute))
+	idemqtest.WaitFor(t, "the dropped database reported and released", func() bool {
+		for _, d := range f.Databases() {
+			if d.Name == dbs[0].Name {
+				return !d.Draining && d.Err != nil && strings.Contains(d.Err.Error(), "dropped")
+			}
+		}
+		return false
+	}, idemqtest.Within(time.Minute))
+	if len(sink.wrong) > 0 {
+		t.Errorf("out of order: %v", sink.wrong)
+	}
 }
