@@ -201,6 +201,7 @@ type Consumer struct {
 	batch   BatchHandler // set by NewBatched; handler then calls it with one message
 	leased  LeasedHandler
 	cfg     Config
+	tenants *tenants // set by NewRouted: each message goes to its tenant's consumer
 }
 
 // New returns a transactional Consumer: handler runs inside the transaction
@@ -238,10 +239,7 @@ func newConsumer(pool *pgxpool.Pool, scope string, cfg Config, set func(*Consume
 	if err != nil {
 		return nil, err
 	}
-	ic := store.Config() // with its defaults
-	claims, err := inboxsql.New(pool, inboxsql.Options{Schema: ic.Schema, Table: ic.Table, MaxKeyLen: ic.MaxKeyLen,
-		Retention: ic.Retention, ConnectionCheckInterval: ic.ConnectionCheckInterval, Conflict: conflictError,
-		Partitioning: inboxsql.Partitioning(ic.Partitioning), PartitionInterval: ic.PartitionInterval, BoundaryGrace: ic.BoundaryGrace})
+	claims, err := newClaims(pool, store.Config())
 	if err != nil {
 		return nil, err
 	}
@@ -250,14 +248,30 @@ func newConsumer(pool *pgxpool.Pool, scope string, cfg Config, set func(*Consume
 	return c, nil
 }
 
+// newClaims opens the claim protocol on the inbox table ic (with its
+// defaults) describes.
+func newClaims(db inboxsql.DB, ic inbox.Config) (*inboxsql.Store, error) {
+	return inboxsql.New(db, inboxsql.Options{Schema: ic.Schema, Table: ic.Table, MaxKeyLen: ic.MaxKeyLen,
+		Retention: ic.Retention, ConnectionCheckInterval: ic.ConnectionCheckInterval, Conflict: conflictError,
+		Partitioning: inboxsql.Partitioning(ic.Partitioning), PartitionInterval: ic.PartitionInterval, BoundaryGrace: ic.BoundaryGrace})
+}
+
 // Migrate creates or upgrades the inbox tables; see [inbox.Store.Migrate].
-func (c *Consumer) Migrate(ctx context.Context) error { return c.store.Migrate(ctx) }
+// A routed consumer ([NewRouted]) migrates the inbox of every database
+// its Source lists, and reports each failure.
+func (c *Consumer) Migrate(ctx context.Context) error {
+	if c.tenants != nil {
+		return c.tenants.migrate(ctx, c)
+	}
+	return c.store.Migrate(ctx)
+}
 
 // Scope returns the consumer's dedupe scope.
 func (c *Consumer) Scope() string { return c.scope }
 
 // Store returns the inbox the consumer records messages in, for GC,
-// inspection, and managing its dead letters and conflicts.
+// inspection, and managing its dead letters and conflicts; nil for a
+// routed consumer (see [Consumer.Tenant]).
 func (c *Consumer) Store() *inbox.Store { return c.store }
 
 // ValidKey reports whether key is usable as an idempotency key by this

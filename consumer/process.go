@@ -30,6 +30,9 @@ import (
 // DeadLettered with ErrInvalidMessage; a cancelled context or a database
 // error is Retry, with nothing committed and no attempt counted.
 func (c *Consumer) Process(ctx context.Context, msg *Message) Result {
+	if c.tenants != nil {
+		return c.tenants.process(ctx, c, msg)
+	}
 	start := time.Now()
 	key, fingerprint, err := c.identify(msg)
 	if err != nil {
