@@ -207,8 +207,8 @@ func NewFleet(src fleet.Source, sink Sink, cfg FleetConfig) (*Fleet, error) {
 	case nilcheck.IsNil(sink):
 		return nil, idemq.NewConfigError("relay.Fleet", "sink", "is nil")
 	}
-	if _, ok := sink.(Watermarker); ok {
-		return nil, idemq.NewConfigError("relay.Fleet", "sink", "is a Watermarker (a transactional Kafka sink): its transactional ids are per partition and would collide across databases")
+	if err := noWatermarker(sink); err != nil {
+		return nil, err
 	}
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
@@ -259,6 +259,9 @@ func (f *Fleet) Run(ctx context.Context) error {
 		return err
 	}
 	defer end()
+	if err := noWatermarker(f.sink); err != nil { // a Router's routes are added after NewFleet
+		return err
+	}
 	if err := f.reload(ctx); err != nil {
 		return err
 	}
@@ -552,6 +555,28 @@ func (f *Fleet) stopAll() {
 			f.finish(d, <-d.run.done, time.Now())
 		}
 	}
+}
+
+// noWatermarker refuses a Sink that is, or routes to, a Watermarker (the
+// transactional Kafka sink): its transactional ids are per outbox
+// partition and would collide across databases.
+func noWatermarker(sink Sink) error {
+	sinks := []Sink{sink}
+	if r, ok := sink.(*Router); ok {
+		sinks = sinks[:0]
+		for _, s := range r.exact {
+			sinks = append(sinks, s)
+		}
+		for _, p := range r.prefixes {
+			sinks = append(sinks, p.sink)
+		}
+	}
+	for _, s := range sinks {
+		if _, ok := s.(Watermarker); ok {
+			return idemq.NewConfigError("relay.Fleet", "sink", "is or routes to a Watermarker (a transactional Kafka sink): its transactional ids are per outbox partition and would collide across databases")
+		}
+	}
+	return nil
 }
 
 // fleetHooks returns user's hooks with work reported to active: a

@@ -2,6 +2,7 @@ package relay_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"os"
@@ -583,5 +584,34 @@ func TestFleetIsolatesADroppedDatabase(t *testing.T) {
 	}, idemqtest.Within(time.Minute))
 	if len(sink.wrong) > 0 {
 		t.Errorf("out of order: %v", sink.wrong)
+	}
+}
+
+// watermarkSink is a Sink that says it is a Watermarker.
+type watermarkSink struct{ relay.SinkFunc }
+
+func (watermarkSink) Watermark(context.Context, int, int64) (relay.Watermark, error) {
+	return relay.Watermark{}, nil
+}
+
+// TestFleetRefusesTransactionalSinks: a Watermarker, directly or behind a
+// Router, is refused, since its ids are per outbox partition.
+func TestFleetRefusesTransactionalSinks(t *testing.T) {
+	t.Parallel()
+	src := fleet.Static()
+	tx := watermarkSink{func(context.Context, []relay.Message) error { return nil }}
+	if _, err := relay.NewFleet(src, tx, relay.FleetConfig{}); !errors.Is(err, idemq.ErrConfig) {
+		t.Errorf("a Watermarker: %v", err)
+	}
+	router := relay.NewRouter()
+	f, err := relay.NewFleet(src, router, relay.FleetConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := router.Route("orders", tx); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Run(context.Background()); !errors.Is(err, idemq.ErrConfig) {
+		t.Errorf("a Router with a Watermarker route: %v", err)
 	}
 }
