@@ -158,6 +158,35 @@ func validateFleet(ctx context.Context, cmd *cli.Command, src fleet.Source) erro
 	})
 }
 
+// statsFleet prints each database's backlog from its outbox's gauges.
+func statsFleet(ctx context.Context, cmd *cli.Command, src fleet.Source) error {
+	return eachDatabase(ctx, cmd, src, func(ctx context.Context, conn *pgx.Conn) (string, error) {
+		ob, _, err := stores(cmd, conn)
+		if err != nil {
+			return "", err
+		}
+		g, err := ob.Gauges(ctx)
+		if err != nil {
+			return "", err
+		}
+		var due time.Duration
+		for _, d := range g.Destinations {
+			due = max(due, d.OldestDue)
+		}
+		live := 0
+		for _, r := range g.Relays {
+			if r.Alive {
+				live++
+			}
+		}
+		approx := "~"
+		if g.Exact {
+			approx = ""
+		}
+		return fmt.Sprintf("backlog %s%d, oldest due %v, %d relay workers alive", approx, g.Depth, due.Round(time.Second), live), nil
+	})
+}
+
 // runFleetRelay drains the outboxes of every database of src within
 // --conns-per-server connections per server.
 func runFleetRelay(ctx context.Context, cmd *cli.Command, o *relayOptions, src fleet.Source, ob outbox.Config) error {

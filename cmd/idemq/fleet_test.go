@@ -126,6 +126,12 @@ func TestRelayFleet(t *testing.T) {
 		t.Fatal(err)
 	}
 	idemqtest.WaitForNoError(t, "the added database drained", drained("hooli"), idemqtest.Within(2*time.Minute))
+	out := mustRun(t, "", "stats", "--databases-from", file)
+	for _, name := range []string{"acme", "globex", "initech", "hooli"} {
+		if !strings.Contains(out, name) || !strings.Contains(out, "backlog 0") {
+			t.Errorf("stats --databases-from: no drained line for %s:\n%s", name, out)
+		}
+	}
 	if code := relay.signal(t, syscall.SIGTERM, time.Minute); code != 0 {
 		t.Fatalf("relay exit %d\n%s", code, relay.stderr.String())
 	}
