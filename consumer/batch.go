@@ -36,6 +36,9 @@ import (
 //
 // In leased mode the messages are processed one by one.
 func (c *Consumer) ProcessBatch(ctx context.Context, msgs []*Message) []Result {
+	if c.tenants != nil {
+		return c.tenants.processBatch(ctx, c, msgs)
+	}
 	start := time.Now()
 	results := make([]Result, len(msgs))
 	if c.leased != nil {

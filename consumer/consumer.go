@@ -203,6 +203,7 @@ type Consumer struct {
 	batch   BatchHandler // set by NewBatched; handler then calls it with one message
 	leased  LeasedHandler
 	cfg     Config
+	tenants *tenants // set by NewRouted: each message goes to its tenant's consumer
 }
 
 // New returns a transactional Consumer: handler runs inside the transaction
@@ -247,7 +248,14 @@ func newConsumer(pool *pgxpool.Pool, scope string, cfg Config, set func(*Consume
 }
 
 // Migrate creates or upgrades the inbox tables; see [inbox.Store.Migrate].
-func (c *Consumer) Migrate(ctx context.Context) error { return c.store.Migrate(ctx) }
+// A routed consumer ([NewRouted]) migrates the inbox of every database
+// its Source lists, and reports each failure.
+func (c *Consumer) Migrate(ctx context.Context) error {
+	if c.tenants != nil {
+		return c.tenants.migrate(ctx, c)
+	}
+	return c.store.Migrate(ctx)
+}
 
 // Maintenance returns the service that keeps the consumer's inbox in
 // shape: its [inbox.Store.Chores] (GC, partitions, dead-letter
@@ -263,7 +271,8 @@ func (c *Consumer) Maintenance() (*idemq.Maintenance, error) {
 func (c *Consumer) Scope() string { return c.scope }
 
 // Store returns the inbox the consumer records messages in, for GC,
-// inspection, and managing its dead letters and conflicts.
+// inspection, and managing its dead letters and conflicts; nil for a
+// routed consumer (see [Consumer.Tenant]).
 func (c *Consumer) Store() *inbox.Store { return c.store }
 
 // ValidKey reports whether key is usable as an idempotency key by this

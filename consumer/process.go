@@ -31,6 +31,9 @@ import (
 // error is Retry, with nothing committed and no attempt counted, and a
 // database error sets Result.Unavailable.
 func (c *Consumer) Process(ctx context.Context, msg *Message) Result {
+	if c.tenants != nil {
+		return c.tenants.process(ctx, c, msg)
+	}
 	start := time.Now()
 	key, fingerprint, err := c.identify(msg)
 	if err != nil {

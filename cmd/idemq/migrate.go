@@ -97,11 +97,12 @@ func migrateCommand() *cli.Command {
 			"'migrate list' shows every migration and whether it is applied; 'migrate validate' exits 4 while any is pending,\n" +
 			"and 1 when the outbox's seq sequence (which it reports) has a CACHE above 1 or is below the seqs in use;\n" +
 			"'migrate export DIR' writes them as numbered SQL files for golang-migrate, goose, Atlas or Flyway.",
-		Flags:  []cli.Flag{componentsFlag("outbox", "inbox")},
+		Flags:  append([]cli.Flag{componentsFlag("outbox", "inbox")}, fleetFlags()...),
 		Action: migrateUp,
 		Commands: []*cli.Command{
 			{Name: "list", Usage: "list applied and pending migrations", Flags: []cli.Flag{componentsFlag("outbox", "inbox")}, Action: migrateList},
-			{Name: "validate", Usage: "exit 4 while migrations are pending, 1 if the outbox's sequence breaks the relay's order", Flags: []cli.Flag{componentsFlag("outbox", "inbox")}, Action: migrateValidate},
+			{Name: "validate", Usage: "exit 4 while migrations are pending, 1 if the outbox's sequence breaks the relay's order",
+				Flags: append([]cli.Flag{componentsFlag("outbox", "inbox")}, fleetFlags()...), Action: migrateValidate},
 			{Name: "export", Usage: "write the migrations as numbered SQL files into DIR", ArgsUsage: "DIR",
 				Description: "The files carry the schema and table names of the flags, and record themselves in idemq_migrations,\n" +
 					"so 'migrate validate' and the relay see a database migrated from them as current. Exporting into the same\n" +
@@ -116,6 +117,16 @@ func migrateCommand() *cli.Command {
 func migrateUp(ctx context.Context, cmd *cli.Command) error {
 	if cmd.Args().Present() {
 		return usageError("migrate: unknown subcommand %q (want list, validate or export)", cmd.Args().First())
+	}
+	if src, closeCatalog, err := fleetSource(ctx, cmd); err != nil || src != nil {
+		if err != nil {
+			return err
+		}
+		defer closeCatalog()
+		if cmd.String(flagInboxPartition) != "" {
+			return usageError("--%s with --%s: move each database's inbox with idemq migrate on that database", flagInboxPartition, flagDatabasesFrom)
+		}
+		return migrateFleet(ctx, cmd, src)
 	}
 	pool, m, err := connectMigrator(ctx, cmd)
 	if err != nil {
@@ -208,6 +219,13 @@ func migrateList(ctx context.Context, cmd *cli.Command) error {
 }
 
 func migrateValidate(ctx context.Context, cmd *cli.Command) error {
+	if src, closeCatalog, err := fleetSource(ctx, cmd); err != nil || src != nil {
+		if err != nil {
+			return err
+		}
+		defer closeCatalog()
+		return validateFleet(ctx, cmd, src)
+	}
 	pool, m, err := connectMigrator(ctx, cmd)
 	if err != nil {
 		return err

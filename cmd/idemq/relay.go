@@ -37,6 +37,7 @@ type relayOptions struct {
 	httpAddr            string
 	migrate, check      bool
 	logFormat, logLevel string
+	connsPerServer      int // with --databases-from
 	// relay is the relay.Config the flags set; Logger and Hooks are added
 	// when it runs.
 	relay relay.Config
@@ -121,6 +122,10 @@ func relayCommand() *cli.Command {
 			&cli.StringFlag{Name: "log-format", Value: "json", Usage: "log format on stderr: json or text", Sources: cli.EnvVars("IDEMQ_LOG_FORMAT"), Destination: &o.logFormat},
 			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "least level logged: debug, info, warn or error", Sources: cli.EnvVars("IDEMQ_LOG_LEVEL"), Destination: &o.logLevel},
 			componentsFlag("outbox"),
+			fleetFlags()[0],
+			&cli.IntFlag{Name: flagConnsPerServer, Value: relay.ConnsPerServerDefault, Sources: cli.EnvVars("IDEMQ_CONNS_PER_SERVER"),
+				Usage: fmt.Sprintf("with --%s: the most connections the relay holds on one Postgres server, all its databases together "+
+					"(each database drained holds --workers + 3)", flagDatabasesFrom), Destination: &o.connsPerServer},
 		},
 		Action: func(ctx context.Context, cmd *cli.Command) error { return runRelay(ctx, cmd, o) },
 	}
@@ -222,6 +227,14 @@ func runRelay(ctx context.Context, cmd *cli.Command, o *relayOptions) error {
 	}
 	if o.check {
 		return o.print(cmd, pool, ob)
+	}
+	src, closeCatalog, err := fleetSource(ctx, cmd)
+	if err != nil {
+		return err
+	}
+	defer closeCatalog()
+	if src != nil {
+		return runFleetRelay(ctx, cmd, o, src, ob.Config())
 	}
 	tel, err := outboxTelemetry(ctx, ob)
 	if err != nil {

@@ -50,12 +50,22 @@ func statsCommand() *cli.Command {
 			"once the webhook tables are migrated.\n" +
 			"outbox waiting: not due yet (a retry's backoff, or held: a disabled webhook endpoint, an open breaker, no route).\n" +
 			"outbox unrouted: held because no --route matches their destination; deploy the route: they go out within 30s.\n" +
-			"outbox oldest due: how long the longest-waiting message free to go has been due; large means a stall.",
+			"outbox oldest due: how long the longest-waiting message free to go has been due; large means a stall.\n" +
+			"With --databases-from: one line per database of the fleet from the outbox's gauges (index edges and a sample,\n" +
+			"no scan): backlog, how long the longest-due row has been due, and the relay workers alive there.",
+		Flags:  fleetFlags(),
 		Action: runStats,
 	}
 }
 
 func runStats(ctx context.Context, cmd *cli.Command) error {
+	if src, closeCatalog, err := fleetSource(ctx, cmd); err != nil || src != nil {
+		if err != nil {
+			return err
+		}
+		defer closeCatalog()
+		return statsFleet(ctx, cmd, src)
+	}
 	pool, err := connect(ctx, cmd)
 	if err != nil {
 		return err
