@@ -203,23 +203,6 @@ func (c *child) kill(t *testing.T) {
 	_ = c.cmd.Wait()
 }
 
-// retryUntilDone posts key to url until the answer is not a 409, within a
-// generous deadline, and returns it.
-func retryUntilDone(t *testing.T, url, key string) reply {
-	t.Helper()
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
-		r := post(t, url, quoted(key), "{}")
-		if r.status != nethttp.StatusConflict {
-			return r
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("key %s still in flight two minutes after the crash", key)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
 // effects returns how often the handler ran for each key.
 func effects(t *testing.T, pool *pgxpool.Pool) map[string]int {
 	t.Helper()
@@ -254,7 +237,7 @@ func TestCrashedHolderFreesKeyWithinLease(t *testing.T) {
 		req, _ := nethttp.NewRequest(nethttp.MethodPost, c.url+"/orders", strings.NewReader("{}"))
 		req.Header.Set(idemhttp.HeaderKey, quoted(key))
 		req.Header.Set("Content-Type", "application/json")
-		if resp, err := nethttp.DefaultClient.Do(req); err == nil {
+		if resp, err := client.Do(req); err == nil {
 			_ = resp.Body.Close() // the server dies: no answer expected
 		}
 	}()
@@ -281,7 +264,7 @@ func TestCrashedHolderFreesKeyWithinLease(t *testing.T) {
 	if held := rec.LeaseUntil.Sub(killed); held > request.LeaseDefault+time.Second {
 		t.Fatalf("the dead holder's lease runs %v past the kill, want at most the %v lease", held, request.LeaseDefault)
 	}
-	r := retryUntilDone(t, survivor.URL, key)
+	r := retryUntilDone(t, survivor.URL, quoted(key))
 	t.Logf("the retry ran %v after the SIGKILL (lease %v)", time.Since(killed).Round(100*time.Millisecond), request.LeaseDefault)
 	if r.status != nethttp.StatusCreated || r.replayed() {
 		t.Fatalf("retry after the crash: %+v, want 201 from a new run", r)
@@ -328,7 +311,7 @@ func TestCrashBetweenCommitAndStore(t *testing.T) {
 							req, _ := nethttp.NewRequest(nethttp.MethodPost, c.url+"/orders", strings.NewReader("{}"))
 							req.Header.Set(idemhttp.HeaderKey, quoted(key))
 							req.Header.Set("Content-Type", "application/json")
-							resp, err := nethttp.DefaultClient.Do(req)
+							resp, err := client.Do(req)
 							if err != nil {
 								return // the server died
 							}
@@ -344,7 +327,7 @@ func TestCrashBetweenCommitAndStore(t *testing.T) {
 			survivor := httptest.NewServer(crashServer(t, spec, pool))
 			t.Cleanup(survivor.Close)
 			for _, key := range keys {
-				if r := retryUntilDone(t, survivor.URL, key); r.status != nethttp.StatusCreated || r.body != "applied "+key {
+				if r := retryUntilDone(t, survivor.URL, quoted(key)); r.status != nethttp.StatusCreated || r.body != "applied "+key {
 					t.Fatalf("retry of %s: %+v", key, r)
 				}
 			}
