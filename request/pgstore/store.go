@@ -31,7 +31,9 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/inbox"
+	"github.com/idemq/idemq/internal/inboxsql"
 	"github.com/idemq/idemq/internal/pgtx"
+	"github.com/idemq/idemq/internal/pgutil"
 	"github.com/idemq/idemq/migrate"
 	"github.com/idemq/idemq/request"
 )
@@ -94,6 +96,10 @@ type Store struct {
 	in    *inbox.Store
 	ttl   time.Duration
 	owner string
+	// db, core and owned serve the transaction-owning mode (owned.go).
+	db    DB
+	core  *inboxsql.Store
+	owned ownedSQL
 }
 
 var _ request.Store = (*Store)(nil)
@@ -115,9 +121,18 @@ func New(db DB, cfg Config) (*Store, error) {
 	} else if err != nil {
 		return nil, err
 	}
+	ic := in.Config() // with its defaults
+	table, err := pgutil.ConfigTable(component, ic.Schema, ic.Table)
+	if err != nil {
+		return nil, err
+	}
+	core, err := inboxsql.New(db, inboxsql.Options{Schema: ic.Schema, Table: ic.Table, MaxKeyLen: ic.MaxKeyLen, Retention: ic.Retention})
+	if err != nil {
+		return nil, err
+	}
 	var owner [6]byte
 	_, _ = rand.Read(owner[:])
-	return &Store{in: in, ttl: cfg.RecordTTL, owner: hex.EncodeToString(owner[:])}, nil
+	return &Store{in: in, ttl: cfg.RecordTTL, owner: hex.EncodeToString(owner[:]), db: db, core: core, owned: newOwnedSQL(table)}, nil
 }
 
 // Migrate creates or upgrades the table. It is idempotent and safe to run
