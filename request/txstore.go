@@ -65,15 +65,22 @@ type TxDecision struct {
 	Replay *Record
 }
 
+// TxWaitMin is the shortest wait of [Guard.BeginTx] for the key: the
+// store bounds it with Postgres's lock_timeout, which also bounds the
+// claim's other lock waits, such as the brief ones for the table's
+// extension that concurrent inserts take turns at. A shorter bound would
+// answer 409 to new keys under load.
+const TxWaitMin = time.Second
+
 // ErrNoTxStore is matched by the error of [Guard.BeginTx] on a store that
 // is not a [TxStore].
 var ErrNoTxStore = errors.New("request: the store cannot run requests in their transaction (it is not a request.TxStore); use pgstore, or the leased mode")
 
 // BeginTx is [Guard.Begin] for the transaction-owning mode: it checks id,
 // begins a transaction and claims the key in it. A duplicate waits for the
-// transaction holding the key at most Config.Wait (at least a millisecond)
-// and then gets the committed record to replay, or an *InFlightError. The
-// other errors are Begin's.
+// transaction holding the key at most Config.Wait, and at least
+// [TxWaitMin], and then gets the committed record to replay, or an
+// *InFlightError. The other errors are Begin's.
 func (g *Guard) BeginTx(ctx context.Context, id ID, fingerprint []byte) (TxDecision, error) {
 	txs, ok := g.store.(TxStore)
 	if !ok {
@@ -85,7 +92,7 @@ func (g *Guard) BeginTx(ctx context.Context, id ID, fingerprint []byte) (TxDecis
 	if err := CheckFingerprint(fingerprint); err != nil {
 		return TxDecision{}, err
 	}
-	wait := max(g.cfg.Wait, time.Millisecond)
+	wait := max(g.cfg.Wait, TxWaitMin)
 	ctx, cancel := context.WithTimeout(ctx, g.cfg.StoreTimeout+wait)
 	defer cancel()
 	c, err := bounded(ctx, func(ctx context.Context) (TxClaim, error) {

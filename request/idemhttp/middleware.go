@@ -85,8 +85,9 @@ type Config struct {
 	// handler writes its effects in it (pgstore.Tx(r.Context())), and the
 	// response is stored in it before it commits once, so the effects and
 	// the record commit together or not at all. A duplicate waits for the
-	// first request's transaction up to Guard.Wait (at least a
-	// millisecond), then gets the committed response replayed, or a 409.
+	// first request's transaction up to Guard.Wait (at least
+	// request.TxWaitMin, a second), then gets the committed response
+	// replayed, or a 409.
 	// A response that Final does not keep (a 5xx), a panic and a failed
 	// statement roll the whole transaction back. Choose it when the
 	// handler's effects are all in that database; effects elsewhere (an

@@ -37,22 +37,23 @@ func newOwnedSQL(t pgutil.Table) ownedSQL {
 		// attempt ran out, is taken over with a larger token, as by the
 		// leased claim. A key held by another transaction makes this wait
 		// on the unique index until it ends (bounded by lock_timeout);
-		// then a committed record returns no row. $1 scope, $2 key id,
-		// $3 fingerprint, $4 key text, $5 record TTL, $6 owner.
+		// then a committed record returns no row. The record is written
+		// COMPLETED at once, which nobody sees before the commit: so it
+		// takes no entry in the index of leases in flight, and complete,
+		// which changes no indexed column (now() is the transaction's
+		// start), is a HOT update. $1 scope, $2 key id, $3 fingerprint,
+		// $4 key text, $5 record TTL.
 		claim: render(`
-INSERT INTO {{table}} AS r (expires_at, key_id, scope_id, status, fingerprint, key_text, owner, lease_until, token)
-VALUES (now() + $5::interval, $2::uuid, $1::int, {{in_progress}}, $3::bytea, $4::text, $6::text, now(), {{now_us}})
+INSERT INTO {{table}} AS r (expires_at, key_id, scope_id, status, fingerprint, key_text, token)
+VALUES (now() + $5::interval, $2::uuid, $1::int, {{succeeded}}, $3::bytea, $4::text, {{now_us}})
 ON CONFLICT (scope_id, key_id) DO UPDATE
-SET attempts = r.attempts + 1, token = greatest(r.token + 1, excluded.token), status = {{in_progress}},
-	owner = excluded.owner, lease_until = excluded.lease_until, updated_at = now(), expires_at = excluded.expires_at
+SET attempts = r.attempts + 1, token = greatest(r.token + 1, excluded.token), status = {{succeeded}},
+	owner = NULL, lease_until = NULL, result = NULL, last_error = NULL, updated_at = now(), expires_at = excluded.expires_at
 WHERE r.fingerprint = excluded.fingerprint
 	AND (r.status = {{failed_retryable}} OR (r.status = {{in_progress}} AND r.lease_until < now()))
 RETURNING r.token`),
-		// $1 scope, $2 key id, $3 token, $4 response, $5 record TTL.
-		complete: render(`
-UPDATE {{table}} SET status = {{succeeded}}, result = $4, owner = NULL, lease_until = NULL, last_error = NULL,
-	updated_at = now(), expires_at = now() + $5::interval
-WHERE scope_id = $1 AND key_id = $2 AND token = $3 AND status = {{in_progress}}`),
+		// $1 scope, $2 key id, $3 token, $4 response.
+		complete: render(`UPDATE {{table}} SET result = $4 WHERE scope_id = $1 AND key_id = $2 AND token = $3`),
 	}
 }
 
@@ -116,7 +117,7 @@ func (s *Store) claimTx(ctx context.Context, k inboxsql.Key, wait time.Duration)
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{})
 	b.Queue(`SELECT set_config('lock_timeout', $1, true)`, strconv.FormatInt(max(wait.Milliseconds(), 1), 10))
-	b.Queue(s.owned.claim, append(k.Args(s.ttl), s.owner)...).QueryRow(func(row pgx.Row) error {
+	b.Queue(s.owned.claim, k.Args(s.ttl)...).QueryRow(func(row pgx.Row) error {
 		err := row.Scan(&o.token)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
@@ -162,7 +163,7 @@ func (o *ownedTx) Commit(ctx context.Context, resp request.Response) error {
 	o.once.Do(func() {
 		defer o.release()
 		b := &pgx.Batch{}
-		b.Queue(o.s.owned.complete, o.k.ScopeID, o.k.ID, o.token, body, o.s.ttl).Exec(func(tag pgconn.CommandTag) error {
+		b.Queue(o.s.owned.complete, o.k.ScopeID, o.k.ID, o.token, body).Exec(func(tag pgconn.CommandTag) error {
 			if tag.RowsAffected() == 0 {
 				return idemq.ErrLeaseLost // cannot happen while the claim's row lock holds
 			}
