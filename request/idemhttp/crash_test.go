@@ -93,9 +93,9 @@ func crashServer(tb testing.TB, spec crashSpec, pool *pgxpool.Pool) nethttp.Hand
 	var err error
 	switch spec.Store {
 	case "redis":
-		opts, err := redis.ParseURL(spec.StoreURL)
-		if err != nil {
-			tb.Fatal(err)
+		opts, perr := redis.ParseURL(spec.StoreURL)
+		if perr != nil {
+			tb.Fatal(perr)
 		}
 		rdb := redis.NewClient(opts)
 		tb.Cleanup(func() { _ = rdb.Close() })
