@@ -11,7 +11,10 @@
 // the caller's transaction, so that a handler's writes and the request's
 // record commit together: if the key was taken over meanwhile, CompleteTx
 // fails and the caller rolls back, so the stale attempt's writes never
-// land.
+// land. [Store.BeginTx] is the transaction-owning mode
+// (request.TxStore): the front end's transaction claims the key with its
+// BEGIN, the handler writes in it ([Tx]), and the response is stored with
+// its COMMIT.
 //
 // Records are kept for at least [Config.RecordTTL]; [Store.GC] deletes
 // expired ones in bounded batches (run it from a periodic job).

@@ -87,8 +87,9 @@ type recState struct {
 const slack = int64(100 * time.Millisecond)
 
 // recordModel is the sequential specification of one key's record. In
-// the transaction-owning mode (tx) an attempt's lease never runs out (its
-// transaction holds the key until it ends), a rollback leaves no record,
+// the transaction-owning mode (tx) an attempt holds the key until its
+// transaction ends, by its commit or rollback, or when its connection is
+// lost (an outage), a rollback leaves no record,
 // and InProgress ("busy past the wait") is a fair answer at any time: an
 // attempt whose outcome the client never learnt may hold the key
 // invisibly until its transaction is rolled back.
@@ -98,7 +99,10 @@ func recordModel(tx bool) porcupine.Model {
 		case 0, request.Released:
 			return true
 		case request.InProgress:
-			return s.until < 0 || s.until-slack <= in.ret
+			// A transaction also ends when its connection is lost (the
+			// server rolls it back): its key is free again, and the old
+			// holder's commit must then fail, which the model checks.
+			return tx || s.until < 0 || s.until-slack <= in.ret
 		}
 		return false
 	}
@@ -122,11 +126,7 @@ func recordModel(tx bool) porcupine.Model {
 				switch out.res {
 				case resAcquired:
 					if !mismatch && claimable(s, in) && out.token > s.token {
-						until := out.until
-						if tx {
-							until = math.MaxInt64
-						}
-						return []any{recState{state: request.InProgress, fp: in.fp, token: out.token, until: until}}
+						return []any{recState{state: request.InProgress, fp: in.fp, token: out.token, until: out.until}}
 					}
 				case resInProgress:
 					if tx || (!mismatch && s.state == request.InProgress && (s.until < 0 || s.until+slack >= in.call)) {
