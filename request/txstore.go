@@ -115,7 +115,11 @@ func (g *Guard) BeginTx(ctx context.Context, id ID, fingerprint []byte) (TxDecis
 	case c.Record.State == Completed:
 		return TxDecision{Replay: &c.Record}, nil
 	}
-	return TxDecision{}, &InFlightError{ID: id, LeaseUntil: c.Record.LeaseUntil}
+	until := c.Record.LeaseUntil
+	if until.IsZero() { // a transaction holds the key: no lease says for how long
+		until = time.Now().Add(time.Second)
+	}
+	return TxDecision{}, &InFlightError{ID: id, LeaseUntil: until}
 }
 
 // TxAttempt is one run of a request in its transaction. Finish it with

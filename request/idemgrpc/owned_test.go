@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
@@ -41,6 +43,8 @@ func TestOwnTransaction(t *testing.T) {
 		t.Fatal(err)
 	}
 	var runs atomic.Int64
+	gate := requesttest.NewGate(t)
+	started := make(chan struct{}, 1)
 	charge := func(ctx context.Context, req *testpb.ChargeRequest) (*testpb.ChargeResponse, error) {
 		run := runs.Add(1)
 		tx, ok := pgstore.Tx(ctx)
@@ -52,6 +56,9 @@ func TestOwnTransaction(t *testing.T) {
 			return nil, err
 		}
 		switch {
+		case req.Account == "slow":
+			started <- struct{}{}
+			gate.Wait()
 		case req.Account == "flaky" && run == 1:
 			return nil, status.Error(codes.Unavailable, "busy")
 		case req.Account == "buggy" && run == 1:
@@ -92,6 +99,27 @@ func TestOwnTransaction(t *testing.T) {
 		if n := charges(account); n != 1 {
 			t.Fatalf("%s: %d charges, want 1", account, n)
 		}
+	}
+	// A duplicate of a call whose transaction is still running waits up
+	// to Guard.Wait (the minimum here), then is ABORTED with a pushback.
+	slow := &testpb.ChargeRequest{Account: "slow", Amount: 5}
+	done := make(chan error, 1)
+	go func() { _, _, err := call(ctx, c, "slow", slow); done <- err }()
+	select {
+	case <-started:
+	case err := <-done:
+		t.Fatalf("the first slow call ended before its handler ran: %v", err)
+	case <-time.After(requesttest.WaitTimeout):
+		t.Fatal("gave up waiting for the slow call's handler")
+	}
+	var trailer metadata.MD
+	_, err = c.Charge(withKey(ctx, "slow"), slow, grpcgo.Trailer(&trailer))
+	if pushback := trailer.Get(PushbackTrailer); status.Code(err) != codes.Aborted || reason(err) != ReasonInFlight || len(pushback) == 0 || pushback[0] == "0" {
+		t.Fatalf("duplicate of a running call: %v (reason %q), pushback %v; want ABORTED in flight with a pushback", err, reason(err), pushback)
+	}
+	gate.Open()
+	if err := requesttest.Recv(t, done, "the slow call"); err != nil {
+		t.Fatal(err)
 	}
 	rdb, prefix := testenv.Redis(t)
 	if _, err := UnaryServerInterceptor(requesttest.Redis(t, rdb, prefix), ServerConfig{Methods: chargeMethods, OwnTransaction: true}); !errors.Is(err, idemq.ErrConfig) {
