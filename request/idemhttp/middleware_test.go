@@ -56,6 +56,10 @@ type reply struct {
 	err error
 }
 
+// patient is a Guard configuration for the tests of many concurrent
+// requests: a loaded store must not turn them into 503s or takeovers.
+var patient = request.Config{StoreTimeout: 30 * time.Second, Lease: 30 * time.Second}
+
 func (r reply) replayed() bool { return r.header.Get(idemhttp.HeaderReplayed) == "true" }
 
 // client gives up on a request that gets no answer, so a middleware that
@@ -157,7 +161,10 @@ func TestConcurrentIdenticalRequests(t *testing.T) {
 	forEachStore(t, func(t *testing.T, s request.Store) {
 		var runs atomic.Int64
 		gate := requesttest.NewGate(t)
-		srv := server(t, s, idemhttp.Config{}, func(w nethttp.ResponseWriter, r *nethttp.Request) {
+		// 50 requests at once on a loaded machine can keep a store
+		// (dynalite in particular) busy past the default timeout and
+		// renewals; this test is about concurrency, not latency.
+		srv := server(t, s, idemhttp.Config{Guard: patient}, func(w nethttp.ResponseWriter, r *nethttp.Request) {
 			runs.Add(1)
 			gate.Wait()
 			w.Header().Set("Location", "/orders/1")
@@ -199,7 +206,9 @@ func TestWaitForInFlight(t *testing.T) {
 		o := &orders{}
 		var runs atomic.Int64
 		gate := requesttest.NewGate(t)
-		srv := server(t, s, idemhttp.Config{Guard: request.Config{Wait: time.Minute}}, func(w nethttp.ResponseWriter, r *nethttp.Request) {
+		wait := patient
+		wait.Wait = time.Minute
+		srv := server(t, s, idemhttp.Config{Guard: wait}, func(w nethttp.ResponseWriter, r *nethttp.Request) {
 			runs.Add(1)
 			gate.Wait()
 			o.ServeHTTP(w, r)
