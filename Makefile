@@ -9,6 +9,7 @@ KAFKA_EOS_KILLS ?= 100
 HISTORY_DURATION ?= 10m
 HISTORY_SEED ?=
 FLEET_IDLE_DATABASES ?= 1000
+LINEAR_DURATION ?= 5m
 
 .PHONY: demo test test-suite badinput soak bench bench-peers lint pgbouncer chromium
 
@@ -31,12 +32,13 @@ test-suite:
 badinput: testenv/node_modules ## run the bad-input suite: every TestBadInput test, of the library and of the binary
 	$(GO) run ./testenv/withpostgres sh -c '$(GO) test -race -count=1 -timeout 20m -run BadInput ./... && cd cmd/idemq && $(GO) test -race -count=1 -timeout 10m -run BadInput ./...'
 
-soak: ## the crash soak: 100,000 messages (SOAK_MESSAGES sets it; SOAK_INTERVAL the mean time between faults) through relays and consumers SIGKILLed at random; then a minute of 48 relay workers on a busy pool of 4 (SOAK_BUSY_POOL); then the relay's history check under faults for HISTORY_DURATION (HISTORY_SEED replays a schedule); then KAFKA_EOS_MESSAGES keyed messages into Kafka through the transactional and the kafka-go sink while relays are SIGKILLed KAFKA_EOS_KILLS times; then one relay fleet over FLEET_IDLE_DATABASES idle databases
+soak: ## the crash soak: 100,000 messages (SOAK_MESSAGES sets it; SOAK_INTERVAL the mean time between faults) through relays and consumers SIGKILLed at random; then a minute of 48 relay workers on a busy pool of 4 (SOAK_BUSY_POOL); then the relay's history check under faults for HISTORY_DURATION (HISTORY_SEED replays a schedule); then KAFKA_EOS_MESSAGES keyed messages into Kafka through the transactional and the kafka-go sink while relays are SIGKILLed KAFKA_EOS_KILLS times; then one relay fleet over FLEET_IDLE_DATABASES idle databases; then the linearizability check of request records for LINEAR_DURATION per store
 	IDEMQ_SOAK_MESSAGES=$(SOAK_MESSAGES) IDEMQ_SOAK_INTERVAL=$(SOAK_INTERVAL) $(GO) test -count=1 -timeout 60m -v -run '^TestSoak$$' ./soak
 	IDEMQ_RELAY_BUSY_POOL=$(SOAK_BUSY_POOL) $(GO) test -count=1 -timeout 10m -v -run '^TestBusyPoolKeepsLeases$$' ./relay
 	IDEMQ_HISTORY_DURATION=$(HISTORY_DURATION) IDEMQ_HISTORY_SEED=$(HISTORY_SEED) $(GO) test -count=1 -timeout 60m -v -run '^TestRelayHistory$$' ./relay
 	IDEMQ_KAFKA_EOS_MESSAGES=$(KAFKA_EOS_MESSAGES) IDEMQ_KAFKA_EOS_KILLS=$(KAFKA_EOS_KILLS) $(GO) test -count=1 -timeout 60m -v -run '^TestExactlyOnceKilledRelays$$' ./transports/kafka/franz
 	IDEMQ_FLEET_IDLE_DATABASES=$(FLEET_IDLE_DATABASES) $(GO) test -count=1 -timeout 60m -v -run '^TestFleetManyIdleDatabases$$' ./relay
+	IDEMQ_LINEAR_DURATION=$(LINEAR_DURATION) $(GO) test -count=1 -timeout 60m -v -run '^TestLinearizableRecords$$' ./request/requesttest
 
 bench: testenv/node_modules ## run the benchmarks; each reports its ratio against a baseline measured in the same run
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -timeout 60m ./...

@@ -24,11 +24,20 @@
 // while it runs; [Attempt.Complete] stores the response, [Attempt.Release]
 // hands the key back after a failure that a retry may fix.
 //
+// # The transaction-owning mode
+//
+// When a request's effects are all in the store's database, a [TxStore]
+// (pgstore) runs it in one transaction instead: [Guard.BeginTx] begins it
+// with the key's claim, the handler writes in it, and [TxAttempt.Commit]
+// stores the response and commits once. No lease is involved: a crash
+// rolls the effects and the claim back together, and a duplicate waits for
+// the transaction on the key, then replays its response.
+//
 // # Stores
 //
 // Three stores pass one conformance suite (package requesttest):
 // request/pgstore (Postgres, durable, can complete inside the handler's
-// own transaction), request/redisstore (fast, with the limits of Redis
+// own transaction or run the request in a transaction of its own), request/redisstore (fast, with the limits of Redis
 // replication and eviction) and request/dynamostore (DynamoDB conditional
 // writes).
 package request

@@ -210,7 +210,15 @@ func (g *Guard) Begin(ctx context.Context, id ID, fingerprint []byte) (Decision,
 func (g *Guard) claim(ctx context.Context, id ID, fingerprint []byte) (Claim, error) {
 	ctx, cancel := g.storeContext(ctx)
 	defer cancel()
-	c, err := g.store.Claim(ctx, id, fingerprint, g.cfg.Lease)
+	c, err := bounded(ctx, func(ctx context.Context) (Claim, error) {
+		return g.store.Claim(ctx, id, fingerprint, g.cfg.Lease)
+	}, func(c Claim, err error) {
+		if err == nil && c.Acquired { // hand back at once a key nobody runs
+			ctx, cancel := g.storeContext(context.Background())
+			defer cancel()
+			_ = g.store.Release(ctx, c.Lease)
+		}
+	})
 	if conflict := (*ConflictError)(nil); err != nil && !errors.As(err, &conflict) && !errors.Is(err, ErrInvalidKey) && !errors.Is(err, ErrMisconfigured) {
 		return c, unavailable("claim", err)
 	}
@@ -220,6 +228,43 @@ func (g *Guard) claim(ctx context.Context, id ID, fingerprint []byte) (Claim, er
 // storeContext bounds one store call by StoreTimeout.
 func (g *Guard) storeContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, g.cfg.StoreTimeout)
+}
+
+// bounded returns call's outcome, or ctx's error as soon as ctx is done:
+// a store that ignores its context (a driver stuck on a dead connection)
+// must not keep a request waiting forever. The call goes on alone; if it
+// returns after all, drop (if not nil) gets its outcome, to undo what
+// nobody will finish.
+func bounded[T any](ctx context.Context, call func(context.Context) (T, error), drop func(T, error)) (T, error) {
+	type outcome struct {
+		v   T
+		err error
+	}
+	done, abandoned := make(chan outcome), make(chan struct{})
+	go func() {
+		v, err := call(ctx)
+		select {
+		case done <- outcome{v, err}:
+		case <-abandoned:
+			if drop != nil {
+				drop(v, err)
+			}
+		}
+	}()
+	select {
+	case o := <-done:
+		return o.v, o.err
+	case <-ctx.Done():
+		close(abandoned)
+		var zero T
+		return zero, context.Cause(ctx)
+	}
+}
+
+// boundedErr is bounded for a call that returns only an error.
+func boundedErr(ctx context.Context, call func(context.Context) error) error {
+	_, err := bounded(ctx, func(ctx context.Context) (struct{}, error) { return struct{}{}, call(ctx) }, nil)
+	return err
 }
 
 // Attempt is one run of a request under a lease. Finish it with exactly
@@ -250,7 +295,7 @@ func (g *Guard) start(ctx context.Context, lease idemq.Lease) *Attempt {
 func (a *Attempt) renew(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, a.g.cfg.StoreTimeout)
 	defer cancel()
-	lease, err := a.g.store.Extend(ctx, a.Lease(), a.g.cfg.Lease)
+	lease, err := bounded(ctx, func(ctx context.Context) (idemq.Lease, error) { return a.g.store.Extend(ctx, a.Lease(), a.g.cfg.Lease) }, nil)
 	switch {
 	case err == nil:
 		a.mu.Lock()
@@ -303,7 +348,8 @@ func (a *Attempt) Complete(resp Response) error {
 	a.halt()
 	ctx, cancel := a.finishContext()
 	defer cancel()
-	return a.g.finishErr("complete", a.g.store.Complete(ctx, a.Lease(), a.g.fit(resp)))
+	lease, resp := a.Lease(), a.g.fit(resp)
+	return a.g.finishErr("complete", boundedErr(ctx, func(ctx context.Context) error { return a.g.store.Complete(ctx, lease, resp) }))
 }
 
 // CompleteWith stops renewing the lease and calls complete with it, for an
@@ -325,7 +371,8 @@ func (a *Attempt) Release() error {
 	a.halt()
 	ctx, cancel := a.finishContext()
 	defer cancel()
-	return a.g.finishErr("release", a.g.store.Release(ctx, a.Lease()))
+	lease := a.Lease()
+	return a.g.finishErr("release", boundedErr(ctx, func(ctx context.Context) error { return a.g.store.Release(ctx, lease) }))
 }
 
 func (g *Guard) finishErr(op string, err error) error {
@@ -339,7 +386,7 @@ func (g *Guard) finishErr(op string, err error) error {
 func (g *Guard) Get(ctx context.Context, id ID) (Record, error) {
 	ctx, cancel := g.storeContext(ctx)
 	defer cancel()
-	rec, err := g.store.Get(ctx, id)
+	rec, err := bounded(ctx, func(ctx context.Context) (Record, error) { return g.store.Get(ctx, id) }, nil)
 	if err != nil && !errors.Is(err, ErrNotFound) {
 		return rec, unavailable("get", err)
 	}

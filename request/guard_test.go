@@ -13,6 +13,7 @@ import (
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/request"
 	"github.com/idemq/idemq/request/redisstore"
+	"github.com/idemq/idemq/request/requesttest"
 	"github.com/idemq/idemq/testenv"
 )
 
@@ -73,20 +74,21 @@ func TestGuardWaitsForInFlight(t *testing.T) {
 	g := guard(t, redisStore(t), request.Config{Wait: time.Minute})
 	id := newID()
 	a := mustRun(t, g, context.Background(), id)
-	done := make(chan request.Decision)
+	type begun struct {
+		d   request.Decision
+		err error
+	}
+	done := make(chan begun, 1)
 	go func() {
 		d, err := g.Begin(context.Background(), id, fp)
-		if err != nil {
-			t.Error(err)
-		}
-		done <- d
+		done <- begun{d, err}
 	}()
 	time.Sleep(50 * time.Millisecond)
 	if err := a.Complete(request.Response{Status: 200, Body: []byte("first")}); err != nil {
 		t.Fatal(err)
 	}
-	if d := <-done; d.Replay == nil || string(d.Replay.Response.Body) != "first" {
-		t.Fatalf("waiting Begin = %+v, want the replay", d)
+	if b := requesttest.Recv(t, done, "the waiting Begin"); b.err != nil || b.d.Replay == nil || string(b.d.Replay.Response.Body) != "first" {
+		t.Fatalf("waiting Begin = %+v, %v; want the replay", b.d, b.err)
 	}
 	// A waiter whose context ends first reports the key in flight.
 	id2 := newID()
@@ -143,7 +145,11 @@ func TestGuardLostLeaseCancelsTheAttempt(t *testing.T) {
 	time.Sleep(400 * time.Millisecond)
 	second := mustRun(t, g, context.Background(), id)
 	s.stuck.Store(false)
-	<-first.Context().Done()
+	select {
+	case <-first.Context().Done():
+	case <-time.After(requesttest.WaitTimeout):
+		t.Fatal("gave up waiting for the first attempt to learn it lost its lease")
+	}
 	if cause := context.Cause(first.Context()); !errors.Is(cause, idemq.ErrLeaseLost) {
 		t.Fatalf("first attempt's context cause = %v, want ErrLeaseLost", cause)
 	}

@@ -2,13 +2,16 @@
 // Idempotency-Key middleware (request/idemhttp) on the Postgres request
 // store (request/pgstore), and nothing else of idemq.
 //
-// POST /payments books a payment. The handler writes the payment and records
-// its response under the client's Idempotency-Key in one transaction
-// (idemhttp.Record with pgstore's CompleteTx), so "booked" and "answered"
-// cannot diverge. The clients retry: some send a request again after its
-// answer (a lost response), some send two copies at once (a retry racing the
-// original: answered 409 with Retry-After if it arrives while the first
-// runs, then retried), one reuses a
+// POST /payments books a payment. Its effects are all in Postgres, so the
+// middleware runs it in the transaction-owning mode
+// (idemhttp.Config.OwnTransaction): it begins the transaction with the
+// claim of the client's Idempotency-Key, the handler books the payment in
+// it (pgstore.Tx), and the response is stored in it with the one COMMIT, so
+// "booked" and "answered" cannot diverge. (Effects outside Postgres, such
+// as a call to a payment provider, would need the default leased mode.)
+// The clients retry: some send a request again after its answer (a lost
+// response), some send two copies at once (a retry racing the original: it
+// waits for the first one's transaction and gets its answer), one reuses a
 // key with another amount (422) and one forgets the key (400). Every retry
 // gets the first answer, replayed with "Idempotent-Replayed: true". It prints
 // what the clients saw and the table, and exits non-zero unless each payment
@@ -32,11 +35,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/idemq/idemq"
-	"github.com/idemq/idemq/request"
 	"github.com/idemq/idemq/request/idemhttp"
 	"github.com/idemq/idemq/request/pgstore"
 	"github.com/idemq/idemq/testenv"
@@ -60,10 +58,7 @@ type payment struct {
 }
 
 // api is the payments service.
-type api struct {
-	pool  *pgxpool.Pool
-	store *pgstore.Store
-}
+type api struct{}
 
 func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
 	var p payment
@@ -72,25 +67,16 @@ func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := r.Context()
-	err := pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
-		if err := tx.QueryRow(ctx, `INSERT INTO payments (payer, amount) VALUES ($1, $2) RETURNING id`, p.Payer, p.Amount).Scan(&p.ID); err != nil {
-			return err
-		}
-		time.Sleep(100 * time.Millisecond) // the payment provider's call, say: a racing retry arrives meanwhile
-		w.Header().Set("Content-Type", "application/json")
-		w.Header().Set("Location", fmt.Sprintf("/payments/%d", p.ID))
-		w.WriteHeader(http.StatusCreated)
-		if err := json.NewEncoder(w).Encode(p); err != nil {
-			return err
-		}
-		// The response is recorded under the key in this transaction.
-		return idemhttp.Record(r, func(l idemq.Lease, resp request.Response) error {
-			return a.store.CompleteTx(ctx, tx, l, resp)
-		})
-	})
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusInternalServerError)
+	tx, _ := pgstore.Tx(ctx) // the request's transaction: the middleware commits it
+	if err := tx.QueryRow(ctx, `INSERT INTO payments (payer, amount) VALUES ($1, $2) RETURNING id`, p.Payer, p.Amount).Scan(&p.ID); err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError) // a 5xx rolls the transaction back
+		return
 	}
+	time.Sleep(100 * time.Millisecond) // more work in the transaction: a racing retry arrives meanwhile
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Location", fmt.Sprintf("/payments/%d", p.ID))
+	w.WriteHeader(http.StatusCreated)
+	_ = json.NewEncoder(w).Encode(p) // stored with the payment, in the same COMMIT
 }
 
 func run(ctx context.Context, out io.Writer) error {
@@ -110,11 +96,12 @@ func run(ctx context.Context, out io.Writer) error {
 	if err := store.Migrate(ctx); err != nil { // once, at deploy time
 		return err
 	}
-	m, err := idemhttp.New(store, idemhttp.Config{}) // POST and PATCH need a key; keys kept 24 h
+	// POST and PATCH need a key; keys kept 24 h; each request in its transaction.
+	m, err := idemhttp.New(store, idemhttp.Config{OwnTransaction: true})
 	if err != nil {
 		return err
 	}
-	a := &api{pool: pool, store: store}
+	a := &api{}
 	mux := http.NewServeMux()
 	mux.Handle("POST /payments", m.Wrap(http.HandlerFunc(a.createPayment)))
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

@@ -95,7 +95,7 @@ func TestStalledHolderIsFenced(t *testing.T) {
 		short := request.Config{Lease: 300 * time.Millisecond}
 		paused := &stalled{Store: st}
 		paused.paused.Store(true)
-		started, resume := make(chan struct{}), make(chan struct{})
+		started, resume := make(chan struct{}), requesttest.NewGate(t)
 		var mu sync.Mutex
 		var results []request.Result // of the calls that ran the handler
 		finished := ServerConfig{Hooks: ServerHooks{OnResult: func(ev ResultEvent) {
@@ -107,7 +107,7 @@ func TestStalledHolderIsFenced(t *testing.T) {
 		}}}
 		holder := &counter{name: "a-", outcomes: []func(context.Context) error{func(context.Context) error {
 			close(started)
-			<-resume
+			resume.Wait() // ignores its context, as stuck code does
 			return nil
 		}}}
 		a := dial(t, serve(t, &ledger{charge: holder.charge},
@@ -127,9 +127,18 @@ func TestStalledHolderIsFenced(t *testing.T) {
 			resp, replayed, err := call(t.Context(), a, "k", req)
 			staleResp <- answer{resp, replayed, err}
 		}()
-		<-started
+		select {
+		case <-started:
+		case a := <-staleResp:
+			t.Fatalf("the first call ended before the handler ran: %v", a.err)
+		case <-time.After(requesttest.WaitTimeout):
+			t.Fatal("gave up waiting for the first call to reach the handler")
+		}
 		var won *testpb.ChargeResponse
-		for won == nil { // in flight until the stalled lease runs out
+		for deadline := time.Now().Add(requesttest.WaitTimeout); won == nil; { // in flight until the stalled lease runs out
+			if time.Now().After(deadline) {
+				t.Fatal("gave up waiting for the stalled lease to run out")
+			}
 			resp, _, err := call(t.Context(), b, "k", req)
 			switch {
 			case err == nil:
@@ -140,8 +149,8 @@ func TestStalledHolderIsFenced(t *testing.T) {
 				time.Sleep(50 * time.Millisecond)
 			}
 		}
-		close(resume)
-		stale := <-staleResp
+		resume.Open()
+		stale := requesttest.Recv(t, staleResp, "the fenced call's answer")
 		mu.Lock()
 		defer mu.Unlock()
 		if stale.err != nil || !stale.replayed || !proto.Equal(stale.resp, won) || won.ChargeId != "b-ch-1" {

@@ -58,6 +58,19 @@ type ServerConfig struct {
 	// Defaults to [FinalDefault]; [FinalAll] stores every outcome as
 	// Stripe does.
 	Final func(err error) bool
+	// OwnTransaction runs each protected call in a transaction the
+	// interceptor owns, on a store that can (a request.TxStore: pgstore):
+	// the key is claimed by the transaction's first statement, the
+	// handler writes its effects in it (pgstore.Tx(ctx)), and the outcome
+	// is stored in it before it commits once, so the effects and the
+	// record commit together or not at all. A duplicate waits for the
+	// first call's transaction up to Guard.Wait (at least
+	// request.TxWaitMin, a second), then gets the committed outcome
+	// replayed, or ABORTED. An outcome that Final does not keep, a panic
+	// and a failed statement roll the whole transaction back. Choose it
+	// when the handler's effects are all in that database; effects
+	// elsewhere need the default leased mode. Defaults to false.
+	OwnTransaction bool
 	// Hooks observe every call of the protected methods.
 	Hooks ServerHooks
 	// Logger receives the reason of every INTERNAL the interceptor answers
@@ -130,6 +143,10 @@ const (
 	ReasonInFlight         = "IDEMPOTENCY_KEY_IN_FLIGHT"
 	ReasonStoreUnavailable = "IDEMPOTENCY_STORE_UNAVAILABLE"
 	ReasonLeaseLost        = "IDEMPOTENCY_LEASE_LOST"
+	// ReasonNotCommitted (UNAVAILABLE): in the transaction-owning mode,
+	// the call's transaction did not commit, or whether it did is
+	// unknown; a retry with the key gets its outcome or runs it.
+	ReasonNotCommitted = "IDEMPOTENCY_NOT_COMMITTED"
 	// ReasonMisconfigured (INTERNAL): the server's scope or fingerprint, or
 	// its store, is set up wrong; the call did not run.
 	ReasonMisconfigured = "IDEMPOTENCY_SERVER_MISCONFIGURED"
@@ -223,6 +240,9 @@ func UnaryServerInterceptor(store request.Store, cfg ServerConfig) (grpcgo.Unary
 	if err != nil {
 		return nil, err
 	}
+	if _, ok := store.(request.TxStore); cfg.OwnTransaction && !ok {
+		return nil, idemq.NewConfigError("grpc.UnaryServerInterceptor", "OwnTransaction", "the %T cannot run calls in their transaction; use pgstore, or the leased mode", store)
+	}
 	s := &server{guard: guard, cfg: cfg.withDefaults(), outputs: outputs}
 	return s.intercept, nil
 }
@@ -284,14 +304,20 @@ func (s *server) serve(ctx context.Context, req any, method string, output proto
 		return reject(request.ResultRejected, err, status.Errorf(codes.Internal, "idempotency: fingerprint: %v", err))
 	}
 
-	d, err := s.guard.Begin(ctx, ev.ID, fp)
-	if err != nil {
+	rejectBegin := func(err error) (any, error) {
 		if errors.Is(err, request.ErrMisconfigured) {
 			s.cfg.Logger.ErrorContext(ctx, "idempotency interceptor: refused a call with INTERNAL: the server's configuration is broken",
 				"err", err, "method", method)
 		}
 		result, sent := beginError(ctx, err)
 		return reject(result, err, sent)
+	}
+	if s.cfg.OwnTransaction {
+		return s.serveTx(ctx, req, ev.ID, fp, output, handler, ev, rejectBegin)
+	}
+	d, err := s.guard.Begin(ctx, ev.ID, fp)
+	if err != nil {
+		return rejectBegin(err)
 	}
 	if d.Replay != nil {
 		ev.Result = request.ResultReplayed

@@ -90,8 +90,12 @@ func wantError(tb testing.TB, err error, code codes.Code, why string) {
 }
 
 // call charges with key and returns the response, the error and whether
-// the response was marked as a replay.
+// the response was marked as a replay. A call that gets no answer within
+// requesttest.WaitTimeout fails with DeadlineExceeded instead of hanging
+// the test.
 func call(ctx context.Context, c testpb.LedgerClient, key string, req *testpb.ChargeRequest) (*testpb.ChargeResponse, bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, requesttest.WaitTimeout)
+	defer cancel()
 	var trailer metadata.MD
 	resp, err := c.Charge(withKey(ctx, key), req, grpcgo.Trailer(&trailer))
 	return resp, strings.Join(trailer.Get(ReplayedTrailer), ",") == "true", err
@@ -101,7 +105,9 @@ func TestConcurrentIdenticalCallsRunOnce(t *testing.T) {
 	t.Parallel()
 	eachStore(t, func(t *testing.T, open func(testing.TB) request.Store) {
 		const callers = 50
-		var aborted atomic.Int64
+		// answered counts the callers answered while the first ran: once
+		// all of them were, whatever their answer, the first may finish.
+		var aborted, answered atomic.Int64
 		othersDone := make(chan struct{})
 		h := &counter{outcomes: []func(context.Context) error{func(ctx context.Context) error {
 			select { // hold the key until every other caller was answered
@@ -130,11 +136,12 @@ func TestConcurrentIdenticalCallsRunOnce(t *testing.T) {
 		for range callers {
 			wg.Go(func() {
 				resp, replayed, err := call(t.Context(), c, "order-1", req)
+				if (err != nil || replayed) && answered.Add(1) == callers-1 {
+					close(othersDone)
+				}
 				switch {
 				case status.Code(err) == codes.Aborted && reason(err) == ReasonInFlight:
-					if aborted.Add(1) == callers-1 {
-						close(othersDone)
-					}
+					aborted.Add(1)
 				case err != nil:
 					t.Errorf("call: %v", err)
 				case replayed:
@@ -262,7 +269,7 @@ func TestOutcomes(t *testing.T) {
 				if first == nil {
 					t.Fatal("first call succeeded")
 				}
-				if got, want := <-results, map[bool]request.Result{true: request.ResultReleased, false: request.ResultCompleted}[tc.released]; got != want {
+				if got, want := requesttest.Recv(t, results, "the first call's result"), map[bool]request.Result{true: request.ResultReleased, false: request.ResultCompleted}[tc.released]; got != want {
 					t.Fatalf("first call's result %v, want %v", got, want)
 				}
 				resp, replayed, err := call(t.Context(), c, name, req)
@@ -479,15 +486,17 @@ func TestClientGoneAfterFinalResponseIsStored(t *testing.T) {
 				case <-started:
 				case err := <-done:
 					t.Fatalf("the first call ended before the handler ran: %v", err)
+				case <-time.After(requesttest.WaitTimeout):
+					t.Fatal("gave up waiting for the first call to reach the handler")
 				}
 				cancel()
-				if err := <-done; status.Code(err) != codes.Canceled {
+				if err := requesttest.Recv(t, done, "the first call to end"); status.Code(err) != codes.Canceled {
 					t.Fatalf("the client that went away got %v, want Canceled", err)
 				}
-				if err := <-clientGone; err != nil {
+				if err := requesttest.Recv(t, clientGone, "the handler to see its client leave"); err != nil {
 					t.Fatal(err)
 				}
-				if ev := <-results; ev.Result != request.ResultCompleted || ev.Err != nil {
+				if ev := requesttest.Recv(t, results, "the first call's result"); ev.Result != request.ResultCompleted || ev.Err != nil {
 					t.Fatalf("first call's result %v (%v), want %v: the outcome stored although the client left", ev.Result, ev.Err, request.ResultCompleted)
 				}
 				resp, replayed, err := call(t.Context(), c, key, req)

@@ -56,15 +56,21 @@ func TestClientGoneAfterFinalResponse(t *testing.T) {
 			req.Header.Set("Content-Type", "application/json")
 			gone := make(chan error, 1)
 			go func() {
-				resp, err := nethttp.DefaultClient.Do(req)
+				resp, err := client.Do(req)
 				if err == nil {
 					_ = resp.Body.Close()
 				}
 				gone <- err
 			}()
-			<-started
+			select {
+			case <-started:
+			case err := <-gone:
+				t.Fatalf("the first request ended with %v before it reached the handler", err)
+			case <-time.After(requesttest.WaitTimeout):
+				t.Fatal("gave up waiting for the first request to reach the handler")
+			}
 			hangUp() // closes the connection: a real disconnect
-			if err := <-gone; !errors.Is(err, context.Canceled) {
+			if err := requesttest.Recv(t, gone, "the first request to end"); !errors.Is(err, context.Canceled) {
 				t.Fatalf("the first request ended with %v, want the client's own cancellation", err)
 			}
 			// Wait for the handler to finish with the key.

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -22,9 +23,11 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/request"
+	"github.com/idemq/idemq/request/dynamostore"
 	"github.com/idemq/idemq/request/idemhttp"
 	"github.com/idemq/idemq/request/pgstore"
 	"github.com/idemq/idemq/request/redisstore"
+	"github.com/idemq/idemq/request/requesttest"
 	"github.com/idemq/idemq/testenv"
 )
 
@@ -39,21 +42,35 @@ const (
 // crashSpec is what a child server is told.
 type crashSpec struct {
 	DatabaseURL string
-	// RedisURL and Prefix select the Redis store; empty: the Postgres
-	// store, with the response recorded in the handler's transaction.
-	RedisURL, Prefix string
+	// Store is one of crashStores.
+	Store string
+	// StoreURL and Prefix locate the Redis or DynamoDB store: its server,
+	// and its key prefix or table.
+	StoreURL, Prefix string
 	// Block makes the handler announce itself and block until killed.
 	Block bool
 }
 
+// crashStores are the ways a handler that writes to Postgres can run:
+// its response stored after its commit, in Redis or DynamoDB; recorded in
+// its own transaction (idemhttp.Record); in the middleware's transaction
+// (Config.OwnTransaction).
+var crashStores = []string{"redis", "dynamodb", "postgres-record", "postgres-tx"}
+
 // crashEnv opens what a crash test and its children share: the database
 // with the effects table (one row per run of the handler, no unique key)
 // and the spec.
-func crashEnv(t *testing.T, useRedis bool) (crashSpec, *pgxpool.Pool) {
-	spec := crashSpec{DatabaseURL: testenv.PostgresURL(t)}
-	if useRedis {
+func crashEnv(t *testing.T, store string) (crashSpec, *pgxpool.Pool) {
+	spec := crashSpec{DatabaseURL: testenv.PostgresURL(t), Store: store}
+	switch store {
+	case "redis":
 		_, spec.Prefix = testenv.Redis(t)
-		spec.RedisURL = testenv.RedisURL()
+		spec.StoreURL = testenv.RedisURL()
+	case "dynamodb":
+		var db *dynamodb.Client
+		db, spec.Prefix = testenv.DynamoDB(t)
+		spec.StoreURL = testenv.DynamoDBURL(t)
+		requesttest.Dynamo(t, db, spec.Prefix) // creates the table
 	}
 	pool, err := pgxpool.New(context.Background(), spec.DatabaseURL)
 	if err != nil {
@@ -67,55 +84,60 @@ func crashEnv(t *testing.T, useRedis bool) (crashSpec, *pgxpool.Pool) {
 }
 
 // crashServer returns the middleware-wrapped handler of spec: it inserts
-// one effects row per run and answers 201. With the Postgres store the
-// response is recorded in the same transaction; with Redis it is stored
-// after the handler's commit, as any handler writing to Postgres gets.
+// one effects row per run and answers 201, in the way spec.Store says.
 func crashServer(tb testing.TB, spec crashSpec, pool *pgxpool.Pool) nethttp.Handler {
 	tb.Helper()
 	ctx := context.Background()
 	var store request.Store
 	var pg *pgstore.Store
-	if spec.RedisURL != "" {
-		opts, err := redis.ParseURL(spec.RedisURL)
-		if err != nil {
-			tb.Fatal(err)
+	var err error
+	switch spec.Store {
+	case "redis":
+		opts, perr := redis.ParseURL(spec.StoreURL)
+		if perr != nil {
+			tb.Fatal(perr)
 		}
 		rdb := redis.NewClient(opts)
 		tb.Cleanup(func() { _ = rdb.Close() })
-		if store, err = redisstore.New(ctx, rdb, redisstore.Config{Prefix: spec.Prefix}); err != nil {
-			tb.Fatal(err)
-		}
-	} else {
-		var err error
-		if pg, err = pgstore.New(pool, pgstore.Config{}); err != nil {
-			tb.Fatal(err)
-		}
-		if err := pg.Migrate(ctx); err != nil {
-			tb.Fatal(err)
+		store, err = redisstore.New(ctx, rdb, redisstore.Config{Prefix: spec.Prefix})
+	case "dynamodb":
+		store, err = dynamostore.New(testenv.DynamoDBClient(spec.StoreURL), dynamostore.Config{Table: spec.Prefix})
+	default:
+		if pg, err = pgstore.New(pool, pgstore.Config{}); err == nil {
+			err = pg.Migrate(ctx)
 		}
 		store = pg
 	}
-	m, err := idemhttp.New(store, idemhttp.Config{})
 	if err != nil {
 		tb.Fatal(err)
 	}
+	m, err := idemhttp.New(store, idemhttp.Config{OwnTransaction: spec.Store == "postgres-tx"})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	apply := func(w nethttp.ResponseWriter, r *nethttp.Request, tx pgx.Tx) error {
+		key := strings.Trim(r.Header.Get(idemhttp.HeaderKey), `"`)
+		if _, err := tx.Exec(r.Context(), `INSERT INTO effects (key) VALUES ($1)`, key); err != nil {
+			return err
+		}
+		if spec.Block {
+			fmt.Println(killMarker)
+			select {}
+		}
+		w.WriteHeader(nethttp.StatusCreated)
+		fmt.Fprintf(w, "applied %s", key)
+		if spec.Store != "postgres-record" {
+			return nil
+		}
+		return idemhttp.Record(r, func(l idemq.Lease, resp request.Response) error { return pg.CompleteTx(r.Context(), tx, l, resp) })
+	}
 	return m.Wrap(nethttp.HandlerFunc(func(w nethttp.ResponseWriter, r *nethttp.Request) {
-		key, _ := idemhttp.Lease(r)
-		err := pgx.BeginFunc(r.Context(), pool, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(r.Context(), `INSERT INTO effects (key) VALUES ($1)`, key.Key); err != nil {
-				return err
-			}
-			if spec.Block {
-				fmt.Println(killMarker)
-				select {}
-			}
-			w.WriteHeader(nethttp.StatusCreated)
-			fmt.Fprintf(w, "applied %s", key.Key)
-			if pg == nil {
-				return nil
-			}
-			return idemhttp.Record(r, func(l idemq.Lease, resp request.Response) error { return pg.CompleteTx(r.Context(), tx, l, resp) })
-		})
+		var err error
+		if tx, ok := pgstore.Tx(r.Context()); ok {
+			err = apply(w, r, tx)
+		} else {
+			err = pgx.BeginFunc(r.Context(), pool, func(tx pgx.Tx) error { return apply(w, r, tx) })
+		}
 		if err != nil {
 			nethttp.Error(w, err.Error(), nethttp.StatusInternalServerError)
 		}
@@ -203,23 +225,6 @@ func (c *child) kill(t *testing.T) {
 	_ = c.cmd.Wait()
 }
 
-// retryUntilDone posts key to url until the answer is not a 409, within a
-// generous deadline, and returns it.
-func retryUntilDone(t *testing.T, url, key string) reply {
-	t.Helper()
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
-		r := post(t, url, quoted(key), "{}")
-		if r.status != nethttp.StatusConflict {
-			return r
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("key %s still in flight two minutes after the crash", key)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
 // effects returns how often the handler ran for each key.
 func effects(t *testing.T, pool *pgxpool.Pool) map[string]int {
 	t.Helper()
@@ -246,7 +251,7 @@ func TestCrashedHolderFreesKeyWithinLease(t *testing.T) {
 		return
 	}
 	t.Parallel()
-	spec, pool := crashEnv(t, false)
+	spec, pool := crashEnv(t, "postgres-record")
 	spec.Block = true
 	c := startChild(t, "TestCrashedHolderFreesKeyWithinLease", spec)
 	key := uuid.NewString()
@@ -254,7 +259,7 @@ func TestCrashedHolderFreesKeyWithinLease(t *testing.T) {
 		req, _ := nethttp.NewRequest(nethttp.MethodPost, c.url+"/orders", strings.NewReader("{}"))
 		req.Header.Set(idemhttp.HeaderKey, quoted(key))
 		req.Header.Set("Content-Type", "application/json")
-		if resp, err := nethttp.DefaultClient.Do(req); err == nil {
+		if resp, err := client.Do(req); err == nil {
 			_ = resp.Body.Close() // the server dies: no answer expected
 		}
 	}()
@@ -281,7 +286,7 @@ func TestCrashedHolderFreesKeyWithinLease(t *testing.T) {
 	if held := rec.LeaseUntil.Sub(killed); held > request.LeaseDefault+time.Second {
 		t.Fatalf("the dead holder's lease runs %v past the kill, want at most the %v lease", held, request.LeaseDefault)
 	}
-	r := retryUntilDone(t, survivor.URL, key)
+	r := retryUntilDone(t, survivor.URL, quoted(key))
 	t.Logf("the retry ran %v after the SIGKILL (lease %v)", time.Since(killed).Round(100*time.Millisecond), request.LeaseDefault)
 	if r.status != nethttp.StatusCreated || r.replayed() {
 		t.Fatalf("retry after the crash: %+v, want 201 from a new run", r)
@@ -291,21 +296,23 @@ func TestCrashedHolderFreesKeyWithinLease(t *testing.T) {
 	}
 }
 
-// TestCrashBetweenCommitAndStore measures what the Redis store cannot
-// promise: the handler commits in Postgres, then the response is stored
-// in Redis, and a SIGKILL between the two runs the handler again on the
-// client's retry. Rounds of concurrent requests are cut by a SIGKILL at a
-// random moment; every request is then retried until it succeeds, and
-// the runs per key are counted. With the Postgres store and Record (the
-// response committed in the handler's transaction) no key may run twice.
+// TestCrashBetweenCommitAndStore measures what the Redis and DynamoDB
+// stores cannot promise: the handler commits in Postgres, then the
+// response is stored elsewhere, and a SIGKILL between the two runs the
+// handler again on the client's retry. Rounds of concurrent requests are
+// cut by a SIGKILL at a random moment; every request is then retried until
+// it succeeds, and the requests run twice are counted and logged for each
+// store. With the response committed with the effects, in the handler's
+// transaction (Record) or in the middleware's (OwnTransaction), no key may
+// run twice.
 func TestCrashBetweenCommitAndStore(t *testing.T) {
 	if crashChild(t) {
 		return
 	}
-	for _, useRedis := range []bool{true, false} {
-		name := map[bool]string{true: "redis", false: "postgres-record"}[useRedis]
+	for _, name := range crashStores {
 		t.Run(name, func(t *testing.T) {
-			spec, pool := crashEnv(t, useRedis)
+			t.Parallel()
+			spec, pool := crashEnv(t, name)
 			const rounds, workers = 5, 8
 			var keys []string
 			for range rounds {
@@ -328,7 +335,7 @@ func TestCrashBetweenCommitAndStore(t *testing.T) {
 							req, _ := nethttp.NewRequest(nethttp.MethodPost, c.url+"/orders", strings.NewReader("{}"))
 							req.Header.Set(idemhttp.HeaderKey, quoted(key))
 							req.Header.Set("Content-Type", "application/json")
-							resp, err := nethttp.DefaultClient.Do(req)
+							resp, err := client.Do(req)
 							if err != nil {
 								return // the server died
 							}
@@ -344,7 +351,7 @@ func TestCrashBetweenCommitAndStore(t *testing.T) {
 			survivor := httptest.NewServer(crashServer(t, spec, pool))
 			t.Cleanup(survivor.Close)
 			for _, key := range keys {
-				if r := retryUntilDone(t, survivor.URL, key); r.status != nethttp.StatusCreated || r.body != "applied "+key {
+				if r := retryUntilDone(t, survivor.URL, quoted(key)); r.status != nethttp.StatusCreated || r.body != "applied "+key {
 					t.Fatalf("retry of %s: %+v", key, r)
 				}
 			}
@@ -359,8 +366,8 @@ func TestCrashBetweenCommitAndStore(t *testing.T) {
 				}
 			}
 			t.Logf("%s: %d of %d requests ran twice after %d SIGKILLs under load", name, twice, len(keys), rounds)
-			if !useRedis && twice > 0 {
-				t.Fatalf("the Postgres store with Record ran %d requests twice", twice)
+			if strings.HasPrefix(name, "postgres") && twice > 0 {
+				t.Fatalf("%s ran %d requests twice", name, twice)
 			}
 		})
 	}

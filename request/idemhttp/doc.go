@@ -53,8 +53,15 @@
 //
 // # One transaction
 //
-// On Postgres, a handler can commit its own writes and the request record
-// together with [Record] and pgstore.Store.CompleteTx: if the lease was
-// taken over meanwhile, the record is refused and the handler's
-// transaction rolls back, so a stale attempt's writes never land.
+// When the handler's effects are all in Postgres, let the front end own
+// the transaction ([Config.OwnTransaction], on pgstore): it begins it with
+// the key's claim in one round trip, the handler writes in it
+// (pgstore.Tx(r.Context())), and the response is stored in it with the one
+// COMMIT. The writes and the record commit together or not at all; a
+// duplicate waits for the first one's transaction and gets its response.
+// Effects outside Postgres need the default leased mode. There, a handler
+// can still commit its own writes and the request record together with
+// [Record] and pgstore.Store.CompleteTx: if the lease was taken over
+// meanwhile, the record is refused and the handler's transaction rolls
+// back, so a stale attempt's writes never land.
 package idemhttp

@@ -79,6 +79,21 @@ type Config struct {
 	// Timeout bounds the handler: its context gets this deadline and the
 	// lease is renewed no longer. Defaults to 0: no deadline.
 	Timeout time.Duration
+	// OwnTransaction runs each protected request in a transaction the
+	// middleware owns, on a store that can (a request.TxStore: pgstore):
+	// the key is claimed by the transaction's first statement, the
+	// handler writes its effects in it (pgstore.Tx(r.Context())), and the
+	// response is stored in it before it commits once, so the effects and
+	// the record commit together or not at all. A duplicate waits for the
+	// first request's transaction up to Guard.Wait (at least
+	// request.TxWaitMin, a second), then gets the committed response
+	// replayed, or a 409.
+	// A response that Final does not keep (a 5xx), a panic and a failed
+	// statement roll the whole transaction back. Choose it when the
+	// handler's effects are all in that database; effects elsewhere (an
+	// HTTP call, an email) need the default leased mode. Defaults to
+	// false.
+	OwnTransaction bool
 	// Hooks observe every protected request.
 	Hooks Hooks
 	// Logger receives the reason of every 500 the middleware answers for
@@ -245,6 +260,9 @@ func New(store request.Store, cfg Config) (*Middleware, error) {
 	} else if limit > 0 && cfg.MaxResponse > limit {
 		return nil, idemq.NewConfigError(component, "MaxResponse", "%d is over the %d bytes the %T keeps per response; lower it, or use the Postgres store for large responses", cfg.MaxResponse, limit, store)
 	}
+	if _, ok := store.(request.TxStore); cfg.OwnTransaction && !ok {
+		return nil, idemq.NewConfigError(component, "OwnTransaction", "the %T cannot run requests in their transaction; use pgstore, or the leased mode", store)
+	}
 	if err := probeFingerprint(cfg.Fingerprint); err != nil {
 		return nil, err
 	}
@@ -341,6 +359,10 @@ func (m *Middleware) serve(w nethttp.ResponseWriter, r *nethttp.Request, next ne
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, m.cfg.Timeout)
 		defer cancel()
+	}
+	if m.cfg.OwnTransaction {
+		m.serveTx(ctx, w, r, next, body, &ev, reject)
+		return
 	}
 	d, err := m.guard.Begin(ctx, ev.ID, m.cfg.Fingerprint(r, body))
 	if err != nil {

@@ -51,37 +51,73 @@ type reply struct {
 	status int
 	header nethttp.Header
 	body   string
+	// err is why no reply came, for a request sent off the test's
+	// goroutine (see send), which must not call t.Fatal.
+	err error
 }
 
+// patient is a Guard configuration for the tests of many concurrent
+// requests: a loaded store must not turn them into 503s or takeovers.
+var patient = request.Config{StoreTimeout: 30 * time.Second, Lease: 30 * time.Second}
+
 func (r reply) replayed() bool { return r.header.Get(idemhttp.HeaderReplayed) == "true" }
+
+// client gives up on a request that gets no answer, so a middleware that
+// leaves one unanswered fails the test instead of hanging it.
+var client = &nethttp.Client{Timeout: requesttest.WaitTimeout}
 
 // post sends a POST with key (none if empty; taken as the raw header
 // value if it starts with a quote or contains a space) and body.
 func post(t *testing.T, url, key, body string) reply {
 	t.Helper()
+	return check(t, send(url, key, body))
+}
+
+// send is post for a goroutine other than the test's: the error, if any,
+// is in reply.err, for the test's goroutine to report (see recv).
+func send(url, key, body string) reply {
 	req, err := nethttp.NewRequest(nethttp.MethodPost, url+"/orders", strings.NewReader(body))
 	if err != nil {
-		t.Fatal(err)
+		return reply{err: err}
 	}
 	req.Header.Set("Content-Type", "application/json")
 	if key != "" {
 		req.Header.Set(idemhttp.HeaderKey, key)
 	}
-	return do(t, req)
+	return roundTrip(req)
 }
 
 func do(t *testing.T, req *nethttp.Request) reply {
 	t.Helper()
-	resp, err := nethttp.DefaultClient.Do(req)
+	return check(t, roundTrip(req))
+}
+
+func roundTrip(req *nethttp.Request) reply {
+	resp, err := client.Do(req)
 	if err != nil {
-		t.Fatalf("%s %s: %v", req.Method, req.URL, err)
+		return reply{err: fmt.Errorf("%s %s: %w", req.Method, req.URL, err)}
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
-		t.Fatal(err)
+		return reply{err: fmt.Errorf("%s %s: reading the body: %w", req.Method, req.URL, err)}
 	}
 	return reply{status: resp.StatusCode, header: resp.Header, body: string(b)}
+}
+
+// check fails t if r carries an error.
+func check(t *testing.T, r reply) reply {
+	t.Helper()
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	return r
+}
+
+// recv returns the next reply sent on ch, within requesttest.WaitTimeout.
+func recv(t *testing.T, ch <-chan reply) reply {
+	t.Helper()
+	return check(t, requesttest.Recv(t, ch, "a reply"))
 }
 
 func quoted(key string) string { return `"` + key + `"` }
@@ -124,32 +160,30 @@ func problemType(t *testing.T, r reply) string {
 func TestConcurrentIdenticalRequests(t *testing.T) {
 	forEachStore(t, func(t *testing.T, s request.Store) {
 		var runs atomic.Int64
-		unblock := make(chan struct{})
-		var once sync.Once
-		release := func() { once.Do(func() { close(unblock) }) }
-		t.Cleanup(release)
-		srv := server(t, s, idemhttp.Config{}, func(w nethttp.ResponseWriter, r *nethttp.Request) {
+		gate := requesttest.NewGate(t)
+		// 50 requests at once on a loaded machine can keep a store
+		// (dynalite in particular) busy past the default timeout and
+		// renewals; this test is about concurrency, not latency.
+		srv := server(t, s, idemhttp.Config{Guard: patient}, func(w nethttp.ResponseWriter, r *nethttp.Request) {
 			runs.Add(1)
-			<-unblock
+			gate.Wait()
 			w.Header().Set("Location", "/orders/1")
 			w.WriteHeader(nethttp.StatusCreated)
 			_, _ = io.WriteString(w, `{"order":1}`)
 		})
 		key := quoted(uuid.NewString())
 		replies := make(chan reply, 50)
-		var wg sync.WaitGroup
 		for range 50 {
-			wg.Go(func() { replies <- post(t, srv.URL, key, `{"sku":"a"}`) })
+			go func() { replies <- send(srv.URL, key, `{"sku":"a"}`) }()
 		}
 		for range 49 {
-			r := <-replies
+			r := recv(t, replies)
 			if r.status != nethttp.StatusConflict || r.header.Get("Retry-After") == "" || problemType(t, r) != idemhttp.ProblemInFlight {
 				t.Fatalf("a concurrent duplicate got %d %v %s, want 409 in flight with Retry-After", r.status, r.header, r.body)
 			}
 		}
-		release()
-		wg.Wait()
-		first := <-replies
+		gate.Open()
+		first := recv(t, replies)
 		if first.status != nethttp.StatusCreated || first.replayed() || first.header.Get(idemhttp.HeaderExpires) == "" {
 			t.Fatalf("first = %+v, want 201 not replayed, with %s", first, idemhttp.HeaderExpires)
 		}
@@ -170,33 +204,28 @@ func TestConcurrentIdenticalRequests(t *testing.T) {
 func TestWaitForInFlight(t *testing.T) {
 	forEachStore(t, func(t *testing.T, s request.Store) {
 		o := &orders{}
-		started := make(chan struct{})
-		unblock := make(chan struct{})
-		var once sync.Once
-		srv := server(t, s, idemhttp.Config{Guard: request.Config{Wait: time.Minute}}, func(w nethttp.ResponseWriter, r *nethttp.Request) {
-			once.Do(func() { close(started) })
-			<-unblock
+		var runs atomic.Int64
+		gate := requesttest.NewGate(t)
+		wait := patient
+		wait.Wait = time.Minute
+		srv := server(t, s, idemhttp.Config{Guard: wait}, func(w nethttp.ResponseWriter, r *nethttp.Request) {
+			runs.Add(1)
+			gate.Wait()
 			o.ServeHTTP(w, r)
 		})
 		key := quoted(uuid.NewString())
 		replies := make(chan reply, 20)
-		var wg sync.WaitGroup
-		wg.Go(func() { replies <- post(t, srv.URL, key, `{"sku":"a"}`) })
-		select {
-		case <-started:
-		case r := <-replies:
-			t.Fatalf("the first request did not reach the handler: %+v", r)
-		}
+		go func() { replies <- send(srv.URL, key, `{"sku":"a"}`) }()
+		waitStarted(t, &runs, replies)
 		for range 19 {
-			wg.Go(func() { replies <- post(t, srv.URL, key, `{"sku":"a"}`) })
+			go func() { replies <- send(srv.URL, key, `{"sku":"a"}`) }()
 		}
 		time.Sleep(50 * time.Millisecond) // let the duplicates reach their wait
-		close(unblock)
-		wg.Wait()
-		close(replies)
+		gate.Open()
 		var bodies = map[string]int{}
 		replays := 0
-		for r := range replies {
+		for range 20 {
+			r := recv(t, replies)
 			if r.status != nethttp.StatusCreated {
 				t.Fatalf("got %d %s, want 201", r.status, r.body)
 			}
@@ -323,7 +352,7 @@ func TestFailuresReleaseTheKey(t *testing.T) {
 				req, _ := nethttp.NewRequest(nethttp.MethodPost, srv.URL+"/orders", strings.NewReader("{}"))
 				req.Header.Set(idemhttp.HeaderKey, key)
 				req.Header.Set("Content-Type", "application/json")
-				if resp, err := nethttp.DefaultClient.Do(req); err == nil {
+				if resp, err := client.Do(req); err == nil {
 					_ = resp.Body.Close()
 					if resp.StatusCode < 400 || resp.Header.Get(idemhttp.HeaderExpires) != "" {
 						t.Fatalf("failed attempt answered %d %v", resp.StatusCode, resp.Header)
@@ -349,37 +378,27 @@ func TestFailuresReleaseTheKey(t *testing.T) {
 func TestStalledHolderIsFenced(t *testing.T) {
 	forEachStore(t, func(t *testing.T, s request.Store) {
 		var runs atomic.Int64
-		stall := make(chan struct{})
-		var unstall sync.Once
-		release := func() { unstall.Do(func() { close(stall) }) }
-		t.Cleanup(release) // a failing test must not leave the handler hanging
+		stall := requesttest.NewGate(t)
 		// Timeout bounds the claim too: generous, so a loaded store is not a 503.
 		cfg := idemhttp.Config{Guard: request.Config{Lease: 300 * time.Millisecond}, Timeout: time.Second, Final: idemhttp.FinalAll}
 		srv := server(t, s, cfg, func(w nethttp.ResponseWriter, r *nethttp.Request) {
 			n := runs.Add(1)
 			if n == 1 {
-				<-stall // ignores its context, as stuck code does
+				stall.Wait() // ignores its context, as stuck code does
 			}
 			w.WriteHeader(nethttp.StatusCreated)
 			fmt.Fprintf(w, "attempt %d", n)
 		})
 		key := quoted(uuid.NewString())
 		firstReply := make(chan reply, 1)
-		go func() { firstReply <- post(t, srv.URL, key, "{}") }()
+		go func() { firstReply <- send(srv.URL, key, "{}") }()
 		waitStarted(t, &runs, firstReply)
-		var second reply
-		for {
-			second = post(t, srv.URL, key, "{}")
-			if second.status != nethttp.StatusConflict {
-				break
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+		second := retryUntilDone(t, srv.URL, key)
 		if second.status != nethttp.StatusCreated || second.body != "attempt 2" || second.replayed() {
 			t.Fatalf("takeover = %+v, want 201 attempt 2", second)
 		}
-		release()
-		first := <-firstReply
+		stall.Open()
+		first := recv(t, firstReply)
 		if first.body != "attempt 2" || !first.replayed() {
 			t.Fatalf("the stalled holder's client got %+v, want the successor's response replayed", first)
 		}
@@ -576,11 +595,28 @@ func TestScopes(t *testing.T) {
 // should run it was answered first (a store error under load).
 func waitStarted(t *testing.T, runs *atomic.Int64, reply chan reply) {
 	t.Helper()
+	deadline := time.After(requesttest.WaitTimeout)
 	for runs.Load() == 0 {
 		select {
 		case r := <-reply:
 			t.Fatalf("the first request did not reach the handler: %+v", r)
+		case <-deadline:
+			t.Fatal("gave up waiting for the first request to reach the handler")
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
+}
+
+// retryUntilDone retries key (a header value) until the reply is not a
+// 409, the request in flight having ended or lost its lease, and returns
+// that reply.
+func retryUntilDone(t *testing.T, url, key string) reply {
+	t.Helper()
+	for deadline := time.Now().Add(requesttest.WaitTimeout); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if r := post(t, url, key, "{}"); r.status != nethttp.StatusConflict {
+			return r
+		}
+	}
+	t.Fatalf("key %s still in flight after %v", key, requesttest.WaitTimeout)
+	return reply{}
 }

@@ -1,12 +1,14 @@
 package idemhttp_test
 
 import (
+	"context"
 	nethttp "net/http"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/request"
 	"github.com/idemq/idemq/request/idemhttp"
 	"github.com/idemq/idemq/request/requesttest"
@@ -39,8 +41,10 @@ func TestStoreUnavailable(t *testing.T) {
 			}
 			server.Start()
 			var r reply
+			// A claim given up on at StoreTimeout may land once the server
+			// is back; it is handed back at once, meanwhile the key is a 409.
 			for range 50 {
-				if r = post(t, srv.URL, key, "{}"); r.status != nethttp.StatusServiceUnavailable {
+				if r = post(t, srv.URL, key, "{}"); r.status != nethttp.StatusServiceUnavailable && r.status != nethttp.StatusConflict {
 					break
 				}
 				time.Sleep(100 * time.Millisecond)
@@ -53,6 +57,72 @@ func TestStoreUnavailable(t *testing.T) {
 			}
 			if n := o.runs.Load(); n != 2 {
 				t.Fatalf("handler ran %d times, want 2 (one per key)", n)
+			}
+		})
+	}
+}
+
+// deaf is a store whose calls named in hang block, ignoring their context,
+// until the test ends: a driver stuck on a dead connection.
+type deaf struct {
+	request.Store
+	gate *requesttest.Gate
+	hang map[string]bool
+}
+
+func (s *deaf) stuck(op string) {
+	if s.hang[op] {
+		s.gate.Wait()
+	}
+}
+
+func (s *deaf) Claim(ctx context.Context, id request.ID, fp []byte, d time.Duration) (request.Claim, error) {
+	s.stuck("claim")
+	return s.Store.Claim(ctx, id, fp, d)
+}
+
+func (s *deaf) Complete(ctx context.Context, l idemq.Lease, resp request.Response) error {
+	s.stuck("complete")
+	return s.Store.Complete(ctx, l, resp)
+}
+
+func (s *deaf) Extend(ctx context.Context, l idemq.Lease, d time.Duration) (idemq.Lease, error) {
+	s.stuck("extend")
+	return s.Store.Extend(ctx, l, d)
+}
+
+// TestStoreIgnoresContext: a store call that hangs and ignores its context
+// never leaves a request unanswered: a hung claim is a 503 after
+// StoreTimeout; a hung renewal or completion still sends the handler's
+// response, reported as a store failure.
+func TestStoreIgnoresContext(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		hang   string
+		status int
+		result request.Result
+	}{
+		{"claim", nethttp.StatusServiceUnavailable, request.ResultUnavailable},
+		{"extend", nethttp.StatusCreated, request.ResultCompleted},
+		{"complete", nethttp.StatusCreated, request.ResultStoreFailed},
+	} {
+		t.Run(tc.hang, func(t *testing.T) {
+			t.Parallel()
+			s := &deaf{Store: requesttest.OpenPostgres(t), gate: requesttest.NewGate(t), hang: map[string]bool{tc.hang: true}}
+			results := make(chan request.Result, 1)
+			cfg := idemhttp.Config{
+				Guard: request.Config{Lease: 30 * time.Millisecond, StoreTimeout: 100 * time.Millisecond},
+				Hooks: idemhttp.Hooks{OnResult: func(ev idemhttp.ResultEvent) { results <- ev.Result }},
+			}
+			srv := server(t, s, cfg, func(w nethttp.ResponseWriter, r *nethttp.Request) {
+				time.Sleep(50 * time.Millisecond) // long enough for a renewal
+				w.WriteHeader(nethttp.StatusCreated)
+			})
+			if r := post(t, srv.URL, quoted(uuid.NewString()), "{}"); r.status != tc.status {
+				t.Fatalf("answered %d %s, want %d", r.status, r.body, tc.status)
+			}
+			if got := requesttest.Recv(t, results, "the request's result"); got != tc.result {
+				t.Fatalf("result %v, want %v", got, tc.result)
 			}
 		})
 	}

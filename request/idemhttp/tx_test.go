@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	nethttp "net/http"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -18,6 +17,7 @@ import (
 	"github.com/idemq/idemq/request"
 	"github.com/idemq/idemq/request/idemhttp"
 	"github.com/idemq/idemq/request/pgstore"
+	"github.com/idemq/idemq/request/requesttest"
 	"github.com/idemq/idemq/testenv"
 )
 
@@ -27,7 +27,7 @@ type txOrders struct {
 	pool  *pgxpool.Pool
 	store *pgstore.Store
 	runs  atomic.Int64
-	stall chan struct{}
+	stall *requesttest.Gate
 	// fenced counts the runs whose Record was refused by the fence.
 	fenced atomic.Int64
 	// rollback makes the first run roll back after it recorded.
@@ -63,7 +63,7 @@ func (o *txOrders) ServeHTTP(w nethttp.ResponseWriter, r *nethttp.Request) {
 			return err
 		}
 		if run == 1 && o.stall != nil {
-			<-o.stall
+			o.stall.Wait()
 		}
 		w.WriteHeader(nethttp.StatusCreated)
 		fmt.Fprintf(w, `{"order":%d,"run":%d}`, id, run)
@@ -117,29 +117,20 @@ func TestRecordInHandlerTx(t *testing.T) {
 func TestStalledTxIsRolledBack(t *testing.T) {
 	t.Parallel()
 	o := newTxOrders(t)
-	o.stall = make(chan struct{})
-	var unstall sync.Once
-	release := func() { unstall.Do(func() { close(o.stall) }) }
-	t.Cleanup(release) // a failing test must not leave the handler, and the server's Close, hanging
+	o.stall = requesttest.NewGate(t)
 	// Timeout bounds the claim too: generous, so a loaded store is not a 503.
 	cfg := idemhttp.Config{Guard: request.Config{Lease: 300 * time.Millisecond}, Timeout: time.Second}
 	srv := serverWith(t, o.store, cfg, o)
 	key := quoted(uuid.NewString())
 	firstReply := make(chan reply, 1)
-	go func() { firstReply <- post(t, srv.URL, key, "{}") }()
+	go func() { firstReply <- send(srv.URL, key, "{}") }()
 	waitStarted(t, &o.runs, firstReply)
-	var second reply
-	for {
-		if second = post(t, srv.URL, key, "{}"); second.status != nethttp.StatusConflict {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	second := retryUntilDone(t, srv.URL, key)
 	if second.status != nethttp.StatusCreated || second.replayed() {
 		t.Fatalf("takeover: %+v", second)
 	}
-	release()
-	if first := <-firstReply; first.body != second.body || !first.replayed() {
+	o.stall.Open()
+	if first := recv(t, firstReply); first.body != second.body || !first.replayed() {
 		t.Fatalf("stalled client got %+v, want the successor's %s replayed", first, second.body)
 	}
 	if n, fenced := o.count(t), o.fenced.Load(); n != 1 || fenced != 1 {

@@ -11,7 +11,10 @@
 // the caller's transaction, so that a handler's writes and the request's
 // record commit together: if the key was taken over meanwhile, CompleteTx
 // fails and the caller rolls back, so the stale attempt's writes never
-// land.
+// land. [Store.BeginTx] is the transaction-owning mode
+// (request.TxStore): the front end's transaction claims the key with its
+// BEGIN, the handler writes in it ([Tx]), and the response is stored with
+// its COMMIT.
 //
 // Records are kept for at least [Config.RecordTTL]; [Store.GC] deletes
 // expired ones in bounded batches (run it from a periodic job).
@@ -33,6 +36,7 @@ import (
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/internal/inboxsql"
 	"github.com/idemq/idemq/internal/pgtx"
+	"github.com/idemq/idemq/internal/pgutil"
 	"github.com/idemq/idemq/migrate"
 	"github.com/idemq/idemq/request"
 )
@@ -95,6 +99,9 @@ type Store struct {
 	in    *inboxsql.Store
 	ttl   time.Duration
 	owner string
+	// db and owned serve the transaction-owning mode (owned.go).
+	db    DB
+	owned ownedSQL
 }
 
 var _ request.Store = (*Store)(nil)
@@ -113,9 +120,14 @@ func New(db DB, cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
+	ic := in.Config() // with its defaults
+	table, err := pgutil.ConfigTable(component, ic.Schema, ic.Table)
+	if err != nil {
+		return nil, err
+	}
 	var owner [6]byte
 	_, _ = rand.Read(owner[:])
-	return &Store{in: in, ttl: cfg.RecordTTL, owner: hex.EncodeToString(owner[:])}, nil
+	return &Store{in: in, ttl: cfg.RecordTTL, owner: hex.EncodeToString(owner[:]), db: db, owned: newOwnedSQL(table)}, nil
 }
 
 // Migrate creates or upgrades the table. It is idempotent and safe to run

@@ -62,6 +62,9 @@ func Run(t *testing.T, h Harness) {
 		{"ConcurrentTakeovers", testConcurrentTakeovers},
 		{"ResponseFidelity", testResponseFidelity},
 	}
+	if _, ok := store(t, h).(request.TxStore); ok {
+		tests = append(tests, txTests...)
+	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
