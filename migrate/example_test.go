@@ -63,7 +63,7 @@ func Example() {
 		return
 	}
 	// Output:
-	// pending: 11
+	// pending: 13
 	// applied inbox 0001_inbox
 	// applied inbox 0002_failures
 	// applied inbox 0003_conflicts
@@ -75,6 +75,8 @@ func Example() {
 	// applied outbox 0002_partitions
 	// applied outbox 0003_error_class
 	// applied outbox 0004_audit
+	// applied outbox 0005_audit_outcome
+	// applied outbox 0006_enqueue_function
 	// current: true
-	// undone outbox 0004_audit
+	// undone outbox 0006_enqueue_function
 }
