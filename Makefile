@@ -8,6 +8,7 @@ KAFKA_EOS_MESSAGES ?= 100000
 KAFKA_EOS_KILLS ?= 100
 HISTORY_DURATION ?= 10m
 HISTORY_SEED ?=
+WATERMILL_STRESS ?= 10
 
 .PHONY: demo test test-suite badinput soak bench bench-peers lint pgbouncer chromium
 
@@ -26,20 +27,22 @@ test-suite:
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 20m ./...
 	cd cmd/idemq && $(GO) vet ./... && $(GO) test -race -count=1 -timeout 10m ./...
+	cd idemwatermill && $(GO) vet ./... && $(GO) test -race -count=1 -timeout 10m ./...
 
 badinput: testenv/node_modules ## run the bad-input suite: every TestBadInput test, of the library and of the binary
 	$(GO) run ./testenv/withpostgres sh -c '$(GO) test -race -count=1 -timeout 20m -run BadInput ./... && cd cmd/idemq && $(GO) test -race -count=1 -timeout 10m -run BadInput ./...'
 
-soak: ## the crash soak: 100,000 messages (SOAK_MESSAGES sets it; SOAK_INTERVAL the mean time between faults) through relays and consumers SIGKILLed at random; then a minute of 48 relay workers on a busy pool of 4 (SOAK_BUSY_POOL); then the relay's history check under faults for HISTORY_DURATION (HISTORY_SEED replays a schedule); then KAFKA_EOS_MESSAGES keyed messages into Kafka through the transactional and the kafka-go sink while relays are SIGKILLed KAFKA_EOS_KILLS times
+soak: ## the crash soak: 100,000 messages (SOAK_MESSAGES sets it; SOAK_INTERVAL the mean time between faults) through relays and consumers SIGKILLed at random; then a minute of 48 relay workers on a busy pool of 4 (SOAK_BUSY_POOL); then the relay's history check under faults for HISTORY_DURATION (HISTORY_SEED replays a schedule); then KAFKA_EOS_MESSAGES keyed messages into Kafka through the transactional and the kafka-go sink while relays are SIGKILLed KAFKA_EOS_KILLS times; then Watermill's Pub/Sub suite at full size, WATERMILL_STRESS runs at once, on the Watermill adapter
 	IDEMQ_SOAK_MESSAGES=$(SOAK_MESSAGES) IDEMQ_SOAK_INTERVAL=$(SOAK_INTERVAL) $(GO) test -count=1 -timeout 60m -v -run '^TestSoak$$' ./soak
 	IDEMQ_RELAY_BUSY_POOL=$(SOAK_BUSY_POOL) $(GO) test -count=1 -timeout 10m -v -run '^TestBusyPoolKeepsLeases$$' ./relay
 	IDEMQ_HISTORY_DURATION=$(HISTORY_DURATION) IDEMQ_HISTORY_SEED=$(HISTORY_SEED) $(GO) test -count=1 -timeout 60m -v -run '^TestRelayHistory$$' ./relay
 	IDEMQ_KAFKA_EOS_MESSAGES=$(KAFKA_EOS_MESSAGES) IDEMQ_KAFKA_EOS_KILLS=$(KAFKA_EOS_KILLS) $(GO) test -count=1 -timeout 60m -v -run '^TestExactlyOnceKilledRelays$$' ./transports/kafka/franz
+	cd idemwatermill && IDEMQ_WATERMILL_STRESS=$(WATERMILL_STRESS) $(GO) test -count=1 -timeout 60m -v -run '^TestPubSubStress$$' .
 
 bench: testenv/node_modules ## run the benchmarks; each reports its ratio against a baseline measured in the same run
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -timeout 60m ./...
 
-bench-peers: ## run idemq next to the Watermill SQL outbox (module bench/peers); ratio = idemq / Watermill
+bench-peers: ## run idemq and its Watermill adapter next to the Watermill SQL outbox (module bench/peers); ratio = idemq / Watermill, adapter_ratio = adapter / Watermill
 	cd bench/peers && $(GO) test -run '^$$' -bench . -benchtime 1x -timeout 30m .
 
 # dynalite, the DynamoDB API server of the request/dynamostore tests.
@@ -73,8 +76,9 @@ chromium:
 # module proxy: no tool dependency in go.mod, the same version everywhere.
 STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-lint: ## gofmt, go vet and staticcheck over the root module and cmd/idemq
+lint: ## gofmt, go vet and staticcheck over the root module, cmd/idemq and idemwatermill
 	@test -z "$$(gofmt -l .)" || { gofmt -l .; echo "gofmt: files above need formatting"; exit 1; }
 	$(GO) vet ./...
 	$(STATICCHECK) ./...
 	cd cmd/idemq && $(GO) vet ./... && $(STATICCHECK) ./...
+	cd idemwatermill && $(GO) vet ./... && $(STATICCHECK) ./...
