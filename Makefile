@@ -10,7 +10,7 @@ HISTORY_DURATION ?= 10m
 HISTORY_SEED ?=
 WATERMILL_STRESS ?= 10
 
-.PHONY: demo test test-suite badinput soak bench bench-peers lint pgbouncer chromium
+.PHONY: demo test test-suite badinput soak bench bench-peers lint pgbouncer chromium promtool
 
 # Both use the Postgres at IDEMQ_TEST_DATABASE_URL (default 127.0.0.1:5432)
 # and, when nothing answers there, a private server started from the
@@ -18,7 +18,7 @@ WATERMILL_STRESS ?= 10
 demo: ## run the end-to-end demo
 	$(GO) run ./examples/orders
 
-test: testenv/node_modules pgbouncer chromium ## run the whole suite against real servers (race detector on)
+test: testenv/node_modules pgbouncer chromium promtool ## run the whole suite against real servers (race detector on)
 	$(GO) run ./testenv/withpostgres $(MAKE) --no-print-directory test-suite
 
 # test-suite is test's body, run by testenv/withpostgres with a Postgres to
@@ -71,6 +71,17 @@ chromium:
 		apt-get install -y -qq chromium >/dev/null 2>&1 || \
 		{ apt-get update -qq >/dev/null && apt-get install -y -qq chromium >/dev/null; } || \
 		{ echo "make: could not install chromium; install it (apt-get install -y chromium) and run make test again"; exit 1; }; }
+
+# promtool, which checks and unit-tests the alerting rules of
+# examples/deploy/prometheus: installed from the distribution (package
+# prometheus) when missing (Debian/Ubuntu, as root).
+promtool:
+	@command -v promtool >/dev/null 2>&1 || { \
+		echo "make: installing promtool (package prometheus)"; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get install -y -qq prometheus >/dev/null 2>&1 || \
+		{ apt-get update -qq >/dev/null && apt-get install -y -qq prometheus >/dev/null; } || \
+		{ echo "make: could not install promtool; install it (apt-get install -y prometheus) and run make test again"; exit 1; }; }
 
 # staticcheck at a pinned release (2026.2.2), built by go run from the Go
 # module proxy: no tool dependency in go.mod, the same version everywhere.
