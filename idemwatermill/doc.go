@@ -45,9 +45,10 @@
 //     toward the relay's dead letters. Bound the retries of a handler with
 //     the [Middleware] (which dead-letters in the inbox after its Retry
 //     budget) or Watermill's Retry and Poison middlewares.
-//   - Delivery is at least once: a process that dies after an Ack and before
-//     the relay deleted the row delivers the message again, with the same
-//     UUID. The [Middleware] turns that into once.
+//   - Delivery is at least once: the relay deletes the rows of a batch
+//     together, once each of its messages was acked or nacked, so a process
+//     that dies mid-batch delivers that batch's acked messages again, with
+//     the same UUIDs. The [Middleware] turns that into once.
 //
 // # Applying once
 //
