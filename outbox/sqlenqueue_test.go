@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -181,41 +180,22 @@ func TestSQLEnqueueFromPsqlWakesTheRelay(t *testing.T) {
 		if n.Channel != channel {
 			t.Errorf("notified %q, want %q", n.Channel, channel)
 		}
-		rows := readRows(t, b)
-		if len(rows) != 2 {
-			t.Fatalf("%d rows, want 2", len(rows))
+		got := rows(t, b)
+		if len(got) != 2 {
+			t.Fatalf("%d rows, want 2", len(got))
 		}
-		for i, r := range rows {
+		for i, r := range got {
 			if r.ID.String() != ids[i] || r.ID.Version() != 7 {
 				t.Errorf("row %d: id %s, psql printed %s; want the same UUIDv7", i, r.ID, ids[i])
 			}
 		}
-		if rows[0].Key == nil || *rows[0].Key != "customer-7" || string(rows[0].Payload) != "{}" || rows[0].Headers["traceparent"] != "00-abc-def-01" {
-			t.Errorf("first row %+v", rows[0])
+		if got[0].Key == nil || *got[0].Key != "customer-7" || string(got[0].Payload) != "{}" || got[0].Headers["traceparent"] != "00-abc-def-01" {
+			t.Errorf("first row %+v", got[0])
 		}
-		if rows[1].Key != nil || rows[1].Headers != nil || string(rows[1].Payload) != "unordered" {
-			t.Errorf("second row %+v: want no key and no headers", rows[1])
+		if got[1].Key != nil || got[1].Headers != nil || string(got[1].Payload) != "unordered" {
+			t.Errorf("second row %+v: want no key and no headers", got[1])
 		}
 	}
-}
-
-// sqlRow is an outbox row as the function wrote it.
-type sqlRow struct {
-	ID      uuid.UUID
-	Key     *string
-	Payload []byte
-	Headers map[string]string
-}
-
-func readRows(t *testing.T, b bundle) []sqlRow {
-	t.Helper()
-	table := pgx.Identifier{b.ob.Config().Schema, b.ob.Config().Table}.Sanitize()
-	rows, _ := b.pool.Query(b.ctx, `SELECT id, key, payload, headers FROM `+table+` ORDER BY seq`)
-	got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[sqlRow])
-	if err != nil {
-		t.Fatal(err)
-	}
-	return got
 }
 
 // TestBadInputSQLEnqueue: every argument EnqueueTx would refuse is an
@@ -259,7 +239,7 @@ func TestBadInputSQLEnqueue(t *testing.T) {
 			}
 		})
 	}
-	if rows := readRows(t, b); len(rows) != 0 {
-		t.Fatalf("%d rows written, want none", len(rows))
+	if got := rows(t, b); len(got) != 0 {
+		t.Fatalf("%d rows written, want none", len(got))
 	}
 }
