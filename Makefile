@@ -29,8 +29,8 @@ test-suite:
 	cd cmd/idemq && $(GO) vet ./... && $(GO) test -race -count=1 -timeout 10m ./...
 	cd idemwatermill && $(GO) vet ./... && $(GO) test -race -count=1 -timeout 10m ./...
 
-badinput: testenv/node_modules ## run the bad-input suite: every TestBadInput test, of the library and of the binary
-	$(GO) run ./testenv/withpostgres sh -c '$(GO) test -race -count=1 -timeout 20m -run BadInput ./... && cd cmd/idemq && $(GO) test -race -count=1 -timeout 10m -run BadInput ./...'
+badinput: testenv/node_modules ## run the bad-input suite: every TestBadInput test, of the library, the binary and the Watermill adapter
+	$(GO) run ./testenv/withpostgres sh -c '$(GO) test -race -count=1 -timeout 20m -run BadInput ./... && cd cmd/idemq && $(GO) test -race -count=1 -timeout 10m -run BadInput ./... && cd ../../idemwatermill && $(GO) test -race -count=1 -timeout 10m -run BadInput ./...'
 
 soak: ## the crash soak: 100,000 messages (SOAK_MESSAGES sets it; SOAK_INTERVAL the mean time between faults) through relays and consumers SIGKILLed at random; then a minute of 48 relay workers on a busy pool of 4 (SOAK_BUSY_POOL); then the relay's history check under faults for HISTORY_DURATION (HISTORY_SEED replays a schedule); then KAFKA_EOS_MESSAGES keyed messages into Kafka through the transactional and the kafka-go sink while relays are SIGKILLed KAFKA_EOS_KILLS times; then Watermill's Pub/Sub suite at full size, WATERMILL_STRESS runs at once, on the Watermill adapter
 	IDEMQ_SOAK_MESSAGES=$(SOAK_MESSAGES) IDEMQ_SOAK_INTERVAL=$(SOAK_INTERVAL) $(GO) test -count=1 -timeout 60m -v -run '^TestSoak$$' ./soak
