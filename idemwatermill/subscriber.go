@@ -140,6 +140,9 @@ func (s *Subscriber) Subscribe(ctx context.Context, name string) (<-chan *messag
 		stop()
 		s.mu.Lock()
 		t.subs = removeSub(t.subs, sub)
+		if len(t.subs) == 0 && s.topics[name] == t {
+			delete(s.topics, name)
+		}
 		s.mu.Unlock()
 		sub.sending.Wait()
 		close(sub.out)
