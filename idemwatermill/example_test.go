@@ -96,3 +96,56 @@ func Example() {
 	// Output:
 	// charges: map[o-1:1 o-2:1]
 }
+
+// A Publisher on the business transaction: the message is in the outbox if
+// and only if the order is.
+func ExampleNewPublisher() {
+	ctx := context.Background()
+	pool, done, err := testenv.ScratchPool(ctx, "idemq_example")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer done()
+	ob, err := outbox.New(pool, outbox.Config{Table: "watermill_outbox"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE orders (id text PRIMARY KEY)`); err != nil {
+		log.Fatal(err)
+	}
+	if err := ob.Migrate(ctx); err != nil {
+		log.Fatal(err)
+	}
+
+	place := func(id string, commit bool) error {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = tx.Rollback(ctx) }()
+		if _, err := tx.Exec(ctx, `INSERT INTO orders VALUES ($1)`, id); err != nil {
+			return err
+		}
+		pub, err := idemwatermill.NewPublisher(tx, ob, idemwatermill.PublisherConfig{})
+		if err != nil {
+			return err
+		}
+		if err := pub.Publish("orders", message.NewMessage(watermill.NewUUID(), []byte(id))); err != nil {
+			return err
+		}
+		if !commit {
+			return nil // rolled back: no order, no message
+		}
+		return tx.Commit(ctx)
+	}
+	if err := errors.Join(place("o-1", true), place("o-2", false)); err != nil {
+		log.Fatal(err)
+	}
+	st, err := ob.Stats(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("messages waiting:", st.Pending)
+	// Output:
+	// messages waiting: 1
+}
