@@ -198,6 +198,79 @@ func TestSQLEnqueueFromPsqlWakesTheRelay(t *testing.T) {
 	}
 }
 
+// TestSQLEnqueueNotifiesOncePerInterval: a session notifies at most once
+// per idemq.notify_interval_ms, as an Outbox does per NotifyInterval: after
+// a rollback (whose NOTIFY never went out) the next commit notifies, the
+// commit after it within the interval does not, and a negative interval
+// notifies every time. A NOTIFY from another session marks the place in
+// the sequence, so the test needs no timing.
+func TestSQLEnqueueNotifiesOncePerInterval(t *testing.T) {
+	t.Parallel()
+	b := setup(t, outbox.Config{})
+	ctx := b.ctx
+	connect := func() *pgx.Conn {
+		c, err := pgx.Connect(ctx, b.pool.Config().ConnConfig.ConnString())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close(ctx) })
+		return c
+	}
+	listener, session, other := connect(), connect(), connect()
+	channel := b.ob.Config().Channel
+	if _, err := listener.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	enqueue := func(commit bool) {
+		t.Helper()
+		tx, err := session.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, `SELECT public.idemq_outbox_enqueue('d', 'k', 'x')`); err != nil {
+			t.Fatal(err)
+		}
+		if commit {
+			err = tx.Commit(ctx)
+		} else {
+			err = tx.Rollback(ctx)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	mark := func() {
+		t.Helper()
+		if _, err := other.Exec(ctx, `SELECT pg_notify($1, 'mark')`, channel); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := session.Exec(ctx, `SET idemq.notify_interval_ms = 3600000`); err != nil {
+		t.Fatal(err)
+	}
+	enqueue(false)
+	enqueue(true) // notifies: the rollback's NOTIFY did not count
+	enqueue(true) // within the hour: no NOTIFY
+	mark()
+	if _, err := session.Exec(ctx, `SET idemq.notify_interval_ms = -1`); err != nil {
+		t.Fatal(err)
+	}
+	enqueue(true) // notifies
+	var got []string
+	for range 3 {
+		wait, cancel := context.WithTimeout(ctx, time.Minute)
+		n, err := listener.WaitForNotification(wait)
+		cancel()
+		if err != nil {
+			t.Fatalf("after %q: %v", got, err)
+		}
+		got = append(got, n.Payload)
+	}
+	if want := []string{"", "mark", ""}; !slices.Equal(got, want) {
+		t.Fatalf("notifications %q, want %q", got, want)
+	}
+}
+
 // TestBadInputSQLEnqueue: every argument EnqueueTx would refuse is an
 // error with a SQLSTATE and a message naming the argument, and nothing is
 // written; an unknown schema is Postgres' own error.

@@ -20,11 +20,16 @@
 -- insert time, as for rows written by Go; the relay computes the key's
 -- partition. The function notifies the relays on the outbox's default
 -- channel (outbox.Config.Channel's default: the table name, "schema.table"
--- outside public, shortened with an FNV-1a hash past 63 bytes), at commit;
--- Postgres folds the notifications of one transaction into one, which is
--- the rate limit here. Relays configured with another channel find these
--- rows by polling. SET idemq.notify = off where transactions are prepared
--- for a two-phase commit (outbox.Config.DisableNotify).
+-- outside public, shortened with an FNV-1a hash past 63 bytes), at commit,
+-- at most once per idemq.notify_interval_ms (5 by default, as
+-- outbox.Config.NotifyInterval; negative: every transaction) per session
+-- and channel, for the reason the outbox package documentation gives under
+-- Notifications: the relays poll for a while after each wake-up and find
+-- the rows of the transactions that skipped theirs. The time of the last
+-- NOTIFY is a session setting, which a rollback restores. Relays
+-- configured with another channel find these rows by polling. SET
+-- idemq.notify = off where transactions are prepared for a two-phase
+-- commit (outbox.Config.DisableNotify).
 --
 -- The function runs with the caller's rights: granting INSERT on the outbox
 -- table and EXECUTE on the function lets a role enqueue.
@@ -39,6 +44,8 @@ DECLARE
     names       constant text[] := parse_ident('{{table}}');
     max_payload bigint := coalesce(nullif(current_setting('idemq.max_payload', true), '')::bigint, 1048576);
     channel     text;
+    last_notify text;
+    now_ms      float8;
     hash        bigint := 2166136261;
     bad         text;
     id          uuid;
@@ -96,7 +103,14 @@ BEGIN
             END LOOP;
             channel := left(channel, 54) || '_' || lpad(to_hex(hash), 8, '0');
         END IF;
-        PERFORM pg_notify(channel, '');
+        -- The session's last NOTIFY on channel, in Unix milliseconds.
+        last_notify := 'idemq.notified_' || left(md5(channel), 16);
+        now_ms := floor(extract(epoch FROM clock_timestamp()) * 1000);
+        IF now_ms - coalesce(nullif(current_setting(last_notify, true), '')::float8, '-Infinity')
+            >= coalesce(nullif(current_setting('idemq.notify_interval_ms', true), '')::float8, 5) THEN
+            PERFORM pg_notify(channel, '');
+            PERFORM set_config(last_notify, now_ms::text, false);
+        END IF;
     END IF;
     RETURN id;
 END
