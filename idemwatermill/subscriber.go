@@ -32,7 +32,9 @@ type SubscriberConfig struct {
 	// Relay configures the relay that feeds the subscriptions. Its
 	// PublishTimeout (30 seconds by default) bounds the time from handing
 	// a batch's first message to a subscription to the last Ack: messages
-	// not acked by then come back at once.
+	// not acked by then come back after NackDelay, in a new batch. With
+	// slow handlers, a smaller BatchSize (500 by default) keeps a batch
+	// within it.
 	Relay relay.Config
 	// NackDelay is how long a Nacked message, and the later messages of its
 	// key, wait before they are delivered again. Defaults to 100 ms.
