@@ -63,7 +63,7 @@ func Example() {
 		return
 	}
 	// Output:
-	// pending: 14
+	// pending: 15
 	// applied inbox 0001_inbox
 	// applied inbox 0002_failures
 	// applied inbox 0003_conflicts
@@ -78,6 +78,7 @@ func Example() {
 	// applied outbox 0005_audit_outcome
 	// applied outbox 0006_dead_groups
 	// applied outbox 0007_parked
+	// applied outbox 0008_enqueue_function
 	// current: true
-	// undone outbox 0007_parked
+	// undone outbox 0008_enqueue_function
 }

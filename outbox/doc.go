@@ -17,6 +17,21 @@
 // the caller set one; the id travels downstream as the message id, so the
 // receiving inbox drops the duplicates a relay crash creates.
 //
+// # Enqueue from SQL
+//
+// The migrations install a function beside the table, <schema>.<table>_enqueue
+// (public.idemq_outbox_enqueue by default), for writers that cannot call
+// EnqueueTx: triggers on business tables, data migrations, services in
+// other languages. It takes (destination, key, payload, headers jsonb),
+// validates them as EnqueueTx does (an error with a SQLSTATE instead of a
+// row; payloads up to the idemq.max_payload setting, 1 MiB by default),
+// writes the same row inside the caller's transaction, so that it keeps its
+// place in its key's order among rows written from Go, notifies the relays
+// on the default channel at most once per idemq.notify_interval_ms (5 by
+// default) per session, and returns the message's UUIDv7 id:
+//
+//	SELECT public.idemq_outbox_enqueue('orders', 'customer-7', '{"id": 42}', '{"content-type": "application/json"}');
+//
 // # Notifications
 //
 // A NOTIFY makes its transaction's commit take a cluster-wide lock until

@@ -42,9 +42,9 @@ type peer interface {
 
 var payload = []byte(`{"order":42,"amount":"10.00","currency":"EUR","customer":"c-0000000001"}`)
 
-// setup returns both peers on one fresh database, with a pool large enough
+// setup returns the peers on one fresh database, with a pool large enough
 // for the concurrent writers.
-func setup(b *testing.B) (idemqPeer, watermillPeer peer) {
+func setup(b *testing.B) (idemqPeer, adapterPeer, watermillPeer peer) {
 	ctx := context.Background()
 	cfg, err := pgxpool.ParseConfig(testenv.PostgresURL(b))
 	if err != nil {
@@ -56,7 +56,7 @@ func setup(b *testing.B) (idemqPeer, watermillPeer peer) {
 		b.Fatal(err)
 	}
 	b.Cleanup(pool.Close)
-	for _, table := range []string{"orders_idemq", "orders_watermill"} {
+	for _, table := range []string{"orders_idemq", "orders_adapter", "orders_watermill"} {
 		if _, err := pool.Exec(ctx, `CREATE TABLE `+table+` (id bigint NOT NULL, placed_at timestamptz NOT NULL DEFAULT now())`); err != nil {
 			b.Fatal(err)
 		}
@@ -74,7 +74,7 @@ func setup(b *testing.B) (idemqPeer, watermillPeer peer) {
 	if err := wm.migrate(ctx); err != nil {
 		b.Fatal(err)
 	}
-	return &idemqOutbox{pool: pool, ob: ob}, wm
+	return &idemqOutbox{pool: pool, ob: ob}, newAdapter(b, pool), wm
 }
 
 // writers is the number of concurrent business transactions in the
@@ -254,15 +254,20 @@ func (p *watermillOutbox) start(ctx context.Context, delivered func(int)) (func(
 	}, nil
 }
 
-// both runs measure on each peer rounds times, alternating, and returns
-// the median of each.
-func both(rounds int, idemq, watermill peer, measure func(peer) float64) (idemqMedian, watermillMedian float64) {
-	var mine, theirs []float64
+// medians runs measure on each peer rounds times, alternating, and
+// returns the median of each, in the order of peers.
+func medians(rounds int, measure func(peer) float64, peers ...peer) []float64 {
+	got := make([][]float64, len(peers))
 	for range rounds {
-		mine = append(mine, measure(idemq))
-		theirs = append(theirs, measure(watermill))
+		for i, p := range peers {
+			got[i] = append(got[i], measure(p))
+		}
 	}
-	return median(mine), median(theirs)
+	out := make([]float64, len(peers))
+	for i := range got {
+		out[i] = median(got[i])
+	}
+	return out
 }
 
 func median(v []float64) float64 {
@@ -280,14 +285,22 @@ func report(b *testing.B, unit string, idemq, watermill float64) {
 	b.ReportMetric(0, "ns/op")
 }
 
+// reportAdapter reports the figure of idemq's Watermill adapter under unit
+// and the adapter's over Watermill SQL's as adapter_ratio.
+func reportAdapter(b *testing.B, unit string, adapter, watermill float64) {
+	b.ReportMetric(adapter, "adapter_"+unit)
+	b.ReportMetric(adapter/watermill, "adapter_ratio")
+}
+
 // BenchmarkPublish commits business transactions (an order row and one
 // message) from 8 concurrent writers for 2 s per round; ratio = idemq
-// tx/s / Watermill tx/s.
+// tx/s / Watermill tx/s, adapter_ratio = idemq's Watermill adapter tx/s /
+// Watermill tx/s.
 func BenchmarkPublish(b *testing.B) {
-	idemq, watermill := setup(b)
+	idemq, adapter, watermill := setup(b)
 	ctx := context.Background()
 	for range b.N {
-		mine, theirs := both(3, idemq, watermill, func(p peer) float64 {
+		m := medians(3, func(p peer) float64 {
 			var n atomic.Int64
 			deadline := time.Now().Add(2 * time.Second)
 			var wg sync.WaitGroup
@@ -304,8 +317,9 @@ func BenchmarkPublish(b *testing.B) {
 			}
 			wg.Wait()
 			return float64(n.Load()) / 2
-		})
-		report(b, "tx/s", mine, theirs)
+		}, idemq, adapter, watermill)
+		report(b, "tx/s", m[0], m[2])
+		reportAdapter(b, "tx/s", m[1], m[2])
 	}
 }
 
@@ -347,7 +361,9 @@ func drainRate(b *testing.B, p peer, n, keys int) float64 {
 // BenchmarkDrain fills 20,000 messages into each outbox and measures how
 // fast its forwarder empties it into a Sink that does nothing, keyed (1,000
 // keys) and unkeyed. Watermill's SQL subscriber has no keys: it forwards
-// one topic in order either way. ratio = idemq msgs/s / Watermill msgs/s.
+// one topic in order either way. ratio = idemq msgs/s / Watermill msgs/s;
+// adapter_ratio = idemq's Watermill adapter msgs/s (Watermill messages
+// acked one by one from a Subscriber's channel) / Watermill msgs/s.
 func BenchmarkDrain(b *testing.B) {
 	const n = 20_000
 	for _, keys := range []int{1000, 0} {
@@ -356,10 +372,11 @@ func BenchmarkDrain(b *testing.B) {
 			name = "unkeyed"
 		}
 		b.Run(name, func(b *testing.B) {
-			idemq, watermill := setup(b)
+			idemq, adapter, watermill := setup(b)
 			for range b.N {
-				mine, theirs := both(3, idemq, watermill, func(p peer) float64 { return drainRate(b, p, n, keys) })
-				report(b, "msgs/s", mine, theirs)
+				m := medians(3, func(p peer) float64 { return drainRate(b, p, n, keys) }, idemq, adapter, watermill)
+				report(b, "msgs/s", m[0], m[2])
+				reportAdapter(b, "msgs/s", m[1], m[2])
 			}
 		})
 	}
@@ -370,7 +387,7 @@ func BenchmarkDrain(b *testing.B) {
 // each: idemq is woken by NOTIFY, Watermill's subscriber polls (every
 // watermillPollInterval when idle). ratio = idemq p99 / Watermill p99.
 func BenchmarkLatency(b *testing.B) {
-	idemq, watermill := setup(b)
+	idemq, adapter, watermill := setup(b)
 	ctx := context.Background()
 	measure := func(p peer) (p50, p99 time.Duration) {
 		calls := make(chan time.Time, 1)
@@ -415,16 +432,21 @@ func BenchmarkLatency(b *testing.B) {
 	}
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 	for range b.N {
-		var mine, theirs [2][]float64
+		var mine, adapted, theirs [2][]float64
 		for range 2 {
-			p50, p99 := measure(idemq)
-			mine[0], mine[1] = append(mine[0], ms(p50)), append(mine[1], ms(p99))
-			p50, p99 = measure(watermill)
-			theirs[0], theirs[1] = append(theirs[0], ms(p50)), append(theirs[1], ms(p99))
+			for _, r := range []struct {
+				p   peer
+				got *[2][]float64
+			}{{idemq, &mine}, {adapter, &adapted}, {watermill, &theirs}} {
+				p50, p99 := measure(r.p)
+				r.got[0], r.got[1] = append(r.got[0], ms(p50)), append(r.got[1], ms(p99))
+			}
 		}
 		b.ReportMetric(median(mine[0]), "idemq_p50_ms")
+		b.ReportMetric(median(adapted[0]), "adapter_p50_ms")
 		b.ReportMetric(median(theirs[0]), "watermill_p50_ms")
 		report(b, "p99_ms", median(mine[1]), median(theirs[1]))
+		reportAdapter(b, "p99_ms", median(adapted[1]), median(theirs[1]))
 	}
 }
 
@@ -435,7 +457,7 @@ func BenchmarkLatency(b *testing.B) {
 // and the slowest second during it; ratio = idemq's during-rate /
 // Watermill's.
 func BenchmarkLongTransaction(b *testing.B) {
-	idemq, watermill := setup(b)
+	idemq, _, watermill := setup(b)
 	ctx := context.Background()
 	// The backlog is sized from each peer's drain rate, measured first, to
 	// last 20 s: one that ran out during the transaction would show as a

@@ -1,0 +1,1 @@
+DROP FUNCTION {{table_enqueue}}(text, text, bytea, jsonb);
