@@ -148,7 +148,7 @@ func (s *deadSet) move(ctx context.Context, tx pgx.Tx, purge bool) (int64, error
 	for _, f := range s.inboxFilters() {
 		// The command shows the selection and asks first; its flags refuse
 		// empty values, so a filter with none set means everything.
-		f.Conflicts, f.All = s.cmd.Bool("conflicts"), true
+		f.Conflicts, f.All = s.o.conflicts, true
 		n, err := move(ctx, tx, f)
 		if err != nil {
 			return total, err
