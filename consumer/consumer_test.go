@@ -488,7 +488,7 @@ func TestUnreachableDatabaseIsUnavailable(t *testing.T) {
 	if r := c.Process(ctx, msg("fails", "p")); r.Outcome != consumer.Retry || r.Unavailable || r.Attempts != 1 {
 		t.Fatalf("handler failure in Redeliver mode: %+v, want a Retry that is not Unavailable", r)
 	}
-	proxy.Stop()
+	proxy.Cut()
 	if r := c.Process(ctx, msg("down", "p")); r.Outcome != consumer.Retry || !r.Unavailable || r.Attempts != 0 {
 		t.Fatalf("database down: %+v, want an Unavailable Retry, no attempt counted", r)
 	}

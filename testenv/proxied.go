@@ -11,9 +11,9 @@ import (
 
 // PostgresBehindProxy creates a fresh database for tb (dropped at
 // cleanup) and returns a pool whose connections go through a [Proxy] in
-// front of the server, for database outage tests: proxy.Stop cuts every
-// connection and refuses new ones, as a dead server or pooler would;
-// proxy.Start brings the database back. The pool is closed at cleanup.
+// front of the server, for database outage tests: proxy.Cut closes every
+// connection and each new one, as a dead server or pooler would;
+// proxy.Restore brings the database back. The pool is closed at cleanup.
 func PostgresBehindProxy(tb testing.TB) (*pgxpool.Pool, *Proxy) {
 	tb.Helper()
 	cfg, err := pgxpool.ParseConfig(PostgresURL(tb))

@@ -21,6 +21,7 @@ type Proxy struct {
 	ln     net.Listener
 	conns  map[net.Conn]struct{}
 	resume chan struct{} // non-nil while stalled; closed by Resume
+	cut    bool          // Cut: accepted connections are closed at once
 	wg     sync.WaitGroup
 }
 
@@ -74,6 +75,26 @@ func (p *Proxy) Stop() {
 	p.wg.Wait()
 }
 
+// Cut closes every open connection and, until Restore, every new one as
+// soon as it is accepted, as a server or pooler that died would; unlike
+// Stop it keeps the listening port, so another process cannot take it
+// meanwhile and Restore always works.
+func (p *Proxy) Cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cut = true
+	for c := range p.conns {
+		_ = c.Close()
+	}
+}
+
+// Restore forwards new connections again after Cut.
+func (p *Proxy) Restore() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cut = false
+}
+
 // Stall holds back everything the server sends from now on, on every
 // connection, new ones included, until Resume: requests still reach the
 // server and run, but their answers wait in the proxy, as behind a network
@@ -116,6 +137,13 @@ func (p *Proxy) accept(ln net.Listener) {
 		if err != nil {
 			continue
 		}
+		p.mu.Lock()
+		cut := p.cut
+		p.mu.Unlock()
+		if cut {
+			_ = client.Close()
+			continue
+		}
 		server, err := net.Dial("tcp", p.target)
 		if err != nil {
 			_ = client.Close()
@@ -141,6 +169,10 @@ func (p *Proxy) track(conns ...net.Conn) bool {
 		return false
 	}
 	for _, c := range conns {
+		if p.cut {
+			_ = c.Close() // cut meanwhile: the pipes end at once
+			continue
+		}
 		p.conns[c] = struct{}{}
 	}
 	return true

@@ -38,7 +38,7 @@ func databaseOutage(fx *fixture) {
 	var applied atomic.Int32
 	fx.onResult = func(r consumer.Result) {
 		if r.Outcome == consumer.Applied && applied.Add(1) == 10 {
-			proxy.Stop() // before the next message: the backlog meets the outage
+			proxy.Cut() // before the next message: the backlog meets the outage
 			close(cut)
 		}
 	}
@@ -51,7 +51,7 @@ func databaseOutage(fx *fixture) {
 		fx.t.Fatalf("transporttest: 10 messages not applied within %v, only %d", waitTimeout, applied.Load())
 	}
 	time.Sleep(outageLasts)
-	proxy.Start()
+	proxy.Restore()
 	// Effects, not Applied outcomes: a commit cut by the outage may have
 	// gone through while the consumer saw it fail, and the redelivery is
 	// then a Duplicate.

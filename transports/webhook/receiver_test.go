@@ -173,7 +173,7 @@ func TestReceiverDatabaseOutage(t *testing.T) {
 	if resp := send("msg_before"); resp.StatusCode != http.StatusOK {
 		t.Fatalf("before the outage: %d", resp.StatusCode)
 	}
-	proxy.Stop()
+	proxy.Cut()
 	ids := []string{"msg_1", "msg_2", "msg_3"}
 	for range 3 {
 		for _, id := range ids {
@@ -184,7 +184,7 @@ func TestReceiverDatabaseOutage(t *testing.T) {
 			}
 		}
 	}
-	proxy.Start()
+	proxy.Restore()
 	for _, id := range ids {
 		if resp := send(id); resp.StatusCode != http.StatusOK {
 			t.Fatalf("after the outage: %s got %d", id, resp.StatusCode)

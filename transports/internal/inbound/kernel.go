@@ -1,6 +1,7 @@
 package inbound
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"log/slog"
@@ -22,7 +23,7 @@ type Config struct {
 	// (JetStream's NakWithDelay); see [Decide].
 	Redeliver bool
 	// Logger receives the outage's two lines and the dead-letter publish
-	// failures.
+	// failures. Defaults to slog.Default().
 	Logger *slog.Logger
 }
 
@@ -45,6 +46,7 @@ type Kernel struct {
 
 // New returns a Kernel.
 func New(cfg Config) *Kernel {
+	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
 	return &Kernel{cfg: cfg}
 }
 

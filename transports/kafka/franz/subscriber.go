@@ -135,10 +135,13 @@ func (c SubscriberConfig) validate() error {
 // database is down: a capped, jittered backoff, no new poll, and one log
 // line when it goes and one when it is back). Dead letters are produced
 // to DeadLetterTopic in one batch per group, as the kafka-go Subscriber
-// does, and the offset is committed up to the first that failed. Rebalances wait
-// for the polled records to be processed and committed (kgo's
-// BlockRebalanceOnPoll), so a revoked partition's next owner starts where
-// this one stopped.
+// does, and the offset is committed up to the first that failed.
+// Rebalances wait for the polled records to be processed and committed
+// (kgo's BlockRebalanceOnPoll), so a revoked partition's next owner starts
+// where this one stopped; held records too, so a database outage longer
+// than the group's rebalance timeout may get this member evicted, and the
+// next owner then applies the same records in the same order (the inbox
+// drops what both apply).
 //
 // Each poll's partitions are processed concurrently, each in offset order;
 // the next poll waits for all of them. With [SubscriberConfig.ReadCommitted]
