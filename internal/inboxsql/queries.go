@@ -30,7 +30,7 @@ type Admin struct {
 func (s *Store) Admin() *Admin { return &s.sql.admin }
 
 func newQueries(t pgutil.Table) queries {
-	render := Render(t)
+	render := renderer(t)
 	return queries{
 		registerScope: render(`
 WITH registered AS (
