@@ -90,7 +90,7 @@ func TestMigrateExport(t *testing.T) {
 	// An up and a down file for each migration of the three stores, the
 	// webhook registry's last.
 	var ups []string
-	for _, store := range []string{"outbox", "inbox", "transports/webhook"} {
+	for _, store := range []string{"outbox", "internal/inboxsql", "transports/webhook"} {
 		found, err := filepath.Glob(filepath.Join("..", "..", store, "migrations", "*.up.sql"))
 		if err != nil {
 			t.Fatal(err)
