@@ -158,10 +158,11 @@ const partitionLockTimeout = "2s"
 // PartitionsAhead ahead. Each is created as a plain table with a CHECK
 // constraint and attached, which takes only SHARE UPDATE EXCLUSIVE on the
 // inbox (claims go on) and skips the validation scan. Migrate and GC call
-// it; it does nothing on an unpartitioned inbox.
+// it. It first refuses a table whose layout is not the Config's (see
+// checkLayout); on an unpartitioned inbox it does nothing else.
 func (s *Store) EnsurePartitions(ctx context.Context) error {
-	if s.cfg.Partitioning == Unpartitioned {
-		return nil
+	if err := s.checkLayout(ctx); err != nil || s.cfg.Partitioning == Unpartitioned {
+		return err
 	}
 	now, existing, err := s.partitions(ctx)
 	if err != nil {
