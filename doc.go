@@ -14,5 +14,12 @@
 //
 // Errors: a handler or sink returns a plain error to ask for a retry with
 // backoff, [Permanent] to give up at once, and [RetryAfter] to retry no
-// sooner than a given delay.
+// sooner than a given delay. [ErrNotFound] and [ErrConflict] are the one
+// "no record" and the one "key reused with another payload" of every
+// store.
+//
+// Maintenance: the stores' chores (inbox GC and partitions, dead-letter
+// classification, request-record GC) run in a [Maintenance] service,
+// started with [Start] beside a consumer or a relay in every process;
+// each chore runs in one process at a time.
 package idemq

@@ -258,13 +258,15 @@ func (c *Consumer) Migrate(ctx context.Context) error {
 }
 
 // Maintenance returns the service that keeps the consumer's inbox in
-// shape: its [inbox.Store.Chores] (GC, partitions, dead-letter
-// classes), logged through Config.Logger. Start it with idemq.Start beside
-// the consumer, in every process that runs one: each chore runs in one
-// process at a time. A partitioned inbox needs it, or GC on a schedule of
-// its own, at least once per PartitionInterval.
-func (c *Consumer) Maintenance() (*idemq.Maintenance, error) {
-	return idemq.NewMaintenance(c.cfg.Logger, c.store.Chores()...)
+// shape, its [inbox.Store.Chores] (GC, partitions, dead-letter classes),
+// with the extra chores of other stores on the same database
+// (outbox.Outbox.Chores, pgstore.Store.Chores), logged through
+// Config.Logger. Start it with idemq.Start beside the consumer, in every
+// process that runs one: each chore runs in one process at a time. A
+// partitioned inbox needs it, or GC on a schedule of its own, at least
+// once per PartitionInterval.
+func (c *Consumer) Maintenance(extra ...idemq.Chore) (*idemq.Maintenance, error) {
+	return idemq.NewMaintenance(c.cfg.Logger, append(c.store.Chores(), extra...)...)
 }
 
 // Scope returns the consumer's dedupe scope.

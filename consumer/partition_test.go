@@ -108,6 +108,10 @@ func TestPlainConsumerOnAPartitionedInbox(t *testing.T) {
 	if err := plain.Migrate(ctx); !errors.Is(err, idemq.ErrConfig) || !strings.Contains(err.Error(), "partitioned") {
 		t.Fatalf("Migrate of a plain Config on a partitioned table: %v, want an ErrConfig naming the layout", err)
 	}
+	// What idemq migrate calls after applying migrations.
+	if err := plain.Store().EnsurePartitions(ctx); !errors.Is(err, idemq.ErrConfig) {
+		t.Fatalf("EnsurePartitions of a plain Config on a partitioned table: %v, want an ErrConfig", err)
+	}
 	for _, r := range append(plain.ProcessBatch(ctx, []*consumer.Message{msg("order-2", "p")}), plain.Process(ctx, msg("order-1", "p"))) {
 		if r.Outcome == consumer.Applied || !errors.Is(r.Err, idemq.ErrConfig) || strings.Contains(r.Err.Error(), "23514") {
 			t.Fatalf("claim of a plain Config on a partitioned table: %+v, want an ErrConfig, not SQLSTATE 23514", r)

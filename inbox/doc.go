@@ -77,7 +77,9 @@
 // [Store.GC] drops expired partitions (DETACH … CONCURRENTLY, then DROP)
 // and creates the next ones (a plain table with a CHECK constraint, then
 // ATTACH: SHARE UPDATE EXCLUSIVE on the inbox, no scan); no extension is
-// needed. Run GC at least once per [Config.PartitionInterval].
+// needed. Run GC at least once per [Config.PartitionInterval]: the
+// maintenance service does ([Store.Chores], consumer.Consumer.Maintenance);
+// past the partitions made ahead a claim fails with [ErrNoPartition].
 //
 // Moving a live inbox: the partitioned Config's migration (version 8)
 // turns the existing table into the new parent's first partition,

@@ -195,7 +195,9 @@ func (s *Store) GC(ctx context.Context, batchSize int) (int64, error) {
 // PartitionsAhead ahead. Each is created as a plain table with a CHECK
 // constraint and attached, which takes only SHARE UPDATE EXCLUSIVE on the
 // inbox (claims go on) and skips the validation scan. Migrate and GC call
-// it; it does nothing on an unpartitioned inbox.
+// it. It first refuses (idemq.ErrConfig) a table whose layout is not the
+// Config's, as Migrate does; on an unpartitioned inbox it does nothing
+// else.
 func (s *Store) EnsurePartitions(ctx context.Context) error { return s.core().EnsurePartitions(ctx) }
 
 // PrepareLivePartitioning readies a live, unpartitioned inbox table for

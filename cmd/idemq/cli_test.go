@@ -91,7 +91,7 @@ func TestMigrateExport(t *testing.T) {
 	// An up and a down file for each migration of the three stores, the
 	// webhook registry's last.
 	var ups []string
-	for _, store := range []string{"outbox", "inbox", "transports/webhook/endpoints"} {
+	for _, store := range []string{"outbox", "internal/inboxsql", "transports/webhook/endpoints"} {
 		found, err := filepath.Glob(filepath.Join("..", "..", store, "migrations", "*.up.sql"))
 		if err != nil {
 			t.Fatal(err)

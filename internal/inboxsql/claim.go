@@ -117,7 +117,7 @@ func (s *Store) claim(ctx context.Context, tx pgx.Tx, k Key) (ClaimResult, error
 // A record deleted meanwhile (by GC) is claimed afresh.
 func (s *Store) claimExisting(ctx context.Context, tx pgx.Tx, k Key) (ClaimResult, error) {
 	for range 3 {
-		rec, found, err := s.Stored(ctx, tx, k)
+		rec, found, err := s.storedRecord(ctx, tx, k)
 		switch {
 		case err != nil:
 			return ClaimResult{}, err
@@ -131,7 +131,7 @@ func (s *Store) claimExisting(ctx context.Context, tx pgx.Tx, k Key) (ClaimResul
 			}
 			continue
 		}
-		if rec, err = s.Against(rec, k.Key, k.Fingerprint); err != nil || rec.Status != FailedRetryable {
+		if rec, err = s.against(rec, k.Key, k.Fingerprint); err != nil || rec.Status != FailedRetryable {
 			return ClaimResult{Existing: &rec}, err
 		}
 		var failures int32
@@ -164,19 +164,19 @@ func (s *Store) RecordFailure(ctx context.Context, scope, key string, fingerprin
 	}
 	for range 3 {
 		var rec Scan
-		err := s.db.QueryRow(ctx, s.sql.recordFailure, append(k.Args(s.cfg.Retention), ErrText(cause))...).Scan(rec.Dest()...)
+		err := s.db.QueryRow(ctx, s.sql.recordFailure, append(k.Args(s.cfg.Retention), errText(cause))...).Scan(rec.Dest()...)
 		if err == nil {
 			return rec.Record(scope, key), nil
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
 			return Record{}, fmt.Errorf("inbox: record failure of %q: %w", key, noPartition(err))
 		}
-		found, ok, err := s.Stored(ctx, s.db, k)
+		found, ok, err := s.storedRecord(ctx, s.db, k)
 		if err != nil {
 			return Record{}, err
 		}
 		if ok {
-			return s.Against(found, key, k.Fingerprint)
+			return s.against(found, key, k.Fingerprint)
 		}
 	}
 	return Record{}, fmt.Errorf("inbox: record failure of %q: the record kept changing", key)
@@ -196,7 +196,7 @@ func (s *Store) FailClaimTx(ctx context.Context, tx pgx.Tx, scope, key string, c
 		return Record{}, err
 	}
 	var rec Scan
-	err = tx.QueryRow(ctx, s.sql.failClaim, k.ScopeID, k.ID, ErrText(cause)).Scan(rec.Dest()...)
+	err = tx.QueryRow(ctx, s.sql.failClaim, k.ScopeID, k.ID, errText(cause)).Scan(rec.Dest()...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Record{}, fmt.Errorf("inbox: fail claim %q: the key is not claimed in this transaction", key)
 	}
@@ -242,7 +242,7 @@ func (s *Store) DeadLetterTx(ctx context.Context, tx pgx.Tx, scope, key string, 
 	if err != nil {
 		return ClaimResult{}, err
 	}
-	text := ErrText(cause)
+	text := errText(cause)
 	if text == "" {
 		text = "dead letter"
 	}
@@ -254,12 +254,12 @@ func (s *Store) DeadLetterTx(ctx context.Context, tx pgx.Tx, scope, key string, 
 		if tag.RowsAffected() == 1 {
 			return ClaimResult{New: true}, nil
 		}
-		rec, found, err := s.Stored(ctx, tx, k)
+		rec, found, err := s.storedRecord(ctx, tx, k)
 		if err != nil {
 			return ClaimResult{}, err
 		}
 		if found {
-			rec, err := s.Against(rec, key, k.Fingerprint)
+			rec, err := s.against(rec, key, k.Fingerprint)
 			return ClaimResult{Existing: &rec}, err
 		}
 	}
@@ -275,7 +275,7 @@ func (s *Store) ClaimBatchTx(ctx context.Context, tx pgx.Tx, scope string, items
 	if pgtx.IsNil(tx) {
 		return nil, ErrNilTx
 	}
-	scopeID, err := s.ScopeID(ctx, scope)
+	scopeID, err := s.lookupScope(ctx, scope)
 	if err != nil {
 		return nil, err
 	}
@@ -333,7 +333,7 @@ func (s *Store) ClaimBatchTx(ctx context.Context, tx pgx.Tx, scope string, items
 // the items in it as [Store.ClaimBatchTx] does. Unless the error is not
 // nil, the caller owns tx and must commit or roll it back.
 func (s *Store) BeginClaimBatch(ctx context.Context, scope string, items []Item) (pgx.Tx, []BatchClaim, error) {
-	if _, err := s.ScopeID(ctx, scope); err != nil {
+	if _, err := s.lookupScope(ctx, scope); err != nil {
 		return nil, nil, err
 	}
 	tx, err := s.begin(ctx, &pgx.Batch{})
@@ -383,7 +383,7 @@ func (s *Store) readBatch(ctx context.Context, tx pgx.Tx, scope string, scopeID 
 	var rec Scan
 	_, err = pgx.ForEachRow(rows, append([]any{&id}, rec.Dest()...), func() error {
 		i := index[id]
-		r, err := s.Against(rec.Record(scope, items[i].Key), items[i].Key, nonNil(items[i].Fingerprint))
+		r, err := s.against(rec.Record(scope, items[i].Key), items[i].Key, nonNil(items[i].Fingerprint))
 		claims[i] = BatchClaim{ClaimResult: ClaimResult{Existing: &r}, Err: err}
 		return nil
 	})

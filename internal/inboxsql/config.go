@@ -137,9 +137,9 @@ const (
 	PartitionsAhead = 2
 )
 
-// Resolved returns c with its defaults filled in, or the error of its
+// resolved returns c with its defaults filled in, or the error of its
 // first invalid field (an *idemq.ConfigError of component).
-func (c Config) Resolved(component string) (Config, error) {
+func (c Config) resolved(component string) (Config, error) {
 	if c.Partitioning == Unpartitioned {
 		// Checked before the defaults fill them in.
 		switch {

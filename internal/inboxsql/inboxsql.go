@@ -33,7 +33,8 @@ import (
 // pgx.Tx.
 type DB = pgutil.DB
 
-// Render fills the placeholders of an inbox statement for table t:
+// Render fills the placeholders of an inbox statement for table t (the
+// request store renders its own statements on the same table with it):
 // {{table}}, {{scopes}}, {{conflicts}}, {{columns}}, the statuses and
 // {{now_us}}.
 func Render(t pgutil.Table) func(string) string {
@@ -41,7 +42,7 @@ func Render(t pgutil.Table) func(string) string {
 		"{{table}}", t.String(),
 		"{{scopes}}", t.Ident("_scopes"),
 		"{{conflicts}}", t.Ident("_conflicts"),
-		"{{columns}}", Columns,
+		"{{columns}}", recordColumns,
 		"{{in_progress}}", fmt.Sprint(int16(InProgress)),
 		"{{succeeded}}", fmt.Sprint(int16(Succeeded)),
 		"{{failed_retryable}}", fmt.Sprint(int16(FailedRetryable)),
@@ -96,7 +97,7 @@ func New(db DB, cfg Config, component string) (*Store, error) {
 	if pgtx.IsNil(db) {
 		return nil, idemq.NewConfigError(component, "db", "is nil; pass a *pgxpool.Pool")
 	}
-	cfg, err := cfg.Resolved(component)
+	cfg, err := cfg.resolved(component)
 	if err != nil {
 		return nil, err
 	}
@@ -160,15 +161,15 @@ const setConnCheck = `SELECT set_config('client_connection_check_interval', $1, 
 // unknown scope themselves on the Store's own handle; call RegisterScope
 // first when that handle is a pool that the transaction may exhaust.
 func (s *Store) RegisterScope(ctx context.Context, scope string) error {
-	_, err := s.ScopeID(ctx, scope)
+	_, err := s.lookupScope(ctx, scope)
 	return err
 }
 
-// ScopeID returns the small integer that stands for scope in the inbox
+// lookupScope returns the small integer that stands for scope in the inbox
 // table, registering the scope on first use. It runs on the Store's own
 // handle, never inside a caller's transaction, so a rollback there cannot
 // undo a registration another process already relies on.
-func (s *Store) ScopeID(ctx context.Context, scope string) (int32, error) {
+func (s *Store) lookupScope(ctx context.Context, scope string) (int32, error) {
 	s.mu.RLock()
 	id, ok := s.scopes[scope]
 	s.mu.RUnlock()
@@ -236,7 +237,7 @@ func (s *Store) Resolve(ctx context.Context, scope, key string, fingerprint []by
 	if err := s.Validate(key, fingerprint); err != nil {
 		return Key{}, err
 	}
-	scopeID, err := s.ScopeID(ctx, scope)
+	scopeID, err := s.lookupScope(ctx, scope)
 	if err != nil {
 		return Key{}, err
 	}
@@ -250,10 +251,10 @@ func (k Key) Args(retention time.Duration) []any {
 	return []any{k.ScopeID, k.ID, k.Fingerprint, k.Text, retention}
 }
 
-// Stored reads the record of k on db. In a READ COMMITTED transaction
+// storedRecord reads the record of k on db. In a READ COMMITTED transaction
 // this new statement sees the record even if it committed concurrently,
 // after an insert's snapshot (the insert waited for it, then skipped).
-func (s *Store) Stored(ctx context.Context, db DB, k Key) (Record, bool, error) {
+func (s *Store) storedRecord(ctx context.Context, db DB, k Key) (Record, bool, error) {
 	var rec Scan
 	err := db.QueryRow(ctx, s.sql.get, k.ScopeID, k.ID).Scan(rec.Dest()...)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -265,11 +266,11 @@ func (s *Store) Stored(ctx context.Context, db DB, k Key) (Record, bool, error) 
 	return rec.Record(k.Scope, k.Key), true, nil
 }
 
-// Against returns rec as a claim of key with fingerprint sees it: rec
+// against returns rec as a claim of key with fingerprint sees it: rec
 // itself when the fingerprints match; a duplicate (Succeeded, with that
 // fingerprint and no stored result) when the key was applied with it
 // before a released conflict; otherwise rec and a *ConflictError.
-func (s *Store) Against(rec Record, key string, fingerprint []byte) (Record, error) {
+func (s *Store) against(rec Record, key string, fingerprint []byte) (Record, error) {
 	same := func(f []byte) bool { return string(f) == string(fingerprint) }
 	switch {
 	case same(rec.Fingerprint):

@@ -56,12 +56,12 @@ func (s *Store) Acquire(ctx context.Context, scope, key string, fingerprint []by
 		if !errors.Is(err, pgx.ErrNoRows) {
 			return AcquireResult{}, fmt.Errorf("inbox: acquire %q: %w", key, noPartition(err))
 		}
-		rec, found, err := s.Stored(ctx, s.db, k)
+		rec, found, err := s.storedRecord(ctx, s.db, k)
 		if err != nil {
 			return AcquireResult{}, err
 		}
 		if found {
-			rec, err := s.Against(rec, key, k.Fingerprint)
+			rec, err := s.against(rec, key, k.Fingerprint)
 			return AcquireResult{Existing: &rec}, err
 		}
 		// Deleted by GC in between: claim it afresh.
@@ -103,7 +103,7 @@ func (s *Store) CompleteTx(ctx context.Context, tx pgx.Tx, lease idemq.Lease, re
 // cause kept as the record's last error. It fails with idemq.ErrLeaseLost like
 // [Store.Complete].
 func (s *Store) Fail(ctx context.Context, lease idemq.Lease, cause error) error {
-	return s.finalize(ctx, s.db, lease, s.sql.fail, FailedRetryable, ErrText(cause), s.cfg.Retention)
+	return s.finalize(ctx, s.db, lease, s.sql.fail, FailedRetryable, errText(cause), s.cfg.Retention)
 }
 
 // FailTx is [Store.Fail] inside the caller's transaction; if tx rolls
@@ -112,14 +112,14 @@ func (s *Store) FailTx(ctx context.Context, tx pgx.Tx, lease idemq.Lease, cause 
 	if pgtx.IsNil(tx) {
 		return ErrNilTx
 	}
-	return s.finalize(ctx, tx, lease, s.sql.fail, FailedRetryable, ErrText(cause), s.cfg.Retention)
+	return s.finalize(ctx, tx, lease, s.sql.fail, FailedRetryable, errText(cause), s.cfg.Retention)
 }
 
 // FailFinal finalizes a lease after a failed attempt as FAILED_FINAL: the
 // message is a dead letter, kept with cause. It fails with idemq.ErrLeaseLost
 // like [Store.Complete].
 func (s *Store) FailFinal(ctx context.Context, lease idemq.Lease, cause error) error {
-	return s.finalize(ctx, s.db, lease, s.sql.fail, FailedFinal, ErrText(cause), s.cfg.Retention)
+	return s.finalize(ctx, s.db, lease, s.sql.fail, FailedFinal, errText(cause), s.cfg.Retention)
 }
 
 // FailFinalTx is [Store.FailFinal] inside the caller's transaction; if tx
@@ -128,7 +128,7 @@ func (s *Store) FailFinalTx(ctx context.Context, tx pgx.Tx, lease idemq.Lease, c
 	if pgtx.IsNil(tx) {
 		return ErrNilTx
 	}
-	return s.finalize(ctx, tx, lease, s.sql.fail, FailedFinal, ErrText(cause), s.cfg.Retention)
+	return s.finalize(ctx, tx, lease, s.sql.fail, FailedFinal, errText(cause), s.cfg.Retention)
 }
 
 // Abandon gives the key back before its lease runs out, for a holder that
@@ -147,7 +147,7 @@ func (s *Store) Extend(ctx context.Context, lease idemq.Lease, ttl time.Duration
 	if err := checkTTL(ttl); err != nil {
 		return lease, err
 	}
-	scopeID, err := s.ScopeID(ctx, lease.Scope)
+	scopeID, err := s.lookupScope(ctx, lease.Scope)
 	if err != nil {
 		return lease, err
 	}
@@ -163,7 +163,7 @@ func (s *Store) Extend(ctx context.Context, lease idemq.Lease, ttl time.Duration
 }
 
 func (s *Store) finalize(ctx context.Context, db DB, lease idemq.Lease, sql string, args ...any) error {
-	scopeID, err := s.ScopeID(ctx, lease.Scope)
+	scopeID, err := s.lookupScope(ctx, lease.Scope)
 	if err != nil {
 		return err
 	}
@@ -185,7 +185,7 @@ func (s *Store) Get(ctx context.Context, scope, key string) (Record, error) {
 	if err != nil {
 		return Record{}, err
 	}
-	rec, found, err := s.Stored(ctx, s.db, k)
+	rec, found, err := s.storedRecord(ctx, s.db, k)
 	if err == nil && !found {
 		err = ErrNotFound
 	}

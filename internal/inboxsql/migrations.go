@@ -63,10 +63,7 @@ func (s *Store) Migrate(ctx context.Context) error {
 	if _, err := migrate.New(s.db, s).Migrate(ctx); err != nil {
 		return err
 	}
-	if err := s.EnsurePartitions(ctx); err != nil {
-		return err
-	}
-	return s.checkLayout(ctx)
+	return s.EnsurePartitions(ctx)
 }
 
 // PendingMigrations returns the migrations Migrate would apply, in order;

@@ -15,7 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// Bucket is the SQL expression of the bucket a record of key (an SQL
+// bucketSQL is the SQL expression of the bucket a record of key (an SQL
 // expression: a parameter or a column) goes to in table, scope $1:
 // under PartitionByKey the key's own time, which never changes, so every
 // copy of a key meets the same record; under PartitionByArrival the
@@ -23,7 +23,7 @@ import (
 // in a bucket probed (bucket 0, the table from before partitioning; by
 // arrival also the previous bucket) comes first, so that the insert meets
 // that record and its conflict clause finds it.
-func Bucket(table, key string, p Partitioning, interval time.Duration) string {
+func bucketSQL(table, key string, p Partitioning, interval time.Duration) string {
 	secs := strconv.FormatInt(int64(interval/time.Second), 10)
 	now := `floor(extract(epoch FROM statement_timestamp()) / ` + secs + `)::int`
 	probe := func(buckets, fallback string) string {
@@ -42,7 +42,7 @@ func Bucket(table, key string, p Partitioning, interval time.Duration) string {
 // its conflicts are on the primary key, which includes the bucket.
 func partitionInsert(sql, valuesFrom, key, table string, p Partitioning, interval time.Duration) string {
 	out := strings.Replace(sql, "(expires_at, key_id, scope_id,", "(bucket, expires_at, key_id, scope_id,", 1)
-	out = strings.Replace(out, valuesFrom, valuesFrom+Bucket(table, key, p, interval)+", ", 1)
+	out = strings.Replace(out, valuesFrom, valuesFrom+bucketSQL(table, key, p, interval)+", ", 1)
 	out = strings.ReplaceAll(out, "ON CONFLICT (scope_id, key_id)", "ON CONFLICT (scope_id, key_id, bucket)")
 	if out == sql || !strings.Contains(out, "(bucket,") {
 		panic("inbox: partitioned statement not rewritten: " + sql)
@@ -158,10 +158,11 @@ const partitionLockTimeout = "2s"
 // PartitionsAhead ahead. Each is created as a plain table with a CHECK
 // constraint and attached, which takes only SHARE UPDATE EXCLUSIVE on the
 // inbox (claims go on) and skips the validation scan. Migrate and GC call
-// it; it does nothing on an unpartitioned inbox.
+// it. It first refuses a table whose layout is not the Config's (see
+// checkLayout); on an unpartitioned inbox it does nothing else.
 func (s *Store) EnsurePartitions(ctx context.Context) error {
-	if s.cfg.Partitioning == Unpartitioned {
-		return nil
+	if err := s.checkLayout(ctx); err != nil || s.cfg.Partitioning == Unpartitioned {
+		return err
 	}
 	now, existing, err := s.partitions(ctx)
 	if err != nil {

@@ -76,12 +76,12 @@ type Record struct {
 	ExpiresAt  time.Time
 }
 
-// Columns are the stored columns a Record is read from, in the order of
+// recordColumns are the stored columns a Record is read from, in the order of
 // [Scan.Dest], for the table aliased r.
-const Columns = `r.created_at, r.updated_at, r.expires_at, r.attempts, r.failures, r.status,
+const recordColumns = `r.created_at, r.updated_at, r.expires_at, r.attempts, r.failures, r.status,
 	r.fingerprint, r.owner, r.lease_until, r.result, r.last_error, r.superseded, r.token`
 
-// Scan scans the [Columns] of a record; its nullable columns go through
+// Scan scans the [recordColumns] of a record; its nullable columns go through
 // pointers.
 type Scan struct {
 	rec              Record
@@ -92,7 +92,7 @@ type Scan struct {
 	leaseUntil       *time.Time
 }
 
-// Dest lists scan targets in the order of Columns.
+// Dest lists scan targets in the order of recordColumns.
 func (r *Scan) Dest() []any {
 	return []any{&r.rec.CreatedAt, &r.rec.UpdatedAt, &r.rec.ExpiresAt, &r.attempts, &r.failures, &r.rec.Status,
 		&r.rec.Fingerprint, &r.owner, &r.leaseUntil, &r.rec.Result, &r.lastError, &r.rec.Superseded, &r.token}
@@ -158,5 +158,5 @@ func NotMigrated(err error) error {
 	return err
 }
 
-// ErrText is the stored text of a failure's cause.
-func ErrText(cause error) string { return errtext.Of(cause) }
+// errText is the stored text of a failure's cause.
+func errText(cause error) string { return errtext.Of(cause) }
