@@ -14,8 +14,10 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/idemqtest"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
+	"github.com/idemq/idemq/testenv"
 	"github.com/idemq/idemq/transports/webhook"
 	"github.com/idemq/idemq/transports/webhook/endpoints"
 	"github.com/idemq/idemq/transports/webhook/signing"
@@ -163,5 +165,57 @@ func TestBadInputSSRFRefusalNamesTheSetting(t *testing.T) {
 	}
 	if target.count() != 0 {
 		t.Fatal("the guarded receiver was reached")
+	}
+}
+
+// TestBadInputSinkOnUnmigratedRegistry (issue 27 §14, the Sink's side): a
+// Sink whose registry tables are missing holds the rows without an
+// attempt, records on each why and how to fix it (`idemq migrate
+// --components webhook`), logs it once, and delivers once the registry is
+// migrated and the endpoint added, saying so.
+func TestBadInputSinkOnUnmigratedRegistry(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	reg, err := endpoints.NewRegistry(b.pool, endpoints.RegistryConfig{Table: "later_endpoints"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	unmigrated := b
+	unmigrated.reg = reg
+	var logs testenv.Logs
+	runRelay(t, b, fastSink(t, unmigrated, webhook.Config{Logger: logs.Logger()}), relay.Config{})
+	if err := pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
+		return b.ob.EnqueueTx(b.ctx, tx, outbox.Message{Destination: endpoints.DestinationPrefix + "partner", Payload: []byte(`{}`)})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	const hint = "idemq migrate --components webhook"
+	idemqtest.WaitFor(t, "the failed read logged", func() bool { return len(logs.Records("webhook: reading the endpoints failed")) > 0 })
+	if got := logs.Records("webhook: reading the endpoints failed")[0]; !strings.Contains(got.Attrs["err"], hint) {
+		t.Errorf("logged %v, want the error to say %q", got, hint)
+	}
+	var attempts int
+	var reason string
+	idemqtest.WaitFor(t, "the held row's reason", func() bool {
+		if err := b.pool.QueryRow(b.ctx, `SELECT attempts, coalesce(last_error, '') FROM idemq_outbox`).Scan(&attempts, &reason); err != nil {
+			t.Fatal(err)
+		}
+		return reason != ""
+	})
+	if attempts != 0 || !strings.Contains(reason, hint) {
+		t.Errorf("held row: %d attempts, reason %q; want none and the reason to say %q", attempts, reason, hint)
+	}
+
+	rc := newReceiver(t, nil)
+	if err := reg.Migrate(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := reg.Add(b.ctx, endpoints.Endpoint{ID: "partner", URL: rc.srv.URL, Keys: []string{signing.NewSecret()}}); err != nil {
+		t.Fatal(err)
+	}
+	idemqtest.WaitFor(t, "the delivery", func() bool { return rc.count() == 1 })
+	idemqtest.WaitFor(t, "the recovery logged", func() bool { return len(logs.Records("webhook: reading the endpoints works again")) > 0 })
+	if n := len(logs.Records("webhook: reading the endpoints failed")); n != 1 {
+		t.Errorf("%d lines for the failed reads, want 1: once per change, not per batch", n)
 	}
 }

@@ -209,8 +209,9 @@ type Sink struct {
 	client *http.Client
 	log    *slog.Logger
 
-	mu        sync.Mutex
-	endpoints map[string]*endpointState
+	mu         sync.Mutex
+	endpoints  map[string]*endpointState
+	unreadable bool // the last read of the registry failed
 }
 
 // NewSink validates cfg and returns a Sink delivering to the endpoints of
@@ -332,6 +333,7 @@ func (s *Sink) states(ctx context.Context, batch []relay.Message) (map[string]*e
 		return out, nil
 	}
 	eps, err := s.reg.List(ctx, stale...)
+	s.readDone(ctx, err)
 	if err != nil {
 		return out, err
 	}
@@ -355,6 +357,26 @@ func (s *Sink) states(ctx context.Context, batch []relay.Message) (map[string]*e
 		}
 	}
 	return out, nil
+}
+
+// readDone logs, once per change, that reading the registry fails (its
+// tables missing, the database away) and that it works again: the rows it
+// holds meanwhile say why in their errors, but the relay logs a Sink's
+// holds at debug level only. A read cut short by ctx is neither.
+func (s *Sink) readDone(ctx context.Context, err error) {
+	if ctx.Err() != nil {
+		return
+	}
+	s.mu.Lock()
+	was := s.unreadable
+	s.unreadable = err != nil
+	s.mu.Unlock()
+	switch {
+	case err != nil && !was:
+		s.log.Warn("webhook: reading the endpoints failed; their rows are held without an attempt until it works", "err", err)
+	case err == nil && was:
+		s.log.Info("webhook: reading the endpoints works again")
+	}
 }
 
 // maxRateWait is the longest a delivery waits for its endpoint's rate

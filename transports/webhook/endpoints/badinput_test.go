@@ -1,6 +1,7 @@
 package endpoints_test
 
 import (
+	"context"
 	"crypto/ed25519"
 	"encoding/base64"
 	"errors"
@@ -10,9 +11,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/outbox"
+	"github.com/idemq/idemq/testenv"
 	"github.com/idemq/idemq/transports/webhook/endpoints"
 	"github.com/idemq/idemq/transports/webhook/signing"
 )
@@ -135,4 +138,91 @@ func TestBadInputEndpoint(t *testing.T) {
 			t.Errorf("RegistryConfig %+v: %v, want a ConfigError on %s", cfg, err, field)
 		}
 	}
+}
+
+// TestBadInputRegistryNotMigrated (issue 27 §14): every registry call and the
+// fan-out, on a database without the registry's tables or with a table
+// older than the code, returns ErrNotMigrated, whose text names what is
+// missing and the command that creates it, instead of a raw 42P01/42703.
+func TestBadInputRegistryNotMigrated(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	check := func(t *testing.T, reg *endpoints.Registry, pool *pgxpool.Pool) {
+		t.Helper()
+		ob, err := outbox.New(pool, outbox.Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pub, err := endpoints.NewPublisher(reg, ob)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ep := endpoints.Endpoint{ID: "partner", URL: "https://example.com", Keys: []string{signing.NewSecret()}}
+		for name, call := range map[string]func() error{
+			"Add":           func() error { _, err := reg.Add(ctx, ep); return err },
+			"Get":           func() error { _, err := reg.Get(ctx, ep.ID); return err },
+			"List":          func() error { _, err := reg.List(ctx); return err },
+			"Update":        func() error { return reg.Update(ctx, ep) },
+			"RotateKey":     func() error { return reg.RotateKey(ctx, ep.ID, signing.NewSecret(), time.Minute) },
+			"Disable":       func() error { return reg.Disable(ctx, ep.ID, "x") },
+			"Enable":        func() error { return reg.Enable(ctx, ep.ID) },
+			"Remove":        func() error { return reg.Remove(ctx, ep.ID) },
+			"MarkFailing":   func() error { _, err := reg.MarkFailing(ctx, ep.ID); return err },
+			"MarkSucceeded": func() error { return reg.MarkSucceeded(ctx, ep.ID) },
+			"ReportBreaker": func() error {
+				return reg.ReportBreaker(ctx, ep.ID, endpoints.BreakerOpen, time.Now(), "relay-1")
+			},
+			"PublishTx": func() error {
+				return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+					_, err := pub.PublishTx(ctx, tx, endpoints.Event{Type: "a.b", Data: []byte(`{}`)})
+					return err
+				})
+			},
+		} {
+			err := call()
+			if !errors.Is(err, endpoints.ErrNotMigrated) || !strings.Contains(err.Error(), "idemq migrate --components webhook") {
+				t.Errorf("%s: %v, want ErrNotMigrated naming `idemq migrate --components webhook`", name, err)
+			}
+		}
+	}
+	t.Run("no tables", func(t *testing.T) {
+		t.Parallel()
+		pool := testenv.Postgres(t)
+		reg, err := endpoints.NewRegistry(pool, endpoints.RegistryConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		check(t, reg, pool)
+	})
+	t.Run("no schema", func(t *testing.T) {
+		t.Parallel()
+		pool := testenv.Postgres(t)
+		reg, err := endpoints.NewRegistry(pool, endpoints.RegistryConfig{Schema: "billing"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		check(t, reg, pool)
+	})
+	t.Run("table older than the code", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		// What the first migration made, before the breaker columns.
+		if _, err := b.pool.Exec(ctx, `ALTER TABLE idemq_webhook_endpoints DROP COLUMN breaker_state, DROP COLUMN breaker_since, DROP COLUMN breaker_relay`); err != nil {
+			t.Fatal(err)
+		}
+		reg, err := endpoints.NewRegistry(b.pool, endpoints.RegistryConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Calls that touch no breaker column work on such a table; the
+		// reads and the breaker's report do not.
+		for name, call := range map[string]func() error{
+			"List":          func() error { _, err := reg.List(ctx); return err },
+			"ReportBreaker": func() error { return reg.ReportBreaker(ctx, "x", endpoints.BreakerOpen, time.Now(), "relay-1") },
+		} {
+			if err := call(); !errors.Is(err, endpoints.ErrNotMigrated) {
+				t.Errorf("%s: %v, want ErrNotMigrated", name, err)
+			}
+		}
+	})
 }
