@@ -22,7 +22,7 @@ const flagWebhookTable = "webhook-table"
 
 // registry builds the webhook endpoint registry on db from the flags.
 func registry(cmd *cli.Command, db webhook.DB) (*webhook.Registry, error) {
-	reg, err := webhook.NewRegistry(db, webhook.RegistryConfig{Schema: cmd.String(flagSchema), Table: cmd.String(flagWebhookTable)})
+	reg, err := webhook.NewRegistry(db, webhook.RegistryConfig{Schema: globals(cmd).schema, Table: globals(cmd).webhookTable})
 	if err != nil {
 		return nil, flagConfigError(err, map[string]string{"Schema": flagSchema, "Table": flagWebhookTable})
 	}
