@@ -56,15 +56,12 @@ func connect(ctx context.Context, cmd *cli.Command) (*pgxpool.Pool, error) {
 // The connection string goes through pgx's own parser, so an empty one
 // means the libpq environment (PGHOST, PGUSER, ...) and defaults.
 func openPool(cmd *cli.Command) (*pgxpool.Pool, error) {
-	cfg, err := pgxpool.ParseConfig(cmd.String(flagDatabaseURL))
+	g := globals(cmd)
+	cfg, err := pgxpool.ParseConfig(g.databaseURL)
 	if err != nil {
 		return nil, usageError("--%s: %v", flagDatabaseURL, err)
 	}
-	timeout := cmd.Duration(flagConnectTimeout)
-	if timeout < minConnectTimeout {
-		return nil, usageError("--%s %v: want at least %v", flagConnectTimeout, timeout, minConnectTimeout)
-	}
-	cfg.ConnConfig.ConnectTimeout = timeout
+	cfg.ConnConfig.ConnectTimeout = g.connectTimeout
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		return nil, usageError("database configuration: %v", err)
@@ -74,7 +71,7 @@ func openPool(cmd *cli.Command) (*pgxpool.Pool, error) {
 
 // ping checks that the pool's database answers within --connect-timeout.
 func ping(ctx context.Context, cmd *cli.Command, pool *pgxpool.Pool) error {
-	ctx, cancel := context.WithTimeout(ctx, cmd.Duration(flagConnectTimeout))
+	ctx, cancel := context.WithTimeout(ctx, globals(cmd).connectTimeout)
 	defer cancel()
 	if err := pool.Ping(ctx); err != nil {
 		cc := pool.Config().ConnConfig
@@ -85,28 +82,14 @@ func ping(ctx context.Context, cmd *cli.Command, pool *pgxpool.Pool) error {
 
 // stores builds the outbox and inbox from the table flags on db.
 func stores(cmd *cli.Command, db outbox.DB) (*outbox.Outbox, *inbox.Store, error) {
-	ob, err := outbox.New(db, outbox.Config{Schema: cmd.String(flagSchema), Table: cmd.String(flagOutboxTable)})
+	g := globals(cmd)
+	ob, err := outbox.New(db, outbox.Config{Schema: g.schema, Table: g.outboxTable})
 	if err != nil {
 		// New touches no database: every error is the flags' fault.
 		return nil, nil, flagConfigError(err, map[string]string{"Schema": flagSchema, "Table": flagOutboxTable})
 	}
-	var layout inbox.Partitioning
-	switch p := cmd.String(flagInboxPartition); p {
-	case "":
-		// A plain inbox has no buckets: the interval would be ignored.
-		if cmd.Duration(flagInboxInterval) != 0 {
-			return nil, nil, usageError("--%s applies to a partitioned inbox: give --%s arrival or key with it, or leave it out",
-				flagInboxInterval, flagInboxPartition)
-		}
-	case "arrival":
-		layout = inbox.PartitionByArrival
-	case "key":
-		layout = inbox.PartitionByKey
-	default:
-		return nil, nil, usageError("--%s: %q (want '', 'arrival' or 'key')", flagInboxPartition, p)
-	}
-	ib, err := inbox.New(db, inbox.Config{Schema: cmd.String(flagSchema), Table: cmd.String(flagInboxTable),
-		Retention: cmd.Duration(flagInboxRetention), Partitioning: layout, PartitionInterval: cmd.Duration(flagInboxInterval)})
+	ib, err := inbox.New(db, inbox.Config{Schema: g.schema, Table: g.inboxTable,
+		Retention: g.inboxRetention, Partitioning: g.layout, PartitionInterval: g.inboxInterval})
 	if err != nil {
 		return nil, nil, flagConfigError(err, map[string]string{"Schema": flagSchema, "Table": flagInboxTable})
 	}
@@ -115,7 +98,8 @@ func stores(cmd *cli.Command, db outbox.DB) (*outbox.Outbox, *inbox.Store, error
 
 // requestStore builds request/pgstore's store on db from the flags.
 func requestStore(cmd *cli.Command, db pgstore.DB) (*pgstore.Store, error) {
-	s, err := pgstore.New(db, pgstore.Config{Schema: cmd.String(flagSchema), Table: cmd.String(flagRequestsTable)})
+	g := globals(cmd)
+	s, err := pgstore.New(db, pgstore.Config{Schema: g.schema, Table: g.requestsTable})
 	if err != nil {
 		return nil, flagConfigError(err, map[string]string{"Schema": flagSchema, "Table": flagRequestsTable})
 	}

@@ -76,7 +76,7 @@ func runGC(ctx context.Context, cmd *cli.Command, batch int) error {
 	return output(cmd, map[string]any{"deleted": n, "requests_deleted": r, "seconds": took.Seconds()}, func(t *table) {
 		t.note("deleted %d expired inbox records and %d expired request records in %v", n, r, took.Round(time.Millisecond))
 		if len(pending) > 0 {
-			t.note("request table %s is not migrated (idemq migrate --components requests): its records were not collected", cmd.String(flagRequestsTable))
+			t.note("request table %s is not migrated (idemq migrate --components requests): its records were not collected", globals(cmd).requestsTable)
 		}
 	})
 }

@@ -319,7 +319,7 @@ func migrateExport(ctx context.Context, cmd *cli.Command) error {
 	}
 	// The stores want a handle, which Export never uses: a pool connects
 	// only when used, so export works without a database.
-	pool, err := pgxpool.New(ctx, cmd.String(flagDatabaseURL))
+	pool, err := pgxpool.New(ctx, globals(cmd).databaseURL)
 	if err != nil {
 		return usageError("--%s: %v", flagDatabaseURL, err)
 	}
@@ -357,7 +357,7 @@ func migrationRows(t *table, ms []migration) {
 // --inbox-partitioned asks for a partitioned layout, nil otherwise.
 func partitionedInbox(cmd *cli.Command, pool *pgxpool.Pool) (*inbox.Store, error) {
 	comps, err := components(cmd)
-	if err != nil || cmd.String(flagInboxPartition) == "" || !slices.ContainsFunc(comps, func(c component) bool { return c.name == "inbox" }) {
+	if err != nil || globals(cmd).inboxPartitioned == "" || !slices.ContainsFunc(comps, func(c component) bool { return c.name == "inbox" }) {
 		return nil, err
 	}
 	_, ib, err := stores(cmd, pool)
@@ -373,7 +373,7 @@ func partitionedInbox(cmd *cli.Command, pool *pgxpool.Pool) (*inbox.Store, error
 // they must match the consumers' inbox.Config.)
 func checkInboxLayout(ctx context.Context, cmd *cli.Command, pool *pgxpool.Pool) error {
 	comps, err := components(cmd)
-	if err != nil || cmd.String(flagInboxPartition) != "" || !slices.ContainsFunc(comps, func(c component) bool { return c.name == "inbox" }) {
+	if err != nil || globals(cmd).inboxPartitioned != "" || !slices.ContainsFunc(comps, func(c component) bool { return c.name == "inbox" }) {
 		return err
 	}
 	_, ib, err := stores(cmd, pool)

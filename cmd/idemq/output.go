@@ -16,7 +16,7 @@ import (
 // output prints v as JSON with --json, else as the table human fills in.
 func output(cmd *cli.Command, v any, human func(t *table)) error {
 	w := cmd.Root().Writer
-	if cmd.Bool(flagJSON) {
+	if globals(cmd).json {
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
 		return enc.Encode(v)

@@ -102,10 +102,10 @@ func runStats(ctx context.Context, cmd *cli.Command) error {
 		}
 	}
 	if len(r.NotMigrated) == 2 {
-		return withCode(exitPending, "neither the outbox nor the inbox tables exist in schema %q: run `idemq migrate`", cmd.String(flagSchema))
+		return withCode(exitPending, "neither the outbox nor the inbox tables exist in schema %q: run `idemq migrate`", globals(cmd).schema)
 	}
 	var migrated bool
-	endpoints := pgx.Identifier{cmd.String(flagSchema), cmd.String(flagWebhookTable)}.Sanitize()
+	endpoints := pgx.Identifier{globals(cmd).schema, globals(cmd).webhookTable}.Sanitize()
 	if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, endpoints).Scan(&migrated); err != nil {
 		return err
 	}

@@ -68,19 +68,20 @@ func runUI(ctx context.Context, cmd *cli.Command, o *uiOptions) error {
 	} else if !ok {
 		return withCode(exitPending, "the outbox's tables are missing or not current (no %s.%s_audit): run idemq migrate", c.Schema, c.Table)
 	}
-	if ok, err := tableExists(ctx, pool, cmd.String(flagSchema), cmd.String(flagInboxTable)); err != nil {
+	g := globals(cmd)
+	if ok, err := tableExists(ctx, pool, g.schema, g.inboxTable); err != nil {
 		return err
 	} else if ok {
 		cfg.Inbox = ib
 	}
-	if ok, err := tableExists(ctx, pool, cmd.String(flagSchema), cmd.String(flagWebhookTable)); err != nil {
+	if ok, err := tableExists(ctx, pool, g.schema, g.webhookTable); err != nil {
 		return err
 	} else if ok {
 		if cfg.Webhooks, err = registry(cmd, pool); err != nil {
 			return err
 		}
 	}
-	if ok, err := tableExists(ctx, pool, cmd.String(flagSchema), cmd.String(flagRequestsTable)); err != nil {
+	if ok, err := tableExists(ctx, pool, g.schema, g.requestsTable); err != nil {
 		return err
 	} else if ok {
 		// connect checked the table flags: this cannot fail.

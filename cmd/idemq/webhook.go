@@ -23,7 +23,7 @@ const flagWebhookTable = "webhook-table"
 
 // registry builds the webhook endpoint registry on db from the flags.
 func registry(cmd *cli.Command, db endpoints.DB) (*endpoints.Registry, error) {
-	reg, err := endpoints.NewRegistry(db, endpoints.RegistryConfig{Schema: cmd.String(flagSchema), Table: cmd.String(flagWebhookTable)})
+	reg, err := endpoints.NewRegistry(db, endpoints.RegistryConfig{Schema: globals(cmd).schema, Table: globals(cmd).webhookTable})
 	if err != nil {
 		return nil, flagConfigError(err, map[string]string{"Schema": flagSchema, "Table": flagWebhookTable})
 	}
