@@ -41,11 +41,13 @@ func newOwnedSQL(t pgutil.Table) ownedSQL {
 		// COMPLETED at once, which nobody sees before the commit: so it
 		// takes no entry in the index of leases in flight, and complete,
 		// which changes no indexed column (now() is the transaction's
-		// start), is a HOT update. $1 scope, $2 key id, $3 fingerprint,
-		// $4 key text, $5 record TTL.
+		// start), is a HOT update. The bound of the wait is set before
+		// the insert, in its FROM. $1 scope, $2 key id, $3 fingerprint,
+		// $4 key text, $5 record TTL, $6 lock_timeout.
 		claim: render(`
 INSERT INTO {{table}} AS r (expires_at, key_id, scope_id, status, fingerprint, key_text, token)
-VALUES (now() + $5::interval, $2::uuid, $1::int, {{succeeded}}, $3::bytea, $4::text, {{now_us}})
+SELECT now() + $5::interval, $2::uuid, $1::int, {{succeeded}}, $3::bytea, $4::text, {{now_us}}
+FROM (SELECT set_config('lock_timeout', $6, true)) bound
 ON CONFLICT (scope_id, key_id) DO UPDATE
 SET attempts = r.attempts + 1, token = greatest(r.token + 1, excluded.token), status = {{succeeded}},
 	owner = NULL, lease_until = NULL, result = NULL, last_error = NULL, updated_at = now(), expires_at = excluded.expires_at
@@ -116,8 +118,8 @@ func (s *Store) claimTx(ctx context.Context, k inboxsql.Key, wait time.Duration)
 	o := &ownedTx{s: s, release: release, k: k}
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{})
-	b.Queue(`SELECT set_config('lock_timeout', $1, true)`, strconv.FormatInt(max(wait.Milliseconds(), 1), 10))
-	b.Queue(s.owned.claim, k.Args(s.ttl)...).QueryRow(func(row pgx.Row) error {
+	lockTimeout := strconv.FormatInt(max(wait.Milliseconds(), 1), 10)
+	b.Queue(s.owned.claim, append(k.Args(s.ttl), lockTimeout)...).QueryRow(func(row pgx.Row) error {
 		err := row.Scan(&o.token)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
