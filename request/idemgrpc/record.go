@@ -10,7 +10,9 @@ import (
 )
 
 // ErrNotProtected is returned by [Record] outside the handler of a
-// protected method.
+// protected method, and in the transaction-owning mode
+// (ServerConfig.OwnTransaction), where the interceptor stores the outcome
+// in the call's transaction itself.
 var ErrNotProtected = errors.New("grpc: the call is not protected by the idempotency interceptor")
 
 // ErrRecorded is returned by a second [Record] in one call.

@@ -15,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -67,10 +66,11 @@ func crashEnv(t *testing.T, store string) (crashSpec, *pgxpool.Pool) {
 		_, spec.Prefix = testenv.Redis(t)
 		spec.StoreURL = testenv.RedisURL()
 	case "dynamodb":
-		var db *dynamodb.Client
-		db, spec.Prefix = testenv.DynamoDB(t)
-		spec.StoreURL = testenv.DynamoDBURL(t)
-		requesttest.Dynamo(t, db, spec.Prefix) // creates the table
+		// A dynalite of the test's own: the SIGKILLs cut its clients'
+		// connections, which the shared one's other tests must not see.
+		d := testenv.StartDynalite(t)
+		spec.StoreURL, spec.Prefix = d.URL(), "requests"
+		requesttest.Dynamo(t, d.Client(), spec.Prefix) // creates the table
 	}
 	pool, err := pgxpool.New(context.Background(), spec.DatabaseURL)
 	if err != nil {

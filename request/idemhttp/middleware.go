@@ -549,7 +549,9 @@ func Lease(r *nethttp.Request) (lease idemq.Lease, ok bool) {
 	return st.attempt.Lease(), true
 }
 
-// ErrNotProtected is returned by [Record] outside a protected request.
+// ErrNotProtected is returned by [Record] outside a protected request,
+// and in the transaction-owning mode (Config.OwnTransaction), where the
+// middleware stores the response in the request's transaction itself.
 var ErrNotProtected = errors.New("http: the request is not protected by the idempotency middleware")
 
 // Record stores the response the handler has written so far as the

@@ -607,13 +607,14 @@ func waitStarted(t *testing.T, runs *atomic.Int64, reply chan reply) {
 	}
 }
 
-// retryUntilDone retries key (a header value) until the reply is not a
-// 409, the request in flight having ended or lost its lease, and returns
-// that reply.
+// retryUntilDone retries key (a header value) as a client does while the
+// answer says to retry with the same key (409: the request in flight has
+// not ended or lost its lease yet; 503: the store is busy), and returns
+// the first other reply.
 func retryUntilDone(t *testing.T, url, key string) reply {
 	t.Helper()
 	for deadline := time.Now().Add(requesttest.WaitTimeout); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-		if r := post(t, url, key, "{}"); r.status != nethttp.StatusConflict {
+		if r := post(t, url, key, "{}"); r.status != nethttp.StatusConflict && r.status != nethttp.StatusServiceUnavailable {
 			return r
 		}
 	}
