@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/urfave/cli/v3"
 
+	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/migrate"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
@@ -37,7 +38,8 @@ type relayOptions struct {
 	httpAddr            string
 	migrate, check      bool
 	logFormat, logLevel string
-	connsPerServer      int // with --databases-from
+	connsPerServer      int  // with --databases-from
+	maintenance         bool // run the maintenance chores beside the relay
 	// relay is the relay.Config the flags set; Logger and Hooks are added
 	// when it runs.
 	relay relay.Config
@@ -122,6 +124,9 @@ func relayCommand() *cli.Command {
 			&cli.StringFlag{Name: "log-format", Value: "json", Usage: "log format on stderr: json or text", Sources: cli.EnvVars("IDEMQ_LOG_FORMAT"), Destination: &o.logFormat},
 			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "least level logged: debug, info, warn or error", Sources: cli.EnvVars("IDEMQ_LOG_LEVEL"), Destination: &o.logLevel},
 			componentsFlag("outbox"),
+			&cli.BoolFlag{Name: "maintenance", Value: true, Sources: cli.EnvVars("IDEMQ_MAINTENANCE"), Destination: &o.maintenance,
+				Usage: "run the maintenance chores beside the relay, one process at a time however many relays run: outbox dead-letter " +
+					"classes, and, where their tables exist, inbox GC and partitions and request-record GC (--maintenance=false: schedule idemq gc yourself)"},
 			fleetFlags()[0],
 			&cli.IntFlag{Name: flagConnsPerServer, Value: relay.ConnsPerServerDefault, Sources: cli.EnvVars("IDEMQ_CONNS_PER_SERVER"),
 				Usage: fmt.Sprintf("with --%s: the most connections the relay holds on one Postgres server, all its databases together "+
@@ -280,6 +285,13 @@ func runRelay(ctx context.Context, cmd *cli.Command, o *relayOptions) error {
 		}
 		defer stop()
 	}
+	if o.maintenance {
+		stop, err := startMaintenance(ctx, cmd, pool, r)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
 	h.running.Store(true)
 	o.logger.Info("relay starting", "schema", ob.Config().Schema, "outbox", ob.Config().Table, "routes", o.Routes,
 		"workers", cfg.Workers, "batch_size", cfg.BatchSize, "lease_ttl", cfg.LeaseTTL, "publish_timeout", cfg.PublishTimeout,
@@ -290,6 +302,37 @@ func runRelay(ctx context.Context, cmd *cli.Command, o *relayOptions) error {
 		return fmt.Errorf("relay: %w", err)
 	}
 	return nil
+}
+
+// startMaintenance starts the relay's maintenance service with the chores
+// of the stores whose tables exist on pool: the outbox's always, the
+// inbox's and the request store's when they are migrated. A partitioned
+// inbox then gets its partitions made ahead and dropped without a cron.
+func startMaintenance(ctx context.Context, cmd *cli.Command, pool *pgxpool.Pool, r *relay.Relay) (stop func(), err error) {
+	_, ib, err := stores(cmd, pool)
+	if err != nil {
+		return nil, err
+	}
+	requests, err := requestStore(cmd, pool)
+	if err != nil {
+		return nil, err
+	}
+	var extra []idemq.Chore
+	if pending, err := ib.PendingMigrations(ctx); err == nil && len(pending) == 0 {
+		extra = append(extra, ib.Chores()...)
+	}
+	if pending, err := requests.PendingMigrations(ctx); err == nil && len(pending) == 0 {
+		extra = append(extra, requests.Chores()...)
+	}
+	m, err := r.Maintenance(extra...)
+	if err != nil {
+		return nil, err
+	}
+	running, err := idemq.Start(ctx, m)
+	if err != nil {
+		return nil, err
+	}
+	return func() { _ = running.Stop() }, nil
 }
 
 // print is relay --check's output: the settings the relay would run with.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -399,5 +400,33 @@ func TestRelayLogsDurationsAsText(t *testing.T) {
 		if _, err := time.ParseDuration(v); !ok || err != nil || c.want != "" && v != c.want {
 			t.Errorf("%s line: %s is %#v, want a duration as text %s", c.line, c.attr, lines[c.line][c.attr], c.want)
 		}
+	}
+}
+
+// TestRelayRunsMaintenance: the binary's relay runs the maintenance chores
+// by default, so a dead letter stored without its class (by a version
+// before classes) gets one without idemq dlq classify.
+func TestRelayRunsMaintenance(t *testing.T) {
+	t.Parallel()
+	url, pool, _ := database(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `INSERT INTO idemq_outbox_dead (seq, id, created_at, failed_at, attempts, destination, payload, key, last_error)
+		VALUES (nextval(pg_get_serial_sequence('idemq_outbox', 'seq')), gen_random_uuid(), now(), now(), 5, 'orders', '\x7b7d', 'k', 'HTTP 503: upstream unavailable')`); err != nil {
+		t.Fatal(err)
+	}
+	kc := testenv.Kafka(t, 1, "orders")
+	relay := start(t, url, "relay", "--route", "orders="+"kafka:"+kc.Topic("orders"), "--kafka-brokers", strings.Join(kc.Brokers, ","))
+	idemqtest.WaitForNoError(t, "the dead letter classified", func() error {
+		var class *string
+		if err := pool.QueryRow(ctx, `SELECT error_class FROM idemq_outbox_dead`).Scan(&class); err != nil {
+			return err
+		}
+		if class == nil {
+			return errors.New("no class yet")
+		}
+		return nil
+	})
+	if code := relay.signal(t, syscall.SIGTERM, time.Minute); code != 0 {
+		t.Fatalf("relay exit %d\n%s", code, relay.stderr.String())
 	}
 }
