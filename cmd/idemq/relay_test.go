@@ -2,9 +2,9 @@ package main
 
 import (
 	"context"
-	"errors"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
