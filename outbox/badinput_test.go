@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -150,5 +151,20 @@ func TestBadInputReplayAndPurgeOfEverythingMustSayAll(t *testing.T) {
 	}
 	if n, err := b.ob.Purge(b.ctx, outbox.DeadFilter{All: true}); err != nil || n != 1 {
 		t.Fatalf("purge of every dead letter with All: %d, %v", n, err)
+	}
+}
+
+// TestBadInputEnqueueOnAnUnmigratedDatabase: Enqueue on a database without
+// the outbox's tables says what to run instead of a raw SQLSTATE 42P01,
+// and still wraps Postgres's error.
+func TestBadInputEnqueueOnAnUnmigratedDatabase(t *testing.T) {
+	t.Parallel()
+	ob, err := outbox.New(testenv.Postgres(t), outbox.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = ob.Enqueue(context.Background(), outbox.Message{Destination: "orders", Payload: []byte("{}")})
+	if !errors.Is(err, outbox.ErrNotMigrated) || !strings.Contains(err.Error(), "idemq migrate --components outbox") || !strings.Contains(err.Error(), "42P01") {
+		t.Errorf("Enqueue on an unmigrated database: %v", err)
 	}
 }

@@ -53,6 +53,22 @@ var ErrInvalidMessage = errors.New("outbox: invalid message")
 // payload exceeds [Config.MaxPayload].
 var ErrPayloadTooLarge = errors.New("outbox: payload too large")
 
+// ErrNotMigrated is matched by the error of a call on a database whose
+// outbox tables are missing or older than this version expects (Postgres's
+// undefined table, column or schema): it says what to run, and wraps
+// Postgres's own error.
+var ErrNotMigrated = errors.New("outbox: the outbox tables are missing or out of date: " +
+	"run `idemq migrate --components outbox` (with the outbox's --schema and --outbox-table) or Outbox.Migrate first")
+
+// dbError wraps err, the database's error for the call what, marking a
+// missing table, column or schema with [ErrNotMigrated].
+func dbError(what string, err error) error {
+	if pgutil.Undefined(err) {
+		return fmt.Errorf("%w (%s): %w", ErrNotMigrated, what, err)
+	}
+	return fmt.Errorf("outbox: %s: %w", what, err)
+}
+
 // InvalidMessageError says which message of an Enqueue call was refused
 // and why.
 type InvalidMessageError struct {
@@ -336,7 +352,7 @@ func (o *Outbox) EnqueueTx(ctx context.Context, tx pgx.Tx, msgs ...Message) erro
 	if len(msgs) >= copyThreshold {
 		if _, err := tx.CopyFrom(ctx, pgx.Identifier{o.table.Schema, o.table.Name},
 			outboxsql.Columns, pgx.CopyFromSlice(len(rows.ids), rows.copyRow)); err != nil {
-			return fmt.Errorf("outbox: enqueue: %w", err)
+			return dbError("enqueue", err)
 		}
 		if o.shouldNotify() {
 			if _, err := tx.Exec(ctx, o.q.Notify, o.cfg.Channel); err != nil {
@@ -351,7 +367,7 @@ func (o *Outbox) EnqueueTx(ctx context.Context, tx pgx.Tx, msgs ...Message) erro
 		b.Queue(o.q.Notify, o.cfg.Channel)
 	}
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return fmt.Errorf("outbox: enqueue: %w", err)
+		return dbError("enqueue", err)
 	}
 	return nil
 }

@@ -187,16 +187,8 @@ func TestFleetDrainsManyDatabasesWithinTheBudget(t *testing.T) {
 		enqueueTenant(t, d, perDB, keys)
 	}
 	sink := newFleetSink()
-	f, err := relay.NewFleet(fleet.Static(dbs...), sink, relay.FleetConfig{ConnsPerServer: budget, Quantum: 300 * time.Millisecond,
+	_, running := startFleet(t, fleet.Static(dbs...), sink, relay.FleetConfig{ConnsPerServer: budget, Quantum: 300 * time.Millisecond,
 		Relay: relay.Config{BatchSize: 50, Logger: quiet}, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	running, err := idemq.Start(context.Background(), f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer running.Stop()
 
 	admin := testenv.Postgres(t)
 	admin2, err := pgxpool.New(context.Background(), second.URL())
@@ -251,16 +243,8 @@ func TestFleetFollowsItsSource(t *testing.T) {
 		enqueueTenant(t, d, 50, 5)
 	}
 	sink := newFleetSink()
-	f, err := relay.NewFleet(fleet.File(file), sink, relay.FleetConfig{Reload: 100 * time.Millisecond,
+	f, _ := startFleet(t, fleet.File(file), sink, relay.FleetConfig{Reload: 100 * time.Millisecond,
 		Relay: relay.Config{Logger: quiet}, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	running, err := idemq.Start(context.Background(), f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer running.Stop()
 	idemqtest.WaitFor(t, "the listed databases drained despite the missing one", func() bool {
 		sink.mu.Lock()
 		defer sink.mu.Unlock()
@@ -301,16 +285,8 @@ func TestFleetWakesAnIdleDatabase(t *testing.T) {
 	app := "fleet-idle-" + fmt.Sprint(time.Now().UnixNano())
 	dbs := fleetDatabases(t, 4, app)
 	sink := newFleetSink()
-	f, err := relay.NewFleet(fleet.Static(dbs...), sink, relay.FleetConfig{IdleRelease: 200 * time.Millisecond, Sweep: time.Hour,
+	f, _ := startFleet(t, fleet.Static(dbs...), sink, relay.FleetConfig{IdleRelease: 200 * time.Millisecond, Sweep: time.Hour,
 		Relay: relay.Config{Logger: quiet}, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	running, err := idemq.Start(context.Background(), f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer running.Stop()
 	idemqtest.WaitFor(t, "every relay released while the databases are empty", func() bool {
 		for _, d := range f.Databases() {
 			if d.Draining {
@@ -500,16 +476,8 @@ func TestFleetManyIdleDatabases(t *testing.T) {
 	app := "fleet-idle-many-" + fmt.Sprint(time.Now().UnixNano())
 	dbs := fleetDatabases(t, n, app)
 	sink := newFleetSink()
-	f, err := relay.NewFleet(fleet.Static(dbs...), sink, relay.FleetConfig{IdleRelease: 100 * time.Millisecond,
+	f, _ := startFleet(t, fleet.Static(dbs...), sink, relay.FleetConfig{IdleRelease: 100 * time.Millisecond,
 		Relay: relay.Config{Logger: quiet}, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	running, err := idemq.Start(context.Background(), f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer running.Stop()
 	admin := testenv.Postgres(t)
 	idemqtest.WaitFor(t, "every database looked at and released", func() bool {
 		for _, d := range f.Databases() {
@@ -543,16 +511,8 @@ func TestFleetIsolatesADroppedDatabase(t *testing.T) {
 		enqueueTenant(t, d, 100, 4)
 	}
 	sink := newFleetSink()
-	f, err := relay.NewFleet(fleet.Static(dbs...), sink, relay.FleetConfig{ConnsPerServer: 9, Quantum: 200 * time.Millisecond,
+	f, _ := startFleet(t, fleet.Static(dbs...), sink, relay.FleetConfig{ConnsPerServer: 9, Quantum: 200 * time.Millisecond,
 		Relay: relay.Config{Logger: quiet}, Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	running, err := idemq.Start(context.Background(), f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer running.Stop()
 	admin := testenv.Postgres(t)
 	u, err := url.Parse(dbs[0].ConnString)
 	if err != nil {
@@ -614,4 +574,19 @@ func TestFleetRefusesTransactionalSinks(t *testing.T) {
 	if err := f.Run(context.Background()); !errors.Is(err, idemq.ErrConfig) {
 		t.Errorf("a Router with a Watermarker route: %v", err)
 	}
+}
+
+// startFleet starts a fleet of src into sink, stopped at cleanup.
+func startFleet(t *testing.T, src fleet.Source, sink relay.Sink, cfg relay.FleetConfig) (*relay.Fleet, *idemq.Running) {
+	t.Helper()
+	f, err := relay.NewFleet(src, sink, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	running, err := idemq.Start(context.Background(), f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = running.Stop() })
+	return f, running
 }

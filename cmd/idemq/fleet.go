@@ -125,15 +125,7 @@ func eachDatabase(ctx context.Context, cmd *cli.Command, src fleet.Source, fn fu
 // migrateFleet applies the pending migrations of the components on every
 // database of src.
 func migrateFleet(ctx context.Context, cmd *cli.Command, src fleet.Source) error {
-	comps, err := components(cmd)
-	if err != nil {
-		return err
-	}
-	return eachDatabase(ctx, cmd, src, func(ctx context.Context, conn *pgx.Conn) (string, error) {
-		m, err := migrator(conn, comps)
-		if err != nil {
-			return "", err
-		}
+	return eachMigrator(ctx, cmd, src, func(ctx context.Context, m *migrate.Migrator) (string, error) {
 		applied, err := m.Migrate(ctx)
 		if err != nil || len(applied) == 0 {
 			return "current", err
@@ -145,6 +137,14 @@ func migrateFleet(ctx context.Context, cmd *cli.Command, src fleet.Source) error
 // validateFleet is migrate validate on every database of src: exit 4
 // while any has migrations pending.
 func validateFleet(ctx context.Context, cmd *cli.Command, src fleet.Source) error {
+	return eachMigrator(ctx, cmd, src, func(ctx context.Context, m *migrate.Migrator) (string, error) {
+		return "current", m.Validate(ctx)
+	})
+}
+
+// eachMigrator runs fn with the Migrator of the command's components on
+// every database of src (see eachDatabase).
+func eachMigrator(ctx context.Context, cmd *cli.Command, src fleet.Source, fn func(context.Context, *migrate.Migrator) (string, error)) error {
 	comps, err := components(cmd)
 	if err != nil {
 		return err
@@ -154,7 +154,7 @@ func validateFleet(ctx context.Context, cmd *cli.Command, src fleet.Source) erro
 		if err != nil {
 			return "", err
 		}
-		return "current", m.Validate(ctx)
+		return fn(ctx, m)
 	})
 }
 

@@ -5,10 +5,9 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
-
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/internal/errtext"
+	"github.com/idemq/idemq/internal/pgutil"
 )
 
 // Status is where a record stands in the state machine
@@ -150,9 +149,9 @@ var (
 )
 
 // NotMigrated marks err with ErrNotMigrated when Postgres reports an
-// undefined table (42P01) or column (42703).
+// undefined table, column or schema.
 func NotMigrated(err error) error {
-	if pg := (*pgconn.PgError)(nil); errors.As(err, &pg) && (pg.Code == "42P01" || pg.Code == "42703") {
+	if pgutil.Undefined(err) {
 		return fmt.Errorf("%w: %w", ErrNotMigrated, err)
 	}
 	return err

@@ -13,7 +13,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/internal/pgtx"
@@ -125,7 +124,7 @@ var ErrNotMigrated = errors.New("webhook: the endpoint registry's tables are mis
 // dbError wraps err, the database's error for the registry's call what,
 // marking a missing table, column or schema with [ErrNotMigrated].
 func dbError(what string, err error) error {
-	if pg := (*pgconn.PgError)(nil); errors.As(err, &pg) && (pg.Code == "42P01" || pg.Code == "42703" || pg.Code == "3F000") {
+	if pgutil.Undefined(err) {
 		return fmt.Errorf("%w (%s): %w", ErrNotMigrated, what, err)
 	}
 	return fmt.Errorf("webhook: %s: %w", what, err)
