@@ -1,0 +1,278 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemq/idemq"
+	"github.com/idemq/idemq/consumer"
+)
+
+// The linearizability check of the inbox's claim: many goroutines deliver
+// a few keys at once, each many times, now and then with another payload,
+// and the handler fails now and then (Redeliver mode, so a failure is a
+// Retry and the third one a dead letter). Every key's history of results
+// must be explained by one sequential inbox record, the model below: at
+// most one Applied per key, ever.
+
+// delivery is one call of Process: the key and the payload's fingerprint
+// ("A" or "B").
+type delivery struct{ key, fp string }
+
+// inboxRecord is one key's record as the model sees it: the fingerprint it
+// was first recorded with ("" while there is no record), and whether it
+// was applied or dead-lettered.
+type inboxRecord struct {
+	fp            string
+	applied, dead bool
+}
+
+// inboxModel is the sequential specification of one key in the inbox.
+var inboxModel = porcupine.NondeterministicModel{
+	Init: func() []any { return []any{inboxRecord{}} },
+	Step: func(st, input, output any) []any {
+		s, in, r := st.(inboxRecord), input.(delivery), output.(consumer.Result)
+		same := s.fp == "" || s.fp == in.fp
+		open := same && !s.applied && !s.dead
+		switch r.Outcome {
+		case consumer.Applied:
+			if open {
+				return []any{inboxRecord{fp: in.fp, applied: true}}
+			}
+		case consumer.Duplicate:
+			if s.applied && s.fp == in.fp {
+				return []any{s}
+			}
+		case consumer.Conflict:
+			if !same {
+				return []any{s}
+			}
+		case consumer.DeadLettered:
+			if open || (s.dead && s.fp == in.fp) {
+				return []any{inboxRecord{fp: in.fp, dead: true}}
+			}
+		case consumer.Retry:
+			next := []any{s}
+			if s.fp == "" { // a failed attempt, counted in a new record
+				next = append(next, inboxRecord{fp: in.fp})
+			}
+			if r.Unavailable && open { // a commit whose outcome was lost
+				next = append(next, inboxRecord{fp: in.fp, applied: true})
+			}
+			return next
+		}
+		return nil
+	},
+	Equal: func(a, b any) bool { return a.(inboxRecord) == b.(inboxRecord) },
+	DescribeOperation: func(input, output any) string {
+		in, r := input.(delivery), output.(consumer.Result)
+		desc := "Process(" + in.fp + ") → " + r.Outcome.String()
+		if r.Unavailable {
+			desc += " (unavailable)"
+		}
+		return desc
+	},
+	DescribeState: func(st any) string {
+		s := st.(inboxRecord)
+		return fmt.Sprintf("fp %q applied %v dead %v", s.fp, s.applied, s.dead)
+	},
+}
+
+// processor is what the clients call: Consumer.Process, or a broken
+// stand-in.
+type processor func(ctx context.Context, m *consumer.Message) consumer.Result
+
+// inboxHistory delivers keys from clients goroutines for d through process
+// and returns the history. A new set of keys every 300 ms makes many
+// short histories.
+func inboxHistory(process processor, clients, keys int, d time.Duration) []porcupine.Operation {
+	var (
+		mu  sync.Mutex
+		ops []porcupine.Operation
+		wg  sync.WaitGroup
+	)
+	prefix := fmt.Sprintf("lin-%d-", time.Now().UnixNano())
+	start := time.Now()
+	for c := range clients {
+		wg.Go(func() {
+			for time.Since(start) < d {
+				round := time.Since(start) / (300 * time.Millisecond)
+				in := delivery{key: fmt.Sprintf("%s%d-%d", prefix, round, rand.IntN(keys)), fp: "A"}
+				if rand.IntN(10) == 0 {
+					in.fp = "B"
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				call := time.Now().UnixNano()
+				r := process(ctx, &consumer.Message{ID: in.key, Payload: []byte(in.fp)})
+				ret := time.Now().UnixNano()
+				cancel()
+				if r.Outcome == consumer.Retry && r.Unavailable {
+					ret = math.MaxInt64 // its commit may land at any time after its call
+				}
+				mu.Lock()
+				ops = append(ops, porcupine.Operation{ClientId: c, Input: in, Call: call, Output: r, Return: ret})
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	return ops
+}
+
+// checkInbox checks every key's history against the model and returns the
+// keys whose history is not linearizable, each written as porcupine's
+// HTML visualization into dir (if "", a new directory that outlives the
+// test), and the count of Applied results per key.
+func checkInbox(t *testing.T, ops []porcupine.Operation, dir string) (illegal []string, applied map[string]int) {
+	t.Helper()
+	model := inboxModel.ToModel()
+	parts := map[string][]porcupine.Operation{}
+	applied = map[string]int{}
+	for _, op := range ops {
+		key := op.Input.(delivery).key
+		parts[key] = append(parts[key], op)
+		if op.Output.(consumer.Result).Outcome == consumer.Applied {
+			applied[key]++
+		}
+	}
+	for key, ops := range parts {
+		res, info := porcupine.CheckOperationsVerbose(model, ops, time.Minute)
+		switch res {
+		case porcupine.Illegal:
+			if dir == "" {
+				var err error
+				if dir, err = os.MkdirTemp("", "idemq-inbox-linearizability-"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			path := filepath.Join(dir, "inbox-"+key+".html")
+			if err := porcupine.VisualizePath(model, info, path); err != nil {
+				t.Errorf("visualizing key %s: %v", key, err)
+			}
+			illegal = append(illegal, fmt.Sprintf("%s (%d operations; see %s)", key, len(ops), path))
+		case porcupine.Unknown:
+			t.Logf("key %s: the check of %d operations timed out", key, len(ops))
+		}
+	}
+	t.Logf("%d deliveries of %d keys checked", len(ops), len(parts))
+	return illegal, applied
+}
+
+// inboxConfig hands a failed attempt back (Redeliver) so that failures
+// and dead letters show in the history.
+var inboxConfig = consumer.Config{Logger: slog.New(slog.DiscardHandler), Redeliver: true, Retry: idemq.Retry{MaxAttempts: 3, BaseDelay: time.Millisecond, MaxDelay: time.Millisecond}}
+
+// flaky fails one attempt in four.
+func flaky() error {
+	if rand.IntN(4) == 0 {
+		return errors.New("flaky handler")
+	}
+	return nil
+}
+
+// TestLinearizableInbox drives a transactional and a leased consumer on a
+// real Postgres from many goroutines delivering the same keys; every
+// key's history must be linearizable, and the effects must be exactly the
+// Applied results: one business row (or leased effect) per Applied.
+func TestLinearizableInbox(t *testing.T) {
+	const clients, keys = 8, 3
+	d := 2 * time.Second
+	t.Run("transactional", func(t *testing.T) {
+		t.Parallel()
+		pool := setup(t)
+		c := newConsumer(t, pool, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			if err := insertOrder(ctx, tx, m); err != nil {
+				return err
+			}
+			return flaky()
+		}, inboxConfig)
+		illegal, applied := checkInbox(t, inboxHistory(c.Process, clients, keys, d), "")
+		if len(illegal) > 0 {
+			t.Fatalf("not linearizable: %v", illegal)
+		}
+		rows, err := pool.Query(context.Background(), `SELECT id FROM orders`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		effects := map[string]int{}
+		for _, id := range ids {
+			effects[id]++
+		}
+		compareEffects(t, applied, effects)
+	})
+	t.Run("leased", func(t *testing.T) {
+		t.Parallel()
+		pool := setup(t)
+		var mu sync.Mutex
+		done := map[string]int{}
+		c, err := consumer.NewLeased(pool, "mailer", func(ctx context.Context, m *consumer.Message, _ idemq.Lease) error {
+			if err := flaky(); err != nil {
+				return err
+			}
+			mu.Lock()
+			done[m.ID]++
+			mu.Unlock()
+			return nil
+		}, inboxConfig)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Migrate(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		illegal, applied := checkInbox(t, inboxHistory(c.Process, clients, keys, d), "")
+		if len(illegal) > 0 {
+			t.Fatalf("not linearizable: %v", illegal)
+		}
+		compareEffects(t, applied, done)
+	})
+}
+
+// compareEffects fails unless the effects counted per key are the
+// Applied results counted per key.
+func compareEffects(t *testing.T, applied, effects map[string]int) {
+	t.Helper()
+	for key, n := range effects {
+		if n != applied[key] {
+			t.Errorf("key %s: the effect happened %d times, %d Applied results", key, n, applied[key])
+		}
+		delete(applied, key)
+	}
+	for key, n := range applied {
+		t.Errorf("key %s: %d Applied results, no effect", key, n)
+	}
+}
+
+// TestLinearizableInboxCatchesDoubleApply: the check finds a consumer out
+// that reports a duplicate as applied, so a pass of the real one means
+// something.
+func TestLinearizableInboxCatchesDoubleApply(t *testing.T) {
+	t.Parallel()
+	c := newConsumer(t, setup(t), insertOrder, consumer.Config{Logger: inboxConfig.Logger})
+	double := func(ctx context.Context, m *consumer.Message) consumer.Result {
+		r := c.Process(ctx, m)
+		if r.Outcome == consumer.Duplicate {
+			r.Outcome = consumer.Applied
+		}
+		return r
+	}
+	if illegal, _ := checkInbox(t, inboxHistory(double, 4, 2, time.Second), t.TempDir()); len(illegal) == 0 {
+		t.Fatal("a consumer that reports duplicates as applied passed the check")
+	}
+}
