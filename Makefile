@@ -10,6 +10,7 @@ HISTORY_DURATION ?= 10m
 HISTORY_SEED ?=
 FLEET_IDLE_DATABASES ?= 1000
 LINEAR_DURATION ?= 5m
+INBOX_LINEAR_RUNS ?= 50
 # Runs of Watermill's full suite at once: each opens 50 Subscribers in
 # TestConcurrentSubscribe, each a relay with connections of its own, so 10
 # (Watermill's default) exceed a default max_connections.
@@ -37,13 +38,14 @@ test-suite:
 badinput: testenv/node_modules ## run the bad-input suite: every TestBadInput test, of the library, the binary and the Watermill adapter
 	$(GO) run ./testenv/withpostgres sh -c '$(GO) test -race -count=1 -timeout 20m -run BadInput ./... && cd cmd/idemq && $(GO) test -race -count=1 -timeout 10m -run BadInput ./... && cd ../../idemwatermill && $(GO) test -race -count=1 -timeout 10m -run BadInput ./...'
 
-soak: ## the crash soak: 100,000 messages (SOAK_MESSAGES sets it; SOAK_INTERVAL the mean time between faults) through relays and consumers SIGKILLed at random; then a minute of 48 relay workers on a busy pool of 4 (SOAK_BUSY_POOL); then the relay's history check under faults for HISTORY_DURATION (HISTORY_SEED replays a schedule); then KAFKA_EOS_MESSAGES keyed messages into Kafka through the transactional and the kafka-go sink while relays are SIGKILLed KAFKA_EOS_KILLS times; then one relay fleet over FLEET_IDLE_DATABASES idle databases; then the linearizability check of request records for LINEAR_DURATION per store; then Watermill's Pub/Sub suite at full size, WATERMILL_STRESS runs at once, on the Watermill adapter
+soak: ## the crash soak: 100,000 messages (SOAK_MESSAGES sets it; SOAK_INTERVAL the mean time between faults) through relays and consumers SIGKILLed at random; then a minute of 48 relay workers on a busy pool of 4 (SOAK_BUSY_POOL); then the relay's history check under faults for HISTORY_DURATION (HISTORY_SEED replays a schedule); then KAFKA_EOS_MESSAGES keyed messages into Kafka through the transactional and the kafka-go sink while relays are SIGKILLed KAFKA_EOS_KILLS times; then one relay fleet over FLEET_IDLE_DATABASES idle databases; then the linearizability check of request records for LINEAR_DURATION per store, and of the inbox's claim INBOX_LINEAR_RUNS times (fresh histories, consumers SIGKILLed; the relay's lease check runs with its history check); then Watermill's Pub/Sub suite at full size, WATERMILL_STRESS runs at once, on the Watermill adapter
 	IDEMQ_SOAK_MESSAGES=$(SOAK_MESSAGES) IDEMQ_SOAK_INTERVAL=$(SOAK_INTERVAL) $(GO) test -count=1 -timeout 60m -v -run '^TestSoak$$' ./soak
 	IDEMQ_RELAY_BUSY_POOL=$(SOAK_BUSY_POOL) $(GO) test -count=1 -timeout 10m -v -run '^TestBusyPoolKeepsLeases$$' ./relay
 	IDEMQ_HISTORY_DURATION=$(HISTORY_DURATION) IDEMQ_HISTORY_SEED=$(HISTORY_SEED) $(GO) test -count=1 -timeout 60m -v -run '^TestRelayHistory$$' ./relay
 	IDEMQ_KAFKA_EOS_MESSAGES=$(KAFKA_EOS_MESSAGES) IDEMQ_KAFKA_EOS_KILLS=$(KAFKA_EOS_KILLS) $(GO) test -count=1 -timeout 60m -v -run '^TestExactlyOnceKilledRelays$$' ./transports/kafka/franz
 	IDEMQ_FLEET_IDLE_DATABASES=$(FLEET_IDLE_DATABASES) $(GO) test -count=1 -timeout 60m -v -run '^TestFleetManyIdleDatabases$$' ./relay
 	IDEMQ_LINEAR_DURATION=$(LINEAR_DURATION) $(GO) test -count=1 -timeout 60m -v -run '^TestLinearizableRecords$$' ./request/requesttest
+	$(GO) test -count=$(INBOX_LINEAR_RUNS) -timeout 60m -run '^TestLinearizableInbox' ./consumer
 	cd idemwatermill && IDEMQ_WATERMILL_STRESS=$(WATERMILL_STRESS) $(GO) test -count=1 -timeout 60m -v -run '^TestPubSubStress$$' .
 
 bench: testenv/node_modules ## run the benchmarks; each reports its ratio against a baseline measured in the same run

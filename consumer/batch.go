@@ -243,7 +243,7 @@ func (c *Consumer) applyBatch(ctx context.Context, batch []pending) ([]dispositi
 	}
 	// A cancelled context or a lost connection is not the handlers'
 	// failure: nothing is counted, nothing committed.
-	if err := notAFailure(ctx, tx.Conn(), nil); err != nil {
+	if err := notAFailure(ctx, connLost(tx), nil); err != nil {
 		return nil, err
 	}
 	ds := decide(batch)

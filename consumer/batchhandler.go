@@ -132,7 +132,7 @@ func (c *Consumer) pass(ctx context.Context, tx pgx.Tx, btx *pgtx.Batch, msgs []
 	if handlerErr != nil {
 		// A cancelled context or a lost connection ends the batch; a
 		// database error (transient) is left to the per-message path.
-		if err := notAFailure(ctx, tx.Conn(), nil); err != nil {
+		if err := notAFailure(ctx, connLost(tx), nil); err != nil {
 			return 0, nil, errors.Join(handlerErr, err)
 		}
 	}

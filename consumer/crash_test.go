@@ -64,6 +64,9 @@ func runChild(mode string) int {
 		return 2
 	}
 	defer pool.Close()
+	if mode == "linear" {
+		return linearChild(pool)
+	}
 	fail, stuck := os.Getenv(childFail) != "", os.Getenv(childStuck) != ""
 	c, err := consumer.New(pool, "billing", func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 		if err := insertOrder(ctx, tx, m); err != nil {

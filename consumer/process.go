@@ -145,8 +145,12 @@ func (c *Consumer) try(ctx context.Context, msg *Message, key string, fingerprin
 	if handlerErr != nil {
 		// The rollback comes first: the failure is counted in a
 		// transaction of its own, so it survives the rollback.
+		// Whether the connection was lost is read before the rollback,
+		// which hands it back to the pool, to another goroutine; a failed
+		// rollback closes it.
+		lost := connLost(tx)
 		rollbackErr := tx.Rollback(ctx)
-		if err := notAFailure(ctx, tx.Conn(), errors.Join(handlerErr, rollbackErr)); err != nil {
+		if err := notAFailure(ctx, lost || rollbackErr != nil, errors.Join(handlerErr, rollbackErr)); err != nil {
 			return unavailable(key, err), nil
 		}
 		return c.recordFailure(ctx, key, fingerprint, handlerErr)
@@ -171,17 +175,24 @@ func (c *Consumer) overDelivered(msg *Message) error {
 // message: the context was cancelled, the connection was lost (which also
 // fails the handler's statements), or the database refused the
 // transaction for a reason of its own (see transient). Such an attempt is
-// not counted.
-func notAFailure(ctx context.Context, conn *pgx.Conn, err error) error {
+// not counted. lost tells whether the transaction's connection was lost.
+func notAFailure(ctx context.Context, lost bool, err error) error {
 	switch {
 	case ctx.Err() != nil:
 		return errors.Join(err, ctx.Err())
-	case conn == nil || conn.IsClosed():
+	case lost:
 		return fmt.Errorf("consumer: connection lost: %w", err)
 	case transient(err):
 		return fmt.Errorf("consumer: database error: %w", err)
 	}
 	return nil
+}
+
+// connLost reports whether tx's connection is closed; call it only while
+// tx is live, before its commit or rollback releases the connection.
+func connLost(tx pgx.Tx) bool {
+	conn := tx.Conn()
+	return conn == nil || conn.IsClosed()
 }
 
 // transient reports a database error that says nothing about the message,

@@ -193,8 +193,9 @@ SELECT o, i, k, d, s, $8, p, t FROM unnest($1::text[], $2::uuid[], $3::text[], $
 }
 
 // createHistoryTables creates the table published in the history database
-// and, in the outbox's database, the records of enqueues and purges that
-// commit with them.
+// and, in the outbox's database, the records of enqueues, purges and
+// partition lease grants (a trigger on the lease table) that commit with
+// them.
 func createHistoryTables(t *testing.T, hist, pool *pgxpool.Pool) {
 	t.Helper()
 	ctx := context.Background()
@@ -204,7 +205,12 @@ func createHistoryTables(t *testing.T, hist, pool *pgxpool.Pool) {
 		t.Fatal(err)
 	}
 	if _, err := pool.Exec(ctx, `CREATE TABLE history_enqueued (id uuid PRIMARY KEY, key text NOT NULL, destination text NOT NULL, seq bigint NOT NULL, written timestamptz NOT NULL);
-CREATE TABLE history_purged (id uuid NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())`); err != nil {
+CREATE TABLE history_purged (id uuid NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp());
+CREATE TABLE history_granted (part int NOT NULL, token bigint NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp());
+CREATE FUNCTION history_grant() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN INSERT INTO history_granted (part, token) VALUES (NEW.part, NEW.token); RETURN NULL; END $$;
+CREATE TRIGGER history_grant AFTER UPDATE OF token ON idemq_outbox_lease
+  FOR EACH ROW WHEN (NEW.token <> OLD.token) EXECUTE FUNCTION history_grant()`); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -401,4 +407,19 @@ func (rs *historyRelays) end(cmd *exec.Cmd) {
 	if err := cmd.Wait(); cmd.ProcessState.ExitCode() != -1 {
 		rs.t.Errorf("a relay process exited by itself before it was killed: %v", err)
 	}
+}
+
+// loadGrants reads the partition lease grants the trigger recorded: when
+// the take wrote the token, and when its transaction committed.
+func loadGrants(t *testing.T, pool *pgxpool.Pool) []grant {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `SELECT part, token, at, pg_xact_commit_timestamp(xmin) FROM history_granted`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	grants, err := pgx.CollectRows(rows, pgx.RowToStructByPos[grant])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return grants
 }

@@ -51,7 +51,9 @@ const (
 //     publications (a row before the rows of its key enqueued after it
 //     committed), no publish by a partition's owner after its
 //     successor's first publish, nothing lost, no publish of a rolled-back
-//     row, and every row published within 30 s of the faults stopping.
+//     row, and every row published within 30 s of the faults stopping;
+//     and each partition's grants and publishes linearizable against a
+//     lease whose token only grows (linear_test.go).
 //
 // The seed (logged; IDEMQ_HISTORY_SEED sets it) fixes the schedule: kinds,
 // times, durations, victims, and whether the relays park followers behind
@@ -109,11 +111,15 @@ func TestRelayHistory(t *testing.T) {
 	t.Logf("faults: %s; quiet after %s, drained in %s: %s", f.counts(), quiet.Sub(start).Round(time.Second),
 		time.Since(quiet).Round(time.Second), left)
 
-	report, err := history.Check(loadHistory(t, hist, pool), history.Rules{ParkFollowers: park, QuietFrom: quiet, Bound: historyBound})
+	h := loadHistory(t, hist, pool)
+	report, err := history.Check(h, history.Rules{ParkFollowers: park, QuietFrom: quiet, Bound: historyBound})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Log(report)
+	if illegal := checkLeases(t, leaseHistories(loadGrants(t, pool), h.Published), ""); len(illegal) > 0 {
+		t.Errorf("seed %d: partition leases not linearizable: %v", seed, illegal)
+	}
 	if err := report.Err(); err != nil {
 		t.Logf("the faults (rows as key/seq):\n%s", strings.Join(f.timeline, "\n"))
 		t.Log(f.blame(report))
