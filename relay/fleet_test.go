@@ -462,14 +462,14 @@ func fleetChild(t *testing.T, env string) {
 }
 
 // TestFleetManyIdleDatabases runs one fleet process over
-// IDEMQ_FLEET_IDLE_DATABASES empty databases (30 in make test, 1,000 in
+// IDEMQ_FLEET_IDLE_DATABASES empty databases (12 in make test, 1,000 in
 // make soak): once it has looked at each, it holds only its watcher's
 // connection and its memory is logged; a row then enqueued in one of them
 // is published, and how long that took is logged against the documented
 // bound (the watch interval plus the statistics' delay).
 func TestFleetManyIdleDatabases(t *testing.T) {
 	t.Parallel()
-	n := 30
+	n := 12
 	if v, err := strconv.Atoi(os.Getenv("IDEMQ_FLEET_IDLE_DATABASES")); err == nil && v > 0 {
 		n = v
 	}
