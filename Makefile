@@ -22,7 +22,7 @@ WATERMILL_STRESS ?= 3
 # and, when nothing answers there, a private server started from the
 # machine's Postgres binaries and removed at exit.
 demo: ## run the end-to-end demo
-	$(GO) run ./examples/orders
+	$(GO) run ./testenv/withpostgres $(GO) run ./examples/orders
 
 test: testenv/node_modules pgbouncer chromium promtool ## run the whole suite against real servers (race detector on)
 	$(GO) run ./testenv/withpostgres $(MAKE) --no-print-directory test-suite

@@ -3,13 +3,8 @@ package testenv
 import (
 	"bytes"
 	"context"
-	"errors"
-	"fmt"
 	"io"
-	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -18,26 +13,6 @@ import (
 // prints what happened on out and returns an error unless every count was
 // right.
 type ProgramFunc func(ctx context.Context, out io.Writer) error
-
-// Main runs an example program's body as its main function: with a
-// context that SIGINT and SIGTERM cancel and that ends after timeout, and
-// with Postgres made sure of ([EnsurePostgres]: the server at
-// IDEMQ_TEST_DATABASE_URL, or a private one removed at exit). It prints an
-// error on stderr and exits 1 when run fails.
-func Main(name string, timeout time.Duration, run ProgramFunc) {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	stopPostgres, err := EnsurePostgres(ctx, os.Stdout)
-	if err == nil {
-		err = errors.Join(run(ctx, os.Stdout), stopPostgres())
-	}
-	cancel()
-	stop()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
-		os.Exit(1)
-	}
-}
 
 // RunProgram runs an example program's body as a test: it fails unless
 // run returns nil within timeout and prints every line fragment of want.

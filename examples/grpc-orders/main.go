@@ -8,20 +8,27 @@
 //
 // It prints what the client sent and what the database holds, and exits
 // non-zero unless there is exactly one order per logical call and every
-// retry got the original response. It needs only the local Postgres
-// (IDEMQ_TEST_DATABASE_URL points it elsewhere); it creates its own
-// database and drops it on exit.
+// retry got the original response.
+//
+// It runs as a module of its own: copy this file into a new module and `go
+// run .` (the generated orderspb package is imported from idemq's module).
+// It needs Postgres at DATABASE_URL (default
+// postgres://postgres@127.0.0.1:5432/postgres), where it drops and recreates
+// the schema grpc_orders on every run.
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
+	"os/signal"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -38,30 +45,59 @@ import (
 	"github.com/idemq/idemq/request"
 	"github.com/idemq/idemq/request/idemgrpc"
 	"github.com/idemq/idemq/request/pgstore"
-	"github.com/idemq/idemq/testenv"
 )
 
 const (
 	calls     = 20 // logical CreateOrder calls
 	dropEvery = 3  // the network loses the first reply of every third call
+
+	schema = "grpc_orders" // holds the example's tables; recreated on every run
 )
 
 func main() {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	if err := run(ctx, os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "grpc-orders:", err)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	err := func() error {
+		pool, err := openPool(ctx, cmp.Or(os.Getenv("DATABASE_URL"), "postgres://postgres@127.0.0.1:5432/postgres"))
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		return run(ctx, pool, os.Stdout)
+	}()
+	cancel()
+	stop()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "grpc-orders: %v\n", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, out io.Writer) (err error) {
-	pool, done, err := testenv.ScratchPool(ctx, "idemq_grpc_orders")
+// openPool opens a pool on connString whose connections work in schema,
+// which it drops and recreates first so that every run starts empty.
+func openPool(ctx context.Context, connString string) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(connString)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer done()
-	store, err := pgstore.New(pool, pgstore.Config{})
+	cfg.ConnConfig.RuntimeParams["search_path"] = schema
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	name := pgx.Identifier{schema}.Sanitize()
+	for _, sql := range []string{"DROP SCHEMA IF EXISTS " + name + " CASCADE", "CREATE SCHEMA " + name} {
+		if _, err := pool.Exec(ctx, sql); err != nil {
+			pool.Close()
+			return nil, fmt.Errorf("postgres: %w", err)
+		}
+	}
+	return pool, nil
+}
+
+// run is what a service of your own would do, with its pool.
+func run(ctx context.Context, pool *pgxpool.Pool, out io.Writer) (err error) {
+	store, err := pgstore.New(pool, pgstore.Config{Schema: schema})
 	if err != nil {
 		return err
 	}

@@ -17,13 +17,15 @@
 // what the clients saw and the table, and exits non-zero unless each payment
 // was booked once.
 //
-// It needs Postgres: the local server (IDEMQ_TEST_DATABASE_URL points it
-// elsewhere) or, when nothing answers there, a private one started from the
-// machine's Postgres binaries.
+// It runs as a module of its own: copy this file into a new module and `go
+// run .`. It needs Postgres at DATABASE_URL (default
+// postgres://postgres@127.0.0.1:5432/postgres), where it drops and recreates
+// the schema http_api on every run.
 package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -31,24 +33,68 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"os/signal"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/request/idemhttp"
 	"github.com/idemq/idemq/request/pgstore"
-	"github.com/idemq/idemq/testenv"
 )
 
 const (
 	payments = 20 // distinct payments (keys)
 	retried  = 5  // sent again after their answer
 	raced    = 4  // sent twice at once
+
+	schema = "http_api" // holds the example's tables; recreated on every run
 )
 
-// main makes sure Postgres answers (or starts a private one), then runs the
-// scenario; run is what a service of your own would do.
-func main() { testenv.Main("http-api", 2*time.Minute, run) }
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	err := func() error {
+		pool, err := openPool(ctx, cmp.Or(os.Getenv("DATABASE_URL"), "postgres://postgres@127.0.0.1:5432/postgres"))
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		return run(ctx, pool, os.Stdout)
+	}()
+	cancel()
+	stop()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "http-api: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+// openPool opens a pool on connString whose connections work in schema,
+// which it drops and recreates first so that every run starts empty.
+func openPool(ctx context.Context, connString string) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(connString)
+	if err != nil {
+		return nil, err
+	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = schema
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	name := pgx.Identifier{schema}.Sanitize()
+	for _, sql := range []string{"DROP SCHEMA IF EXISTS " + name + " CASCADE", "CREATE SCHEMA " + name} {
+		if _, err := pool.Exec(ctx, sql); err != nil {
+			pool.Close()
+			return nil, fmt.Errorf("postgres: %w", err)
+		}
+	}
+	return pool, nil
+}
 
 // payment is the body of POST /payments and of its answer.
 type payment struct {
@@ -79,17 +125,13 @@ func (a *api) createPayment(w http.ResponseWriter, r *http.Request) {
 	_ = json.NewEncoder(w).Encode(p) // stored with the payment, in the same COMMIT
 }
 
-func run(ctx context.Context, out io.Writer) error {
-	pool, done, err := testenv.ScratchPool(ctx, "idemq_http_api")
-	if err != nil {
-		return err
-	}
-	defer done()
+// run is what a service of your own would do, with its pool.
+func run(ctx context.Context, pool *pgxpool.Pool, out io.Writer) error {
 	// No unique constraint: a request run twice would book two rows.
 	if _, err := pool.Exec(ctx, `CREATE TABLE payments (id bigserial PRIMARY KEY, payer text NOT NULL, amount int NOT NULL)`); err != nil {
 		return err
 	}
-	store, err := pgstore.New(pool, pgstore.Config{})
+	store, err := pgstore.New(pool, pgstore.Config{Schema: schema})
 	if err != nil {
 		return err
 	}

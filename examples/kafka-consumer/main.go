@@ -11,51 +11,116 @@
 // a conflict, never applied. It prints the outcomes and the ledger, and
 // exits non-zero unless each payment was booked exactly once.
 //
-// It needs Postgres: the local server (IDEMQ_TEST_DATABASE_URL points it
-// elsewhere) or, when nothing answers there, a private one started from the
-// machine's Postgres binaries. Kafka runs in-process (IDEMQ_TEST_KAFKA_BROKERS
-// points it at real brokers). In a service, the pool and the brokers are
-// your own; the rest stays as it is.
+// It runs as a module of its own: copy this file into a new module and `go
+// run .`. It needs Postgres at DATABASE_URL (default
+// postgres://postgres@127.0.0.1:5432/postgres), where it drops and recreates
+// the schema kafka_consumer on every run. Kafka is the brokers in
+// KAFKA_BROKERS (comma-separated; it creates the topic "payments" there) or,
+// when that is unset, kfake, an in-process Kafka for trying it locally. In a
+// service, the pool and the brokers are your own; the rest stays as it is.
 package main
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"os"
+	"os/signal"
 	"strconv"
+	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	kafkago "github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/testenv"
+	"github.com/idemq/idemq/inbox"
 	"github.com/idemq/idemq/transports/kafka"
 )
 
 const (
 	payments = 30 // distinct payments produced
 	resent   = 8  // of which the producer sends again
+
+	schema = "kafka_consumer" // holds the example's tables; recreated on every run
+	topic  = "payments"
 )
 
-// main makes sure Postgres answers (or starts a private one), then runs the
-// scenario; run is what a service of your own would do.
-func main() { testenv.Main("kafka-consumer", 2*time.Minute, run) }
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	err := func() error {
+		pool, err := openPool(ctx, cmp.Or(os.Getenv("DATABASE_URL"), "postgres://postgres@127.0.0.1:5432/postgres"))
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		return run(ctx, pool, os.Stdout)
+	}()
+	cancel()
+	stop()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "kafka-consumer: %v\n", err)
+		os.Exit(1)
+	}
+}
 
-func run(ctx context.Context, out io.Writer) error {
-	pool, done, err := testenv.ScratchPool(ctx, "idemq_kafka_consumer")
+// openPool opens a pool on connString whose connections work in schema,
+// which it drops and recreates first so that every run starts empty.
+func openPool(ctx context.Context, connString string) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(connString)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer done()
-	brokers, err := testenv.StartKafka(ctx, 3, "payments")
+	cfg.ConnConfig.RuntimeParams["search_path"] = schema
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer brokers.Close()
-	topic := brokers.Topic("payments")
+	name := pgx.Identifier{schema}.Sanitize()
+	for _, sql := range []string{"DROP SCHEMA IF EXISTS " + name + " CASCADE", "CREATE SCHEMA " + name} {
+		if _, err := pool.Exec(ctx, sql); err != nil {
+			pool.Close()
+			return nil, fmt.Errorf("postgres: %w", err)
+		}
+	}
+	return pool, nil
+}
+
+// startKafka returns the brokers of KAFKA_BROKERS, with the topic created
+// there, or those of a kfake cluster holding the topic; stop ends kfake.
+func startKafka(ctx context.Context) (brokers []string, stop func(), err error) {
+	if env := os.Getenv("KAFKA_BROKERS"); env != "" {
+		brokers = strings.Split(env, ",")
+		client := &kafkago.Client{Addr: kafkago.TCP(brokers...)}
+		resp, err := client.CreateTopics(ctx, &kafkago.CreateTopicsRequest{Topics: []kafkago.TopicConfig{
+			{Topic: topic, NumPartitions: 3, ReplicationFactor: -1}}})
+		if err == nil && !errors.Is(resp.Errors[topic], kafkago.TopicAlreadyExists) {
+			err = resp.Errors[topic]
+		}
+		return brokers, func() {}, err
+	}
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(3, topic))
+	if err != nil {
+		return nil, nil, err
+	}
+	return cluster.ListenAddrs(), cluster.Close, nil
+}
+
+// run is what a service of your own would do, with its pool and brokers.
+func run(ctx context.Context, pool *pgxpool.Pool, out io.Writer) error {
+	brokers, stopKafka, err := startKafka(ctx)
+	if err != nil {
+		return fmt.Errorf("kafka: %w", err)
+	}
+	defer stopKafka()
 
 	// The ledger has no unique constraint: a payment applied twice would
 	// show as two rows.
@@ -74,7 +139,7 @@ func run(ctx context.Context, out io.Writer) error {
 		}
 		_, err = tx.Exec(ctx, `INSERT INTO ledger (payment_id, cents) VALUES ($1, $2)`, msg.ID, cents)
 		return err
-	}, consumer.Config{Hooks: consumer.Hooks{OnResult: func(ev consumer.ResultEvent) {
+	}, consumer.Config{Inbox: inbox.Config{Schema: schema}, Hooks: consumer.Hooks{OnResult: func(ev consumer.ResultEvent) {
 		mu.Lock()
 		defer mu.Unlock()
 		outcomes[ev.Outcome]++
@@ -85,7 +150,7 @@ func run(ctx context.Context, out io.Writer) error {
 	if err := c.Migrate(ctx); err != nil { // once, at deploy time (or `idemq migrate --components inbox`)
 		return err
 	}
-	sub, err := kafka.NewSubscriber(c, kafka.SubscriberConfig{Brokers: brokers.Brokers, GroupID: brokers.Group("ledger"), Topics: []string{topic}})
+	sub, err := kafka.NewSubscriber(c, kafka.SubscriberConfig{Brokers: brokers, GroupID: "ledger", Topics: []string{topic}})
 	if err != nil {
 		return err
 	}
@@ -96,7 +161,7 @@ func run(ctx context.Context, out io.Writer) error {
 	defer running.Stop() //nolint:errcheck // stopped below; this is for the early returns
 
 	// The producer: any Kafka client, the payment id in Idempotency-Key.
-	sent, err := produce(ctx, brokers.Brokers, topic)
+	sent, err := produce(ctx, brokers)
 	if err != nil {
 		return err
 	}
@@ -141,7 +206,7 @@ func run(ctx context.Context, out io.Writer) error {
 // produce sends the payments, re-sends the first resent of them, and
 // reuses the first payment's id with another amount. It returns how many
 // messages it sent.
-func produce(ctx context.Context, brokers []string, topic string) (int, error) {
+func produce(ctx context.Context, brokers []string) (int, error) {
 	transport := &kafkago.Transport{}
 	defer transport.CloseIdleConnections()
 	w := &kafkago.Writer{Addr: kafkago.TCP(brokers...), Topic: topic, Balancer: &kafkago.Hash{},

@@ -4,16 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
 	"github.com/idemq/idemq/relay"
-	"github.com/idemq/idemq/testenv"
 	idemqnats "github.com/idemq/idemq/transports/nats"
 )
 
@@ -21,14 +22,16 @@ import (
 // applied but never acknowledged come back quickly.
 const jetStreamAckWait = time.Second
 
-// jetStreamLeg runs an in-process NATS server with JetStream
-// (IDEMQ_TEST_NATS_URL points it at a real one) with an "ORDERS" stream on
-// the "orders" subject, a durable pull consumer "shipping" and the
-// JetStream relay sink. The stream's duplicate window (two minutes) drops
+// jetStreamLeg runs an in-process NATS server with JetStream (NATS_URL
+// points it at a real one, where the stream is recreated) with an "ORDERS"
+// stream on the "orders.created" subject (not "orders", the Kafka topic:
+// the relay routes by destination), a durable pull consumer "shipping" and
+// the JetStream relay sink. The stream's duplicate window (two minutes) drops
 // the producer's re-sends, which carry the same Nats-Msg-Id, before the
 // consumer sees them; the inbox drops the redeliveries after the crash.
 type jetStreamLeg struct {
-	n         *testenv.NATSServer
+	url       string
+	stop      func()
 	sink      relay.Sink
 	closeSink func() error
 	cons      jetstream.Consumer // the demo's durable, once Subscriber made it
@@ -37,16 +40,16 @@ type jetStreamLeg struct {
 }
 
 func newJetStreamLeg(ctx context.Context) (leg, error) {
-	n, err := testenv.StartNATS(ctx)
+	url, stop, err := startNATS()
 	if err != nil {
 		return nil, err
 	}
-	l := &jetStreamLeg{n: n, stream: n.Name("ORDERS"), subject: n.Name("orders")}
+	l := &jetStreamLeg{url: url, stop: stop, stream: "ORDERS", subject: "orders.created"}
 	fail := func(err error) (leg, error) { return nil, errors.Join(err, l.Close()) }
-	if l.sink, l.closeSink, err = openJetStreamSink(ctx, []string{n.URL}); err != nil {
+	if l.sink, l.closeSink, err = openJetStreamSink(ctx, []string{url}); err != nil {
 		return fail(err)
 	}
-	nc, err := n.Connect(nats.Name("idemq-demo-setup"))
+	nc, err := nats.Connect(url, nats.Name("idemq-demo-setup"))
 	if err != nil {
 		return fail(err)
 	}
@@ -55,10 +58,42 @@ func newJetStreamLeg(ctx context.Context) (leg, error) {
 	if err != nil {
 		return fail(err)
 	}
-	if _, err := n.CreateStream(ctx, js, jetstream.StreamConfig{Name: l.stream, Subjects: []string{l.subject}}); err != nil {
+	// A stream left by an earlier run would hold its orders too.
+	if err := js.DeleteStream(ctx, l.stream); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return fail(err)
+	}
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: l.stream, Subjects: []string{l.subject}}); err != nil {
 		return fail(err)
 	}
 	return l, nil
+}
+
+// startNATS returns the URL of NATS_URL or, when that is unset, of a
+// nats-server with JetStream started in-process on a temporary directory;
+// stop shuts that server down and removes the directory.
+func startNATS() (url string, stop func(), err error) {
+	if url := os.Getenv("NATS_URL"); url != "" {
+		return url, func() {}, nil
+	}
+	dir, err := os.MkdirTemp("", "idemq-demo-nats")
+	if err != nil {
+		return "", nil, err
+	}
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, JetStream: true, StoreDir: dir, NoSigs: true})
+	if err != nil {
+		return "", nil, errors.Join(err, os.RemoveAll(dir))
+	}
+	stop = func() {
+		srv.Shutdown()
+		srv.WaitForShutdown()
+		_ = os.RemoveAll(dir)
+	}
+	srv.Start()
+	if !srv.ReadyForConnections(20 * time.Second) {
+		stop()
+		return "", nil, errors.New("in-process nats-server not ready after 20s")
+	}
+	return srv.ClientURL(), stop, nil
 }
 
 // openJetStreamSink returns a relay sink publishing to the NATS server at
@@ -83,7 +118,7 @@ func openJetStreamSink(_ context.Context, urls []string) (relay.Sink, func() err
 func (l *jetStreamLeg) Name() string                    { return "jetstream" }
 func (l *jetStreamLeg) Consumer() (name, effect string) { return "shipping", "shipments" }
 func (l *jetStreamLeg) SinkSpec() sinkSpec {
-	return sinkSpec{Kind: "jetstream", Addrs: []string{l.n.URL}, Destination: l.subject}
+	return sinkSpec{Kind: "jetstream", Addrs: []string{l.url}, Destination: l.subject}
 }
 func (l *jetStreamLeg) Destination() string    { return l.subject }
 func (l *jetStreamLeg) Sink() relay.Sink       { return l.sink }
@@ -93,7 +128,7 @@ func (l *jetStreamLeg) DedupesPublishes() bool { return true }
 // "shipping" consumer, over a connection of its own that is closed when
 // Run returns, as a separate process's would be.
 func (l *jetStreamLeg) Subscriber(ctx context.Context, c *consumer.Consumer, beforeAck crashPoint) (idemq.Service, error) {
-	nc, err := l.n.Connect(nats.Name("idemq-demo-shipping"))
+	nc, err := nats.Connect(l.url, nats.Name("idemq-demo-shipping"))
 	if err != nil {
 		return nil, err
 	}
@@ -153,5 +188,6 @@ func (l *jetStreamLeg) Close() error {
 	if l.closeSink != nil {
 		err = l.closeSink()
 	}
-	return errors.Join(err, l.n.Close())
+	l.stop()
+	return err
 }

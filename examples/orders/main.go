@@ -18,18 +18,22 @@
 // and what was applied, and exits non-zero unless every order was charged,
 // shipped and notified exactly once.
 //
-// It needs only Postgres: the local server (IDEMQ_TEST_DATABASE_URL points
-// it elsewhere) or, when nothing answers there, a private server it starts
-// from the machine's Postgres binaries and removes at exit. It creates its
-// own database and drops it on exit. Kafka and NATS run in-process.
+// It needs only Postgres, at DATABASE_URL (default
+// postgres://postgres@127.0.0.1:5432/postgres), where it drops and recreates
+// the schema orders_demo on every run; `make demo` starts a private server
+// from the machine's Postgres binaries when nothing answers there. Kafka is
+// KAFKA_BROKERS or kfake, an in-process Kafka for trying it locally; NATS is
+// NATS_URL or an in-process nats-server.
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"net/url"
 	"os"
 	"os/signal"
 	"sync"
@@ -43,10 +47,10 @@ import (
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/inbox"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
 	"github.com/idemq/idemq/request/pgstore"
-	"github.com/idemq/idemq/testenv"
 	"github.com/idemq/idemq/transports/webhook/endpoints"
 	"github.com/idemq/idemq/transports/webhook/signing"
 )
@@ -55,6 +59,8 @@ const (
 	orders     = 200 // orders the clients place
 	retryEvery = 5   // every 5th order is sent twice with the same key
 	relayBatch = 50  // outbox rows per relay batch
+
+	schema = "orders_demo" // holds the demo's tables; recreated on every run
 )
 
 func main() {
@@ -64,17 +70,13 @@ func main() {
 		fmt.Fprintln(os.Stderr, "relay child:", err)
 		os.Exit(1)
 	}
-	// Ctrl-C ends the run cleanly: its database is dropped and a private
-	// Postgres removed.
+	// Ctrl-C ends the run cleanly: the brokers stop, the children die.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer cancel()
-	stopPostgres, err := testenv.EnsurePostgres(ctx, os.Stdout)
-	if err == nil {
-		err = errors.Join(run(ctx, os.Stdout, orders), stopPostgres())
-	}
-	if err != nil {
+	connString := cmp.Or(os.Getenv("DATABASE_URL"), "postgres://postgres@127.0.0.1:5432/postgres")
+	if err := run(ctx, os.Stdout, orders, connString); err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
 	}
@@ -104,34 +106,44 @@ func progress(out io.Writer) func(format string, args ...any) {
 	}
 }
 
-func run(ctx context.Context, out io.Writer, n int) (err error) {
+// inSchema returns connString with its connections' search_path set to
+// schema, for the pools of this process and of the relay child.
+func inSchema(connString string) string {
+	if u, err := url.Parse(connString); err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") {
+		q := u.Query()
+		q.Set("search_path", schema)
+		u.RawQuery = q.Encode()
+		return u.String()
+	}
+	return connString + " search_path=" + schema
+}
+
+// run runs the demo on the database at connString, in schema.
+func run(ctx context.Context, out io.Writer, n int, connString string) (err error) {
 	fmt.Fprintf(out, "orders demo: %d orders through HTTP, the outbox, Kafka, JetStream and webhooks, with trouble injected\n", n)
 	say := progress(out)
-	connString, drop, err := testenv.CreateDatabase(ctx, "idemq_demo")
-	if err != nil {
-		return err
-	}
-	defer func() { err = errors.Join(err, drop()) }()
+	connString = inSchema(connString)
 	pool, err := pgxpool.New(ctx, connString)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	if _, err := pool.Exec(ctx, `
+	name := pgx.Identifier{schema}.Sanitize()
+	if _, err := pool.Exec(ctx, `DROP SCHEMA IF EXISTS `+name+` CASCADE; CREATE SCHEMA `+name+`;
 		CREATE TABLE orders (id bigserial PRIMARY KEY, customer text NOT NULL, item text NOT NULL, qty int NOT NULL);
 		-- one row per application (charge, shipment, webhook): a message applied twice would show twice
 		CREATE TABLE effects (seq bigserial PRIMARY KEY, consumer text NOT NULL, msg_id text NOT NULL, payload text NOT NULL)`); err != nil {
 		return err
 	}
-	ob, err := outbox.New(pool, outbox.Config{})
+	ob, err := outbox.New(pool, outbox.Config{Schema: schema})
 	if err != nil {
 		return err
 	}
-	reg, err := endpoints.NewRegistry(pool, endpoints.RegistryConfig{})
+	reg, err := endpoints.NewRegistry(pool, endpoints.RegistryConfig{Schema: schema})
 	if err != nil {
 		return err
 	}
-	store, err := pgstore.New(pool, pgstore.Config{})
+	store, err := pgstore.New(pool, pgstore.Config{Schema: schema})
 	if err != nil {
 		return err
 	}
@@ -393,7 +405,7 @@ func runLeg(ctx context.Context, pool *pgxpool.Pool, l leg, msgs []relay.Message
 	c, err := consumer.New(pool, name, func(ctx context.Context, tx pgx.Tx, msg *consumer.Message) error {
 		_, err := tx.Exec(ctx, `INSERT INTO effects (consumer, msg_id, payload) VALUES ($1, $2, $3)`, name, msg.ID, msg.Payload)
 		return err
-	}, consumer.Config{Hooks: consumer.Hooks{OnResult: func(res consumer.ResultEvent) {
+	}, consumer.Config{Inbox: inbox.Config{Schema: schema}, Hooks: consumer.Hooks{OnResult: func(res consumer.ResultEvent) {
 		if res.Outcome == consumer.Applied {
 			applied.Add(1)
 		}

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/idemq/idemq/testenv"
 )
 
 // TestMain runs the relay child process when the demo's test re-executes
@@ -20,13 +22,14 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// TestDemo runs the demo's main path with fewer orders: every count in its
-// table must match.
+// TestDemo runs the demo's main path with fewer orders on a fresh database:
+// every count in its table must match.
 func TestDemo(t *testing.T) {
+	connString := testenv.PostgresURL(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	var out bytes.Buffer
-	if err := run(ctx, &out, 60); err != nil {
+	if err := run(ctx, &out, 60, connString); err != nil {
 		t.Fatalf("demo: %v\n%s", err, out.String())
 	}
 	// The progress lines come first, with their counts.

@@ -99,11 +99,11 @@ func relayChild(encoded string) error {
 	if err != nil {
 		return err
 	}
-	ob, err := outbox.New(pool, outbox.Config{})
+	ob, err := outbox.New(pool, outbox.Config{Schema: schema})
 	if err != nil {
 		return err
 	}
-	reg, err := endpoints.NewRegistry(pool, endpoints.RegistryConfig{})
+	reg, err := endpoints.NewRegistry(pool, endpoints.RegistryConfig{Schema: schema})
 	if err != nil {
 		return err
 	}

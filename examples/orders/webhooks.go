@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/consumer"
+	"github.com/idemq/idemq/inbox"
 	"github.com/idemq/idemq/transports/webhook"
 )
 
@@ -46,7 +47,7 @@ func startPartner(ctx context.Context, pool *pgxpool.Pool, secret string) (*part
 	c, err := consumer.New(pool, "webhook", webhook.Handle(func(ctx context.Context, tx pgx.Tx, d webhook.Delivery) error {
 		_, err := tx.Exec(ctx, `INSERT INTO effects (consumer, msg_id, payload) VALUES ('webhook', $1, $2)`, d.ID, d.Body)
 		return err
-	}), consumer.Config{Redeliver: true})
+	}), consumer.Config{Redeliver: true, Inbox: inbox.Config{Schema: schema}})
 	if err != nil {
 		return nil, err
 	}

@@ -13,29 +13,36 @@
 // sent and what the stream holds, and exits non-zero unless the stream holds
 // every order exactly once, in order per customer.
 //
-// It needs Postgres: the local server (IDEMQ_TEST_DATABASE_URL points it
-// elsewhere) or, when nothing answers there, a private one started from the
-// machine's Postgres binaries. NATS runs in-process (IDEMQ_TEST_NATS_URL
-// points it at a real server).
+// It runs as a module of its own: copy this file into a new module and `go
+// run .`. It needs Postgres at DATABASE_URL (default
+// postgres://postgres@127.0.0.1:5432/postgres), where it drops and recreates
+// the schema relay_embedded on every run. NATS is the server at NATS_URL
+// (where it recreates the stream ORDERS) or, when that is unset, a
+// nats-server with JetStream started in-process, for trying it locally.
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"os/signal"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemq/idemq"
 	"github.com/idemq/idemq/outbox"
 	"github.com/idemq/idemq/relay"
-	"github.com/idemq/idemq/testenv"
 	idemqnats "github.com/idemq/idemq/transports/nats"
 )
 
@@ -43,11 +50,78 @@ const (
 	orders    = 60 // orders the service places
 	customers = 7  // the ordering keys
 	lostAcks  = 2  // publishes that reach the stream but report a failure
+
+	schema = "relay_embedded" // holds the example's tables; recreated on every run
 )
 
-// main makes sure Postgres answers (or starts a private one), then runs the
-// scenario; run is what a service of your own would do.
-func main() { testenv.Main("relay-embedded", 2*time.Minute, run) }
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	err := func() error {
+		pool, err := openPool(ctx, cmp.Or(os.Getenv("DATABASE_URL"), "postgres://postgres@127.0.0.1:5432/postgres"))
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		return run(ctx, pool, os.Stdout)
+	}()
+	cancel()
+	stop()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "relay-embedded: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+// openPool opens a pool on connString whose connections work in schema,
+// which it drops and recreates first so that every run starts empty.
+func openPool(ctx context.Context, connString string) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(connString)
+	if err != nil {
+		return nil, err
+	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = schema
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	name := pgx.Identifier{schema}.Sanitize()
+	for _, sql := range []string{"DROP SCHEMA IF EXISTS " + name + " CASCADE", "CREATE SCHEMA " + name} {
+		if _, err := pool.Exec(ctx, sql); err != nil {
+			pool.Close()
+			return nil, fmt.Errorf("postgres: %w", err)
+		}
+	}
+	return pool, nil
+}
+
+// startNATS returns the URL of NATS_URL or, when that is unset, of a
+// nats-server with JetStream started in-process on a temporary directory;
+// stop shuts that server down and removes the directory.
+func startNATS() (url string, stop func(), err error) {
+	if url := os.Getenv("NATS_URL"); url != "" {
+		return url, func() {}, nil
+	}
+	dir, err := os.MkdirTemp("", "relay-embedded-nats")
+	if err != nil {
+		return "", nil, err
+	}
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, JetStream: true, StoreDir: dir, NoSigs: true})
+	if err != nil {
+		return "", nil, errors.Join(err, os.RemoveAll(dir))
+	}
+	stop = func() {
+		srv.Shutdown()
+		srv.WaitForShutdown()
+		_ = os.RemoveAll(dir)
+	}
+	srv.Start()
+	if !srv.ReadyForConnections(20 * time.Second) {
+		stop()
+		return "", nil, errors.New("in-process nats-server not ready after 20s")
+	}
+	return srv.ClientURL(), stop, nil
+}
 
 // order is the payload of an orders.created message.
 type order struct {
@@ -55,22 +129,18 @@ type order struct {
 	Customer string `json:"customer"`
 }
 
-func run(ctx context.Context, out io.Writer) error {
-	pool, done, err := testenv.ScratchPool(ctx, "idemq_relay_embedded")
+// run is what a service of your own would do, with its pool.
+func run(ctx context.Context, pool *pgxpool.Pool, out io.Writer) error {
+	natsURL, stopNATS, err := startNATS()
 	if err != nil {
-		return err
+		return fmt.Errorf("nats: %w", err)
 	}
-	defer done()
-	ns, err := testenv.StartNATS(ctx)
-	if err != nil {
-		return err
-	}
-	defer ns.Close()
+	defer stopNATS()
 
 	if _, err := pool.Exec(ctx, `CREATE TABLE orders (id bigserial PRIMARY KEY, customer text NOT NULL)`); err != nil {
 		return err
 	}
-	ob, err := outbox.New(pool, outbox.Config{})
+	ob, err := outbox.New(pool, outbox.Config{Schema: schema})
 	if err != nil {
 		return err
 	}
@@ -81,7 +151,7 @@ func run(ctx context.Context, out io.Writer) error {
 	// JetStream: a stream on the service's subjects. Its duplicate window
 	// (two minutes by default) drops a message whose Nats-Msg-Id it has
 	// seen, so a re-publish after a lost ack is stored once.
-	nc, err := nats.Connect(ns.URL, nats.Name("orders-service"))
+	nc, err := nats.Connect(natsURL, nats.Name("orders-service"))
 	if err != nil {
 		return err
 	}
@@ -90,8 +160,12 @@ func run(ctx context.Context, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	subject := ns.Name("orders") + ".created"
-	stream, err := ns.CreateStream(ctx, js, jetstream.StreamConfig{Name: ns.Name("ORDERS"), Subjects: []string{subject}})
+	// A stream left by an earlier run would hold its orders too.
+	if err := js.DeleteStream(ctx, "ORDERS"); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return err
+	}
+	const subject = "orders.created"
+	stream, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{subject}})
 	if err != nil {
 		return err
 	}

@@ -12,27 +12,33 @@
 // the reused id, and books each shipment once. It prints the statuses and
 // the table, and exits non-zero unless the counts are right.
 //
-// It needs Postgres: the local server (IDEMQ_TEST_DATABASE_URL points it
-// elsewhere) or, when nothing answers there, a private one started from the
-// machine's Postgres binaries.
+// It runs as a module of its own: copy this file into a new module and `go
+// run .`. It needs Postgres at DATABASE_URL (default
+// postgres://postgres@127.0.0.1:5432/postgres), where it drops and recreates
+// the schema webhook_receiver on every run.
 package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"os/signal"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq/consumer"
-	"github.com/idemq/idemq/testenv"
+	"github.com/idemq/idemq/inbox"
 	"github.com/idemq/idemq/transports/webhook"
 	"github.com/idemq/idemq/transports/webhook/signing"
 )
@@ -40,18 +46,53 @@ import (
 const (
 	events = 25 // distinct webhooks delivered
 	twice  = 6  // of which delivered twice at once
+
+	schema = "webhook_receiver" // holds the example's tables; recreated on every run
 )
 
-// main makes sure Postgres answers (or starts a private one), then runs the
-// scenario; run is what a service of your own would do.
-func main() { testenv.Main("webhook-receiver", 2*time.Minute, run) }
-
-func run(ctx context.Context, out io.Writer) error {
-	pool, done, err := testenv.ScratchPool(ctx, "idemq_webhook_receiver")
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	err := func() error {
+		pool, err := openPool(ctx, cmp.Or(os.Getenv("DATABASE_URL"), "postgres://postgres@127.0.0.1:5432/postgres"))
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		return run(ctx, pool, os.Stdout)
+	}()
+	cancel()
+	stop()
 	if err != nil {
-		return err
+		fmt.Fprintf(os.Stderr, "webhook-receiver: %v\n", err)
+		os.Exit(1)
 	}
-	defer done()
+}
+
+// openPool opens a pool on connString whose connections work in schema,
+// which it drops and recreates first so that every run starts empty.
+func openPool(ctx context.Context, connString string) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(connString)
+	if err != nil {
+		return nil, err
+	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = schema
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	name := pgx.Identifier{schema}.Sanitize()
+	for _, sql := range []string{"DROP SCHEMA IF EXISTS " + name + " CASCADE", "CREATE SCHEMA " + name} {
+		if _, err := pool.Exec(ctx, sql); err != nil {
+			pool.Close()
+			return nil, fmt.Errorf("postgres: %w", err)
+		}
+	}
+	return pool, nil
+}
+
+// run is what a service of your own would do, with its pool.
+func run(ctx context.Context, pool *pgxpool.Pool, out io.Writer) error {
 	// No unique constraint: a webhook applied twice would show as two rows.
 	if _, err := pool.Exec(ctx, `CREATE TABLE shipments (seq bigserial PRIMARY KEY, webhook_id text NOT NULL, body text NOT NULL)`); err != nil {
 		return err
@@ -66,7 +107,7 @@ func run(ctx context.Context, out io.Writer) error {
 	c, err := consumer.New(pool, "partner-webhooks", webhook.Handle(func(ctx context.Context, tx pgx.Tx, d webhook.Delivery) error {
 		_, err := tx.Exec(ctx, `INSERT INTO shipments (webhook_id, body) VALUES ($1, $2)`, d.ID, d.Body)
 		return err
-	}), consumer.Config{Redeliver: true}) // a failed attempt answers 503 at once; the sender's schedule spaces retries
+	}), consumer.Config{Redeliver: true, Inbox: inbox.Config{Schema: schema}}) // a failed attempt answers 503 at once; the sender's schedule spaces retries
 	if err != nil {
 		return err
 	}

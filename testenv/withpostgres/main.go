@@ -2,8 +2,9 @@
 // the one at IDEMQ_TEST_DATABASE_URL (default 127.0.0.1:5432) when
 // something answers there, otherwise a private server started from the
 // machine's Postgres binaries for as long as the command runs, and removed
-// after it (see testenv.EnsurePostgres). `make test` runs the suite under
-// it:
+// after it (see testenv.EnsurePostgres). The command finds that server in
+// IDEMQ_TEST_DATABASE_URL, as the tests do, and in DATABASE_URL, as the
+// examples do. `make test` and `make demo` run under it:
 //
 //	go run ./testenv/withpostgres go test ./...
 package main
@@ -47,6 +48,7 @@ func run(name string, args ...string) int {
 	}()
 	cmd := exec.Command(name, args...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+testenv.DatabaseURL())
 	if err := cmd.Start(); err != nil {
 		fmt.Fprintln(os.Stderr, "withpostgres:", err)
 		return 1
