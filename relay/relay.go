@@ -411,6 +411,9 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	beats, err := r.joinAll(ctx, ids)
 	if err != nil {
+		if ctx.Err() != nil { // stopped while it registered: a clean stop
+			return nil
+		}
 		return err
 	}
 	defer beats.Close()
