@@ -185,8 +185,12 @@ func (g *Guard) Begin(ctx context.Context, id ID, fingerprint []byte) (Decision,
 	if g.cfg.Wait > 0 {
 		deadline = time.Now().Add(g.cfg.Wait)
 	}
+	var inFlight *InFlightError // once a claim found the key held
 	for poll := 1; ; poll++ {
 		c, err := g.claim(ctx, id, fingerprint)
+		if err != nil && inFlight != nil && ctx.Err() != nil {
+			return Decision{}, inFlight // the caller stopped waiting mid-claim
+		}
 		if err != nil {
 			return Decision{}, err
 		}
@@ -196,7 +200,7 @@ func (g *Guard) Begin(ctx context.Context, id ID, fingerprint []byte) (Decision,
 		if c.Record.State == Completed {
 			return Decision{Replay: &c.Record}, nil
 		}
-		inFlight := &InFlightError{ID: id, LeaseUntil: c.Record.LeaseUntil}
+		inFlight = &InFlightError{ID: id, LeaseUntil: c.Record.LeaseUntil}
 		left := time.Until(deadline)
 		if left <= 0 {
 			return Decision{}, inFlight
