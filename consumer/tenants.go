@@ -181,23 +181,13 @@ func msgID(msg *Message) string {
 // migrate migrates the inbox of every database of the Source, four at a
 // time, and reports every failure.
 func (t *tenants) migrate(ctx context.Context, c *Consumer) error {
-	dbs, err := t.pools.Databases(ctx)
-	if err != nil {
-		return err
-	}
-	var errs []error
-	for _, r := range fleet.Each(ctx, dbs, 4, func(ctx context.Context, _ fleet.Database, conn *pgx.Conn) error {
+	return t.pools.Each(ctx, func(ctx context.Context, conn *pgx.Conn) error {
 		store, err := inbox.New(conn, c.cfg.Inbox)
 		if err != nil {
 			return err
 		}
 		return store.Migrate(ctx)
-	}) {
-		if r.Err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", r.Database.Name, r.Err))
-		}
-	}
-	return errors.Join(errs...)
+	})
 }
 
 // Tenant returns the Consumer of one database of a routed consumer (its

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemq/idemq"
@@ -242,6 +243,24 @@ func (p *Pools[T]) closeLocked(pd *pooled[T]) {
 	delete(p.pools, pd.db.Name)
 	pd.pool.Close()
 	p.budget.Release(pd.server, p.cfg.ConnsPerDatabase)
+}
+
+// Each runs fn on every database of the Source, four at a time, each on
+// a connection of its own (see the package func Each), and returns every
+// failure joined, named by its database: what migrating every tenant
+// needs.
+func (p *Pools[T]) Each(ctx context.Context, fn func(ctx context.Context, conn *pgx.Conn) error) error {
+	dbs, err := p.Databases(ctx)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, r := range Each(ctx, dbs, 4, func(ctx context.Context, _ Database, conn *pgx.Conn) error { return fn(ctx, conn) }) {
+		if r.Err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", r.Database.Name, r.Err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // InUse returns the connections the pools may hold on server.

@@ -3,7 +3,6 @@ package pgstore
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -106,21 +105,11 @@ func (r *Routed) RecordTTL() time.Duration { return r.cfg.RecordTTL }
 // Migrate creates or upgrades the request table of every database the
 // Source lists, four at a time, and reports every failure.
 func (r *Routed) Migrate(ctx context.Context) error {
-	dbs, err := r.pools.Databases(ctx)
-	if err != nil {
-		return err
-	}
-	var errs []error
-	for _, res := range fleet.Each(ctx, dbs, 4, func(ctx context.Context, _ fleet.Database, conn *pgx.Conn) error {
+	return r.pools.Each(ctx, func(ctx context.Context, conn *pgx.Conn) error {
 		s, err := New(conn, r.cfg)
 		if err != nil {
 			return err
 		}
 		return s.Migrate(ctx)
-	}) {
-		if res.Err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", res.Database.Name, res.Err))
-		}
-	}
-	return errors.Join(errs...)
+	})
 }
